@@ -1,0 +1,256 @@
+"""The ingestion loop: plan, log the plan, run the Spark attempt, verify.
+
+This is the one code path behind ``airflow-eo ingest``, the Airflow operator and the
+standalone Spark job; only *how Spark is started* differs (a :class:`Submitter`).
+
+Replays are decided from the table, never from the caller's memory:
+
+* the run's logged plan is committed (the table is at or past its ends) → report that
+  batch, start nothing;
+* the table is still at the logged plan's starts → replay exactly that plan;
+* the table moved elsewhere (another run committed first) → the logged plan never
+  became visible, so planning anew is safe.
+
+Example::
+
+    >>> config = IngestConfig(table_uri="/data/orders", ingest_id="orders_raw",
+    ...                       topics=["orders"], kafka_config={"bootstrap.servers": "…"})
+    >>> Ingestion(config, LocalSparkSubmit()).run(RunIdentity("manual-1"))  # doctest: +SKIP
+    IngestResult(status='committed', batch=1, version=0, ...)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Protocol
+
+import pyarrow as pa
+
+from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED
+from airflow_eo.errors import AirflowEoError, SparkJobError
+from airflow_eo.kafka_client import KafkaOffsets
+from airflow_eo.ledger import Ledger, validate_ingest_id
+from airflow_eo.plan_log import PlanLog
+from airflow_eo.planning import (
+    BatchPlan, OnDataLoss, RunIdentity, StartingPosition, TopicPartition,
+    partitions_without_offsets, plan_batch,
+)
+from airflow_eo.spark_source import DEFAULT_MAX_OFFSETS_PER_TASK
+from airflow_eo.staging import DEFAULT_GRACE_SECONDS, StagingArea, new_attempt_id
+from airflow_eo.storage import TableLocation, normalize_table_uri
+from airflow_eo.transforms import Transform
+
+log = logging.getLogger(__name__)
+
+NOTHING_NEW = "nothing_new"
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """Everything that defines one ingest into one table."""
+
+    table_uri: str
+    ingest_id: str
+    topics: list[str]
+    kafka_config: dict = field(repr=False)  # may hold secrets: never logged or stored
+    starting_offsets: object = "earliest"
+    max_records_per_run: int | None = None
+    on_data_loss: str = OnDataLoss.FAIL.value
+    transform: Transform = field(default_factory=Transform)
+    max_offsets_per_task: int = DEFAULT_MAX_OFFSETS_PER_TASK
+    storage_options: dict | None = field(default=None, repr=False)
+    staging_grace_seconds: float = DEFAULT_GRACE_SECONDS
+
+    def __post_init__(self):
+        validate_ingest_id(self.ingest_id)
+        object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
+        object.__setattr__(self, "on_data_loss", OnDataLoss(self.on_data_loss).value)
+        StartingPosition.parse(self.starting_offsets)
+
+    def job_options(self) -> dict:
+        return {"transform": asdict(self.transform), "max_offsets_per_task": self.max_offsets_per_task}
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What a run did; ``to_dict()`` is the operator's XCom and Asset event extra."""
+
+    status: str
+    ingest_id: str
+    table_uri: str
+    run_key: str
+    batch: int | None = None
+    version: int | None = None
+    attempt_id: str | None = None
+    ranges: list[dict] = field(default_factory=list)
+    rows: int = 0
+    rows_per_partition: dict[str, int] = field(default_factory=dict)
+    lag: dict[str, int] = field(default_factory=dict)
+    spark_started: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Submitter(Protocol):
+    """Starts the Spark job for one logged attempt and waits for it."""
+
+    def submit(self, config: IngestConfig, attempt_id: str) -> None: ...
+
+
+class Ingestion:
+    """One ingest (table + ingest id + topics) and the steps of a batch."""
+
+    def __init__(self, config: IngestConfig, submitter: Submitter):
+        self.config = config
+        self.submitter = submitter
+        self.location = TableLocation.of(config.table_uri, config.storage_options)
+        self.plans = PlanLog(self.location)
+        self.staging = StagingArea(self.location)
+
+    def kafka(self) -> KafkaOffsets:
+        return KafkaOffsets(self.config.kafka_config)
+
+    def ledger(self) -> Ledger:
+        ledger = Ledger.open(self.config.table_uri, self.config.storage_options)
+        ledger.check_owner(self.config.ingest_id)
+        return ledger
+
+    # -- step 1: plan -------------------------------------------------------------
+    def plan(self, run: RunIdentity, ledger: Ledger | None = None) -> BatchPlan:
+        """Plan the next batch from the table's offsets and Kafka's last stable offsets."""
+        ledger = ledger or self.ledger()
+        kafka = self.kafka()
+        partitions = kafka.partitions(self.config.topics)
+        bounds = kafka.bounds(partitions)
+        committed = ledger.committed_offsets(self.config.ingest_id, partitions + self._shrunk(partitions))
+        committed = {tp: v for tp, v in committed.items() if v is not None or tp in bounds}
+        new = partitions_without_offsets(committed, bounds)
+        new_starts = kafka.resolve_starts(StartingPosition.parse(self.config.starting_offsets), new, bounds)
+        return plan_batch(
+            ingest_id=self.config.ingest_id,
+            batch=ledger.last_batch(self.config.ingest_id) + 1,
+            committed=committed, bounds=bounds, new_starts=new_starts,
+            max_records=self.config.max_records_per_run, on_data_loss=self.config.on_data_loss,
+            run=run, planned_at=datetime.now(timezone.utc).isoformat(),
+        )
+
+    @staticmethod
+    def _shrunk(partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The partition after the last of each topic: a committed offset there means the
+        topic was recreated with fewer partitions."""
+        last: dict[str, int] = {}
+        for tp in partitions:
+            last[tp.topic] = max(last.get(tp.topic, -1), tp.partition)
+        return [TopicPartition(t, p + 1) for t, p in last.items()]
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self, run: RunIdentity) -> IngestResult:
+        """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key."""
+        ledger = self.ledger()
+        self.collect_orphans(ledger)
+        plan = self._replayable_plan(run, ledger)
+        if isinstance(plan, IngestResult):
+            return plan
+        if plan is None:
+            plan = self.plan(run, ledger)
+            if plan.is_empty:
+                log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
+                return self._result(NOTHING_NEW, plan, None, ledger)
+            # step 2: log the plan before any of it is read
+            self.plans.record(plan)
+        return self.execute(plan)
+
+    def _replayable_plan(self, run: RunIdentity, ledger: Ledger) -> "BatchPlan | IngestResult | None":
+        logged = self.plans.load(run.run_key)
+        if logged is None:
+            return None
+        committed = ledger.committed_offsets(self.config.ingest_id, logged.ends)
+        if all(committed[tp] is not None and committed[tp] >= end for tp, end in logged.ends.items()) \
+                and ledger.last_batch(self.config.ingest_id) >= logged.batch:
+            log.info("run %s: its batch %s is already in the table; starting nothing", run.run_key, logged.batch)
+            return self.committed_result(logged, ledger)
+        starts = {tp: (None if tp in logged.new_partitions else s) for tp, s in logged.starts.items()}
+        if committed == starts and ledger.last_batch(self.config.ingest_id) == logged.batch - 1:
+            log.info("run %s: replaying its logged plan of batch %s", run.run_key, logged.batch)
+            return BatchPlan(**{**logged.__dict__, "run": run})
+        log.info("run %s: its logged plan of batch %s never committed and the table moved on; "
+                 "planning anew", run.run_key, logged.batch)
+        return None
+
+    def execute(self, plan: BatchPlan) -> IngestResult:
+        """Run one attempt of a logged plan on Spark and verify the outcome in the log."""
+        attempt = plan.with_attempt(new_attempt_id())
+        self.staging.begin_attempt(attempt, self.config.job_options())
+        log.info("batch %s attempt %s: %s", attempt.batch, attempt.attempt_id,
+                 ", ".join(str(r) for r in attempt.data_ranges) or "offsets only")
+        error: BaseException | None = None
+        started = time.monotonic()
+        try:
+            self.submitter.submit(self.config, attempt.attempt_id)
+        except BaseException as exc:  # the job may have committed before it died
+            error = exc
+        finally:
+            self.staging.end_attempt(attempt.attempt_id)
+        log.info("spark job for batch %s ended after %.1fs", attempt.batch, time.monotonic() - started)
+        return self.verify(attempt, error)
+
+    # -- step 6: verify -------------------------------------------------------------
+    def verify(self, attempt: BatchPlan, error: BaseException | None = None) -> IngestResult:
+        ledger = self.ledger()
+        committed = ledger.committed_offsets(attempt.ingest_id, attempt.ends)
+        if committed == attempt.ends:
+            record = ledger.find_batch(attempt.ingest_id, batch=attempt.batch)
+            if record is None or record.attempt_id == attempt.attempt_id:
+                if error is not None:
+                    log.warning("the Spark job failed (%s) after its commit landed: batch %s is committed",
+                                error, attempt.batch)
+                return self._result(COMMITTED, attempt, record, ledger, spark_started=True)
+            return self._result(ALREADY_COMMITTED, attempt, record, ledger, spark_started=True)
+        if isinstance(error, AirflowEoError):
+            raise error
+        raise SparkJobError(
+            f"the Spark job for batch {attempt.batch} of {attempt.ingest_id} ended without committing "
+            f"({error.__class__.__name__ + ': ' + str(error) if error else 'no commit found'}); the "
+            "table and its offsets are unchanged. Retry the task: it replays the same offsets"
+        ) from error
+
+    def committed_result(self, plan: BatchPlan, ledger: Ledger) -> IngestResult:
+        record = ledger.find_batch(plan.ingest_id, run_key=plan.run.run_key, batch=plan.batch)
+        return self._result(ALREADY_COMMITTED, plan, record, ledger)
+
+    def _result(self, status, plan: BatchPlan, record, ledger: Ledger, spark_started=False) -> IngestResult:
+        return IngestResult(
+            status=status, ingest_id=plan.ingest_id, table_uri=self.config.table_uri,
+            run_key=plan.run.run_key, batch=plan.batch if status != NOTHING_NEW else None,
+            version=record.version if record else (ledger.version if status == COMMITTED else None),
+            attempt_id=record.attempt_id if record else (plan.attempt_id or None),
+            ranges=[asdict(r) for r in plan.data_ranges],
+            rows=record.rows if record else 0,
+            rows_per_partition=record.rows_per_partition if record else {},
+            lag=self.lag(ledger) if status != ALREADY_COMMITTED else {},
+            spark_started=spark_started,
+        )
+
+    def lag(self, ledger: Ledger) -> dict[str, int]:
+        """Offsets Kafka holds beyond the table's committed offsets, per partition."""
+        try:
+            kafka = self.kafka()
+            bounds = kafka.bounds(kafka.partitions(self.config.topics))
+        except AirflowEoError as exc:
+            log.warning("could not measure lag: %s", exc)
+            return {}
+        committed = ledger.committed_offsets(self.config.ingest_id, bounds)
+        return {str(tp): b.end - (committed[tp] if committed[tp] is not None else b.log_start)
+                for tp, b in bounds.items()}
+
+    def collect_orphans(self, ledger: Ledger) -> list[str]:
+        """Remove staged files of attempts that ended without committing (never a running one)."""
+        referenced = set()
+        if ledger.table is not None:
+            actions = pa.table(ledger.table.get_add_actions(flatten=True))
+            referenced = set(actions.column("path").to_pylist())
+        return self.staging.collect_orphans(referenced, self.config.staging_grace_seconds)

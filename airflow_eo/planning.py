@@ -1,0 +1,367 @@
+"""The planning core: offset arithmetic as pure functions over small value objects.
+
+Nothing here touches Kafka, Spark or Delta. The I/O layers gather *facts* (what the
+table has committed, what Kafka holds) and this module decides what the next batch
+reads, and whether a finished batch may be committed.
+
+Offsets follow Kafka: a range ``[start, end)`` holds the offsets ``start .. end-1``; a
+committed offset is the *next* offset to read. Offsets have gaps (transaction markers,
+aborted records), so ``end - start`` is an upper bound on the records in a range.
+
+Example::
+
+    >>> tp = TopicPartition("orders", 0)
+    >>> plan = plan_batch(
+    ...     ingest_id="orders_raw", batch=1, committed={tp: 10},
+    ...     bounds={tp: PartitionBounds(tp, log_start=0, end=25)}, new_starts={})
+    >>> plan.ranges
+    (OffsetRange(topic='orders', partition=0, start=10, end=25),)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Mapping
+
+from airflow_eo.errors import ConfigError, DataLossError, OffsetsAheadError
+
+EARLIEST = -2
+LATEST = -1
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Half-open offset range ``[start, end)`` of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    @property
+    def size(self) -> int:
+        """Offsets spanned; records may be fewer (gaps)."""
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] {self.start}..{self.end}"
+
+
+@dataclass(frozen=True)
+class PartitionBounds:
+    """What Kafka holds for a partition: first offset retained, last stable offset."""
+
+    tp: TopicPartition
+    log_start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SkippedRange:
+    """Offsets the table will never hold, recorded in the commit that skips them."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Who asked for a batch. ``run_key`` is stable across retries and clears of one run."""
+
+    run_key: str
+    dag_id: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    try_number: int | None = None
+
+
+class OnDataLoss(str, enum.Enum):
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The offsets one batch reads, decided before any data is read.
+
+    ``ranges`` lists every partition of the batch, empty ones included, so that the
+    compare-and-set commit checks the whole table position, not only what moved.
+    """
+
+    ingest_id: str
+    batch: int
+    ranges: tuple[OffsetRange, ...]
+    run: RunIdentity
+    new_partitions: tuple[TopicPartition, ...] = ()
+    skipped: tuple[SkippedRange, ...] = ()
+    planned_at: str = ""
+    attempt_id: str = ""
+
+    @property
+    def starts(self) -> dict[TopicPartition, int]:
+        return {r.tp: r.start for r in self.ranges}
+
+    @property
+    def ends(self) -> dict[TopicPartition, int]:
+        return {r.tp: r.end for r in self.ranges}
+
+    @property
+    def data_ranges(self) -> tuple[OffsetRange, ...]:
+        return tuple(r for r in self.ranges if r.size > 0)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when committing would change nothing in the ledger."""
+        return not self.data_ranges and not self.new_partitions and not self.skipped
+
+    def with_attempt(self, attempt_id: str) -> "BatchPlan":
+        return replace(self, attempt_id=attempt_id)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BatchPlan":
+        raw = json.loads(text)
+        return cls(
+            ingest_id=raw["ingest_id"],
+            batch=raw["batch"],
+            ranges=tuple(OffsetRange(**r) for r in raw["ranges"]),
+            run=RunIdentity(**raw["run"]),
+            new_partitions=tuple(TopicPartition(**t) for t in raw["new_partitions"]),
+            skipped=tuple(SkippedRange(**s) for s in raw["skipped"]),
+            planned_at=raw.get("planned_at", ""),
+            attempt_id=raw.get("attempt_id", ""),
+        )
+
+
+@dataclass(frozen=True)
+class StartingPosition:
+    """Where a partition the table has never read starts.
+
+    Parsed from ``"earliest"``, ``"latest"``, ``{"timestamp": epoch_ms}`` or explicit
+    offsets ``{"topic": {"0": 42, "1": -2}}`` (``-2`` earliest, ``-1`` latest; partitions
+    not listed start at earliest), the conventions of Spark's Kafka source.
+    """
+
+    kind: str  # "earliest" | "latest" | "timestamp" | "offsets"
+    timestamp_ms: int | None = None
+    offsets: Mapping[TopicPartition, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, value: "str | Mapping | StartingPosition | None") -> "StartingPosition":
+        if value is None:
+            return cls("earliest")
+        if isinstance(value, StartingPosition):
+            return value
+        if isinstance(value, str):
+            text = value.strip()
+            if text in ("earliest", "latest"):
+                return cls(text)
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ConfigError(
+                    f"starting_offsets={value!r} is not understood: use 'earliest', 'latest', "
+                    '{"timestamp": <epoch ms>} or {"<topic>": {"<partition>": <offset>}}'
+                ) from None
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"starting_offsets must be a string or a mapping, got {value!r}")
+        if set(value) == {"timestamp"}:
+            return cls("timestamp", timestamp_ms=int(value["timestamp"]))
+        offsets: dict[TopicPartition, int] = {}
+        for topic, per_partition in value.items():
+            if not isinstance(per_partition, Mapping):
+                raise ConfigError(
+                    f"starting_offsets for topic {topic!r} must map partition to offset, "
+                    f"got {per_partition!r}"
+                )
+            for partition, offset in per_partition.items():
+                offsets[TopicPartition(topic, int(partition))] = int(offset)
+        return cls("offsets", offsets=offsets)
+
+    def explicit_offset(self, tp: TopicPartition) -> int:
+        """Offset for ``tp`` under an ``offsets`` position: an offset, EARLIEST or LATEST."""
+        return self.offsets.get(tp, EARLIEST)
+
+
+def partitions_without_offsets(
+    committed: Mapping[TopicPartition, int | None], bounds: Mapping[TopicPartition, PartitionBounds]
+) -> list[TopicPartition]:
+    """Partitions Kafka has and the table has never committed: they need a start."""
+    return sorted(tp for tp in bounds if committed.get(tp) is None)
+
+
+def check_start(tp: TopicPartition, start: int, bounds: PartitionBounds) -> int:
+    """Validate a resolved starting offset against what Kafka holds."""
+    if not bounds.log_start <= start <= bounds.end:
+        raise ConfigError(
+            f"starting offset {start} for {tp} is outside what Kafka holds "
+            f"[{bounds.log_start}, {bounds.end}): pick an offset in that range, or 'earliest'"
+        )
+    return start
+
+
+def fair_caps(backlogs: Mapping[TopicPartition, int], cap: int | None) -> dict[TopicPartition, int]:
+    """Split a per-run cap over partitions by max-min fairness (water filling).
+
+    Each partition gets an equal share; shares a partition cannot use go to the others.
+    Leftover units after integer division go to partitions in sorted order, so the
+    split is deterministic.
+
+        >>> a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+        >>> fair_caps({a: 5, b: 100}, 50)
+        {TopicPartition(topic='t', partition=0): 5, TopicPartition(topic='t', partition=1): 45}
+    """
+    if cap is None:
+        return dict(backlogs)
+    if cap <= 0:
+        raise ConfigError(f"max_records_per_run must be positive, got {cap}")
+    grant = {tp: 0 for tp in backlogs}
+    hungry = sorted(tp for tp, n in backlogs.items() if n > 0)
+    left = cap
+    while hungry and left > 0:
+        share, extra = divmod(left, len(hungry))
+        still_hungry = []
+        for i, tp in enumerate(hungry):
+            want = backlogs[tp] - grant[tp]
+            give = min(want, share + (1 if i < extra else 0))
+            grant[tp] += give
+            left -= give
+            if grant[tp] < backlogs[tp]:
+                still_hungry.append(tp)
+        if len(still_hungry) == len(hungry) and share == 0 and extra == 0:
+            break
+        hungry = still_hungry
+    return grant
+
+
+def plan_batch(
+    *,
+    ingest_id: str,
+    batch: int,
+    committed: Mapping[TopicPartition, int | None],
+    bounds: Mapping[TopicPartition, PartitionBounds],
+    new_starts: Mapping[TopicPartition, int],
+    max_records: int | None = None,
+    on_data_loss: OnDataLoss | str = OnDataLoss.FAIL,
+    run: RunIdentity | None = None,
+    planned_at: str = "",
+) -> BatchPlan:
+    """Plan the next batch: ``[committed, end)`` per partition, capped fairly.
+
+    ``committed`` holds the table's offsets (``None`` or missing: never read);
+    ``bounds`` what Kafka holds now (end = last stable offset); ``new_starts`` the
+    resolved start of each partition the table has never read.
+    """
+    on_data_loss = OnDataLoss(on_data_loss)
+    for tp, offset in committed.items():
+        if offset is not None and tp not in bounds:
+            raise OffsetsAheadError(
+                f"{tp} has committed offset {offset} in the table but no longer exists in "
+                "Kafka (topic deleted or recreated with fewer partitions): ingest into a new "
+                "table or with a new ingest_id; the table is unchanged"
+            )
+    starts: dict[TopicPartition, int] = {}
+    skipped: list[SkippedRange] = []
+    new: list[TopicPartition] = []
+    for tp in sorted(bounds):
+        b = bounds[tp]
+        offset = committed.get(tp)
+        if offset is None:
+            starts[tp] = check_start(tp, new_starts[tp], b)
+            new.append(tp)
+            continue
+        if offset > b.end:
+            raise OffsetsAheadError(
+                f"{tp}: the table committed offset {offset} but Kafka's end offset is {b.end} "
+                "(topic recreated or truncated): ingest into a new table or with a new "
+                "ingest_id; the table is unchanged"
+            )
+        if offset < b.log_start:
+            if on_data_loss is OnDataLoss.FAIL:
+                raise DataLossError(
+                    f"{tp}: the table's next offset is {offset} but Kafka now starts at "
+                    f"{b.log_start}: offsets {offset}..{b.log_start} were deleted by retention "
+                    "before they were ingested. Re-run with on_data_loss='skip' to skip them "
+                    "(the gap is recorded in the commit); the table is unchanged"
+                )
+            skipped.append(SkippedRange(tp.topic, tp.partition, offset, b.log_start, "retention"))
+            offset = b.log_start
+        starts[tp] = offset
+    backlog = {tp: bounds[tp].end - starts[tp] for tp in starts}
+    caps = fair_caps(backlog, max_records)
+    ranges = tuple(
+        OffsetRange(tp.topic, tp.partition, starts[tp], starts[tp] + caps[tp]) for tp in sorted(starts)
+    )
+    return BatchPlan(
+        ingest_id=ingest_id,
+        batch=batch,
+        ranges=ranges,
+        run=run or RunIdentity(run_key=""),
+        new_partitions=tuple(new),
+        skipped=tuple(skipped),
+        planned_at=planned_at,
+    )
+
+
+def split_range(r: OffsetRange, max_size: int) -> list[OffsetRange]:
+    """Cut a range into pieces of at most ``max_size`` offsets (Spark input partitions)."""
+    if max_size <= 0:
+        raise ConfigError(f"max offsets per Spark task must be positive, got {max_size}")
+    return [
+        OffsetRange(r.topic, r.partition, lo, min(lo + max_size, r.end))
+        for lo in range(r.start, r.end, max_size)
+    ]
+
+
+class CommitCheck(str, enum.Enum):
+    READY = "ready"
+    ALREADY_COMMITTED = "already_committed"
+    CONFLICT = "conflict"
+
+
+def compare_offsets(plan: BatchPlan, committed: Mapping[TopicPartition, int | None]) -> CommitCheck:
+    """The compare half of compare-and-set: may ``plan`` be committed on this table state?
+
+    READY when the table is exactly at the plan's starts; ALREADY_COMMITTED when it is
+    exactly at the plan's ends (an earlier attempt committed it); anything else means
+    another batch moved the table and this one must not land.
+    """
+    current = {tp: committed.get(tp) for tp in plan.starts}
+    expected_start = {
+        tp: (None if tp in plan.new_partitions else start) for tp, start in plan.starts.items()
+    }
+    if current == expected_start:
+        return CommitCheck.READY
+    if current == plan.ends:
+        return CommitCheck.ALREADY_COMMITTED
+    return CommitCheck.CONFLICT
+
+
+def describe_mismatch(plan: BatchPlan, committed: Mapping[TopicPartition, int | None]) -> str:
+    """Human-readable list of partitions whose table offset differs from the plan."""
+    parts = []
+    for r in plan.ranges:
+        now = committed.get(r.tp)
+        if now not in (r.start, r.end) or (now is None) != (r.tp in plan.new_partitions):
+            parts.append(f"{r.tp}: planned {r.start}..{r.end}, table at {now}")
+    return "; ".join(parts) or "offsets differ from both the plan's starts and its ends"
