@@ -1,0 +1,101 @@
+"""Test helpers shared by every suite: topics, producers, reading a table back, checking it.
+
+The table is read back with ``pyarrow.dataset`` over the snapshot's files
+(``DeltaTable.to_pyarrow_table`` can abort the interpreter at exit: delta-rs #2184), and
+checked against what the broker holds using kafka-python, a different client from the
+one the pipeline reads with, so a reader bug cannot hide itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from deltalake import DeltaTable
+
+
+def new_topic(config: dict, partitions: int = 3, name: str | None = None) -> str:
+    name = name or f"t-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(config)
+    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        f.result()
+    return name
+
+
+def add_partitions(config: dict, topic: str, total: int) -> None:
+    for f in AdminClient(config).create_partitions([NewPartitions(topic, total)]).values():
+        f.result()
+
+
+def produce(config: dict, topic: str, count: int, partitions: int = 3, prefix: str = "v", start: int = 0) -> list[bytes]:
+    """Produce ``count`` records round-robin over partitions with an idempotent producer."""
+    producer = Producer({**config, "enable.idempotence": True, "linger.ms": 5})
+    values = []
+    for i in range(start, start + count):
+        value = f"{prefix}{i}".encode()
+        producer.produce(topic, key=str(i).encode(), value=value, partition=i % partitions,
+                         headers=[("seq", str(i).encode())])
+        values.append(value)
+    producer.flush(30)
+    return values
+
+
+def transactional_producer(config: dict) -> Producer:
+    producer = Producer({**config, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    return producer
+
+
+def read_table(table_uri: str, columns: list[str] | None = None) -> pa.Table:
+    dt = DeltaTable(table_uri)
+    files = dt.file_uris()
+    if not files:
+        return pa.table({c: [] for c in (columns or ["topic", "partition", "offset"])})
+    return pads.dataset(files, format="parquet").to_table(columns=columns)
+
+
+def keys_of(table: pa.Table) -> list[tuple[str, int, int]]:
+    return list(zip(table["topic"].to_pylist(), table["partition"].to_pylist(), table["offset"].to_pylist()))
+
+
+def duplicates(table: pa.Table) -> dict:
+    return {k: n for k, n in Counter(keys_of(table)).items() if n > 1}
+
+
+def broker_records(bootstrap: str, topic: str, read_committed: bool = True) -> dict[tuple[str, int, int], bytes]:
+    """Every visible record of a topic, read with kafka-python (independent of the pipeline)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+        consumer_timeout_ms=3000,
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        found = {}
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            batch = consumer.poll(timeout_ms=1000)
+            if not batch:
+                break
+            for records in batch.values():
+                for r in records:
+                    found[(r.topic, r.partition, r.offset)] = r.value
+        return found
+    finally:
+        consumer.close()
+
+
+def committed_offsets(table_uri: str, ingest_id: str, topic: str, partitions: int) -> dict[int, int | None]:
+    from airflow_eo.ledger import partition_app_id
+    from airflow_eo.planning import TopicPartition as TP
+
+    dt = DeltaTable(table_uri)
+    return {p: dt.transaction_version(partition_app_id(ingest_id, TP(topic, p))) for p in range(partitions)}
