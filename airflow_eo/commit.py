@@ -31,6 +31,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
 
 from airflow_eo.errors import CommitConflictError, TableError
+from airflow_eo.faults import failpoint
 from airflow_eo.ledger import (
     METADATA_KEY, Ledger, batch_app_id, partition_app_id,
 )
@@ -87,22 +88,50 @@ def _field_types(schema: Schema) -> dict[str, str]:
     return {f["name"]: json.dumps(f["type"], sort_keys=True) for f in json.loads(schema.to_json())["fields"]}
 
 
-def check_schema(ledger: Ledger, incoming: Schema) -> None:
-    """Refuse a batch whose columns differ from the table's, before anything is committed."""
+def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = False) -> list[str]:
+    """Refuse a batch whose columns differ from the table's, before anything is committed.
+
+    With ``schema_evolution`` new columns are allowed (they are returned so the caller
+    can add them); a dropped column or a changed type is refused either way.
+
+    >>> check_schema(Ledger(None, "/t"), delta_schema_of(pa.schema([("a", pa.int64())])))
+    []
+    """
     if ledger.table is None:
-        return
+        return []
     have, want = _field_types(ledger.table.schema()), _field_types(incoming)
     if have == want:
-        return
+        return []
     missing = sorted(set(have) - set(want))
     extra = sorted(set(want) - set(have))
     changed = sorted(k for k in set(have) & set(want) if have[k] != want[k])
+    if schema_evolution and not missing and not changed:
+        return extra
+    fix = ("schema evolution adds new columns only: restore the dropped or retyped columns in the "
+           "transform, or write to a new table" if schema_evolution else
+           "change the transform back, set schema_evolution=True to add new columns, or write to "
+           "a new table")
     raise TableError(
         f"the transform's output does not match the table schema at {ledger.table_uri} "
         f"(missing columns: {missing or 'none'}; new columns: {extra or 'none'}; "
-        f"changed types: {changed or 'none'}): change the transform back, or write to a new "
-        "table; nothing was committed"
+        f"changed types: {changed or 'none'}): {fix}; nothing was committed"
     )
+
+
+def add_columns(ledger: Ledger, incoming: Schema, names: list[str], plan: BatchPlan) -> None:
+    """Schema evolution: add ``names`` (nullable) to the table in a commit of their own.
+
+    The data commit that follows re-checks offsets on the new snapshot, so a run that dies
+    in between leaves only nullable columns behind, and its retry finds them in place.
+    """
+    from deltalake import Field
+
+    fields = [Field(f.name, f.type, nullable=True) for f in incoming.fields if f.name in names]
+    log.info("schema evolution: adding columns %s to %s", names, ledger.table_uri)
+    ledger.table.alter.add_columns(fields, commit_properties=CommitProperties(
+        custom_metadata={"airflow_eo.schema_evolution": json.dumps(
+            {"ingest_id": plan.ingest_id, "batch": plan.batch, "added": names})},
+    ))
 
 
 def commit_batch(
@@ -112,6 +141,7 @@ def commit_batch(
     rows_per_partition: dict[str, int],
     arrow_schema: pa.Schema,
     storage_options: dict[str, str] | None = None,
+    schema_evolution: bool = False,
 ) -> CommitOutcome:
     """Commit a batch's staged files and offsets atomically, if the table is where the plan began."""
     ledger = Ledger.open(table_uri, storage_options)
@@ -122,12 +152,17 @@ def commit_batch(
         log.info("batch %s was committed before: committing nothing", plan.batch)
         return CommitOutcome(ALREADY_COMMITTED, plan.batch, ledger.version)
     schema = delta_schema_of(arrow_schema)
-    check_schema(ledger, schema)
+    new_columns = check_schema(ledger, schema, schema_evolution)
+    if new_columns:
+        add_columns(ledger, schema, new_columns, plan)
+        ledger = Ledger.open(table_uri, storage_options)
+        _compare(ledger, plan)
     properties = CommitProperties(
         custom_metadata={METADATA_KEY: json.dumps(batch_metadata(plan, rows_per_partition))},
         app_transactions=offset_transactions(plan),
     )
     read_version = ledger.version
+    failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
     try:
         if ledger.table is None:
             create_table_with_add_actions(

@@ -40,5 +40,9 @@ class ReadIncompleteError(AirflowEoError):
     """A Spark task could not read its whole planned range; nothing is committed."""
 
 
+class DeadLetterThresholdError(AirflowEoError):
+    """More records could not be decoded than the dead-letter threshold allows."""
+
+
 class SparkJobError(AirflowEoError):
     """spark-submit ended without committing the batch."""

@@ -11,7 +11,7 @@ import os
 import signal
 
 ENV = "AIRFLOW_EO_FAILPOINTS"
-POINTS = ("before_read", "after_stage", "before_commit", "after_commit")
+POINTS = ("before_read", "after_stage", "before_commit", "during_commit", "after_commit")
 
 
 def failpoint(name: str) -> None:

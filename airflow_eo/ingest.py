@@ -30,7 +30,8 @@ from typing import Protocol
 import pyarrow as pa
 
 from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED
-from airflow_eo.errors import AirflowEoError, SparkJobError
+from airflow_eo.dead_letters import DecodeSpec
+from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError
 from airflow_eo.kafka_client import KafkaOffsets
 from airflow_eo.ledger import Ledger, validate_ingest_id
 from airflow_eo.plan_log import PlanLog
@@ -63,15 +64,38 @@ class IngestConfig:
     max_offsets_per_task: int = DEFAULT_MAX_OFFSETS_PER_TASK
     storage_options: dict | None = field(default=None, repr=False)
     staging_grace_seconds: float = DEFAULT_GRACE_SECONDS
+    # optional: also commit the table's offsets to this consumer group for lag tools
+    # (airflow_eo.mirror); the Delta log stays the only source of truth
+    mirror_consumer_group: str | None = None
+    # optional decoding (airflow_eo.dead_letters): the value parsed as JSON into column
+    # `data`; undecodable records go to dead_letter_table_uri instead of failing the batch
+    value_schema: str | None = None  # Spark DDL, e.g. "id INT, name STRING"
+    value_format: str = "json"
+    max_value_bytes: int | None = None
+    dead_letter_table_uri: str | None = None
+    max_dead_letters: int | None = None
+    max_dead_letter_fraction: float | None = None
+    # opt-in: new columns of the transform's output are added to the table
+    schema_evolution: bool = False
 
     def __post_init__(self):
         validate_ingest_id(self.ingest_id)
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
         object.__setattr__(self, "on_data_loss", OnDataLoss(self.on_data_loss).value)
         StartingPosition.parse(self.starting_offsets)
+        if self.dead_letter_table_uri:
+            object.__setattr__(self, "dead_letter_table_uri", normalize_table_uri(self.dead_letter_table_uri))
+            if self.dead_letter_table_uri == self.table_uri:
+                raise ConfigError("dead_letter_table_uri must be another path than table_uri")
+        self.decode_spec()  # validates the decoding options now, not on Spark
+
+    def decode_spec(self) -> DecodeSpec:
+        return DecodeSpec(self.value_schema, self.value_format, self.max_value_bytes,
+                          self.dead_letter_table_uri, self.max_dead_letters, self.max_dead_letter_fraction)
 
     def job_options(self) -> dict:
-        return {"transform": asdict(self.transform), "max_offsets_per_task": self.max_offsets_per_task}
+        return {"transform": asdict(self.transform), "max_offsets_per_task": self.max_offsets_per_task,
+                "decode": self.decode_spec().to_dict(), "schema_evolution": self.schema_evolution}
 
 
 @dataclass(frozen=True)
@@ -154,15 +178,25 @@ class Ingestion:
         self.collect_orphans(ledger)
         plan = self._replayable_plan(run, ledger)
         if isinstance(plan, IngestResult):
-            return plan
+            return self.mirror(plan)
         if plan is None:
             plan = self.plan(run, ledger)
             if plan.is_empty:
                 log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
-                return self._result(NOTHING_NEW, plan, None, ledger)
+                return self.mirror(self._result(NOTHING_NEW, plan, None, ledger))
             # step 2: log the plan before any of it is read
             self.plans.record(plan)
-        return self.execute(plan)
+        return self.mirror(self.execute(plan))
+
+    def mirror(self, result: IngestResult) -> IngestResult:
+        """Copy the table's offsets to the configured consumer group (best effort; after
+        every successful run, so a mirror that missed one run is corrected by the next)."""
+        if self.config.mirror_consumer_group:
+            from airflow_eo.mirror import mirror_table
+
+            mirror_table(self.config.kafka_config, self.config.mirror_consumer_group, self.ledger(),
+                         self.config.ingest_id, self.config.topics)
+        return result
 
     def _replayable_plan(self, run: RunIdentity, ledger: Ledger) -> "BatchPlan | IngestResult | None":
         logged = self.plans.load(run.run_key)
@@ -210,7 +244,7 @@ class Ingestion:
                                 error, attempt.batch)
                 return self._result(COMMITTED, attempt, record, ledger, spark_started=True)
             return self._result(ALREADY_COMMITTED, attempt, record, ledger, spark_started=True)
-        if isinstance(error, AirflowEoError):
+        if isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
             raise error
         raise SparkJobError(
             f"the Spark job for batch {attempt.batch} of {attempt.ingest_id} ended without committing "

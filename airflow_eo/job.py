@@ -19,6 +19,7 @@ import json
 import logging
 import os
 
+from airflow_eo.dead_letters import DeadLetters
 from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED, CommitOutcome, commit_batch
 from airflow_eo.faults import failpoint
 from airflow_eo.planning import BatchPlan
@@ -57,6 +58,18 @@ def spark_path(location: TableLocation, path: str) -> str:
     return f"file://{path}" if is_local(location.uri) else location.uri_of(location.relative(path))
 
 
+def stage(out, location: TableLocation, target: str, storage_options: dict | None, arrow_schema):
+    """Step 4 (stage): Spark's Parquet writer for local tables; for object stores the
+    executors write with pyarrow (:mod:`airflow_eo.writer`), since Spark here has no
+    ``hadoop-aws`` jar to write ``s3a://``."""
+    if is_local(location.uri):
+        out.write.mode("errorifexists").parquet(spark_path(location, target))
+        return StagingArea(location).staged_files(target)
+    from airflow_eo.writer import stage_with_arrow
+
+    return stage_with_arrow(out, location, target, storage_options, arrow_schema)
+
+
 def run_attempt(spark, table_uri: str, attempt_id: str, kafka_config: dict,
                 storage_options: dict | None = None) -> CommitOutcome:
     """Execute a logged attempt: read, transform, stage, compare-and-set commit."""
@@ -65,17 +78,28 @@ def run_attempt(spark, table_uri: str, attempt_id: str, kafka_config: dict,
     plan, job = staging.attempt_plan(attempt_id)
     failpoint("before_read")
     source = read_plan(spark, plan, kafka_config, int(job.get("max_offsets_per_task", DEFAULT_MAX_OFFSETS_PER_TASK)))
+    dead = DeadLetters.of(source, job.get("decode"), plan, storage_options)  # None unless decoding
+    if dead is not None:
+        dead.stage(stage)  # undecodable records: staged beside the dead-letter table, threshold checked
+        source = dead.good
     out = Transform(**job.get("transform", {})).apply(source)
     target = staging.attempt_path(plan)
-    out.write.mode("errorifexists").parquet(spark_path(location, target))
-    files = staging.staged_files(target)
-    rows = staging.rows_per_partition(files)
-    failpoint("after_stage")
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(out.schema)
+    files = stage(out, location, target, storage_options, arrow_schema)
+    rows = staging.rows_per_partition(files)
+    failpoint("after_stage")
     failpoint("before_commit")
-    outcome = commit_batch(location.uri, plan, files, rows, arrow_schema, storage_options)
+    if job.get("mode") == "reprocess":  # replace a past batch's rows (airflow_eo.reprocess)
+        from airflow_eo.reprocess import commit_reprocess
+
+        outcome = commit_reprocess(location.uri, plan, files, rows, arrow_schema, job, storage_options)
+    else:
+        if dead is not None:
+            dead.commit()  # first: a committed batch implies its dead letters are committed
+        outcome = commit_batch(location.uri, plan, files, rows, arrow_schema, storage_options,
+                               schema_evolution=bool(job.get("schema_evolution")))
     staging.end_attempt(attempt_id, committed=outcome.status == COMMITTED)
     failpoint("after_commit")
     if outcome.status == ALREADY_COMMITTED:

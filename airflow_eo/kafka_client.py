@@ -78,7 +78,13 @@ class KafkaOffsets:
         self.config = client_config(config)
         self.timeout = timeout
         admin_config = {k: v for k, v in self.config.items() if k not in ("group.id",)}
-        self.admin = AdminClient(admin_config)
+        try:
+            self.admin = AdminClient(admin_config)
+        except (KafkaException, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"the Kafka client config is not valid ({exc}): fix the Kafka connection's extra "
+                "(librdkafka property names, e.g. bootstrap.servers, security.protocol); nothing was changed"
+            ) from exc
 
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
         try:

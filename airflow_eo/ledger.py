@@ -17,16 +17,17 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Iterable
 
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from airflow_eo.errors import ConfigError, TableError
 from airflow_eo.planning import OffsetRange, SkippedRange, TopicPartition
-from airflow_eo.storage import normalize_table_uri
+from airflow_eo.storage import is_local, normalize_table_uri
 
 APP_PREFIX = "airflow-eo"
 METADATA_KEY = "airflow_eo.batch"
@@ -89,6 +90,22 @@ class BatchRecord:
         )
 
 
+_OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")
+
+
+def _refuse_foreign_directory(uri: str) -> None:
+    """No Delta log, but other files: a plain Parquet/CSV folder, not a table to create."""
+    if not is_local(uri) or not os.path.isdir(uri):
+        return
+    foreign = sorted(n for n in os.listdir(uri) if not _OWN_ENTRIES.match(n))
+    if foreign:
+        raise TableError(
+            f"{uri} is not a Delta table (no _delta_log) but holds other files ({', '.join(foreign[:3])}"
+            f"{', …' if len(foreign) > 3 else ''}): point table_uri at a Delta table or an empty/new "
+            "directory; nothing was changed"
+        )
+
+
 class Ledger:
     """Read side of a table's ledger, pinned to one snapshot of the Delta log.
 
@@ -106,7 +123,14 @@ class Ledger:
         try:
             table = DeltaTable(uri, storage_options=storage_options)
         except TableNotFoundError:
+            _refuse_foreign_directory(uri)
             return cls(None, uri)
+        except DeltaError as exc:  # a _delta_log that cannot be read
+            raise TableError(
+                f"{uri} has a Delta log that cannot be read ({str(exc).splitlines()[0]}): it is not a "
+                "usable Delta table. Point table_uri at the right table or repair/move the log; "
+                "nothing was changed"
+            ) from exc
         return cls(table, uri)
 
     @property
@@ -162,13 +186,16 @@ class Ledger:
         """The newest commit that matches the given attempt, run or batch number."""
         if self.table is None:
             return None
-        span = self.table.version() - since_version + 1
-        for record in self.batches(ingest_id, limit=max(span, 1)):
-            if attempt_id is not None and record.attempt_id != attempt_id:
-                continue
-            if run_key is not None and record.run_key != run_key:
-                continue
-            if batch is not None and record.batch != batch:
-                continue
-            return record
+        span = max(self.table.version() - since_version + 1, 1)
+        # Recent commits first: the batch a retry or rerun looks for is almost always among
+        # the newest, and reading the whole history costs a file per commit.
+        window, searched = 16, 0
+        while searched < span:
+            window = min(window, span)
+            for record in self.batches(ingest_id, limit=window):
+                if (attempt_id is None or record.attempt_id == attempt_id) and \
+                        (run_key is None or record.run_key == run_key) and \
+                        (batch is None or record.batch == batch):
+                    return record
+            searched, window = window, window * 16
         return None

@@ -84,5 +84,8 @@ class KafkaRangeSource(DataSource):
 
 
 def register(spark) -> None:
-    spark.dataSource.register(KafkaRangeSource)
+    """Register the source once per SparkSession."""
+    if not getattr(spark, "_airflow_eo_source", False):
+        spark.dataSource.register(KafkaRangeSource)
+        spark._airflow_eo_source = True
 

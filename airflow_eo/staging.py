@@ -123,12 +123,17 @@ class StagingArea:
     def _write_marker(self, marker: AttemptMarker) -> None:
         self.loc.write_text(self.marker_path(marker.attempt_id), json.dumps(marker.__dict__))
 
-    def staged_files(self, attempt_path: str) -> list[StagedFile]:
-        """Every Parquet data file an attempt wrote, with Delta stats from the footers."""
+    def staged_files(self, attempt_path: str, only: set[str] | None = None) -> list[StagedFile]:
+        """Every Parquet data file an attempt wrote, with Delta stats from the footers.
+
+        ``only``: full paths to keep (the files successful tasks reported), so that files
+        of failed task attempts in the same directory are never staged."""
         staged = []
         for info in self.loc.list_files(attempt_path):
             name = info.base_name
             if name.startswith(("_", ".")) or not name.endswith(".parquet"):
+                continue
+            if only is not None and info.path not in only:
                 continue
             meta = pq.read_metadata(info.path, filesystem=self.loc.fs)
             staged.append(

@@ -3,6 +3,11 @@
 Delta commits go through deltalake; everything else the project writes beside a table
 (plan log, staged Parquet files, attempt markers) goes through ``pyarrow.fs`` so that
 local paths and object stores behave the same.
+
+Object stores: ``s3://`` tables take deltalake storage options (built from an Airflow
+``aws`` connection by :func:`storage_options_from_connection`) and must declare how
+commits stay atomic (:func:`check_commit_safety`); other schemes deltalake and pyarrow
+both understand (``gs://``, ``abfss://``…) have atomic put-if-absent natively.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from airflow_eo.errors import ConfigError
+
+
+S3_SCHEMES = ("s3", "s3a")
 
 
 def normalize_table_uri(table_uri: str) -> str:
@@ -49,7 +57,8 @@ class TableLocation:
         if is_local(uri):
             return cls(uri, pafs.LocalFileSystem(), uri)
         parsed = urlparse(uri)
-        if parsed.scheme in ("s3", "s3a"):
+        if parsed.scheme in S3_SCHEMES:
+            check_commit_safety(uri, storage_options)
             return cls(uri, _s3_filesystem(storage_options or {}), f"{parsed.netloc}{parsed.path}")
         fs, root = pafs.FileSystem.from_uri(uri)
         return cls(uri, fs, root)
@@ -115,3 +124,92 @@ def _s3_filesystem(options: dict[str, str]) -> pafs.S3FileSystem:
         endpoint_override=endpoint,
         scheme=scheme,
     )
+
+
+# -- S3: commit safety and credentials -------------------------------------------------
+
+SAFE_CONDITIONAL_PUT = "etag"
+
+
+def check_commit_safety(table_uri: str, storage_options: dict[str, str] | None) -> None:
+    """Refuse an S3 table whose commits could silently overwrite each other.
+
+    A Delta commit is "create ``_delta_log/N.json`` unless it exists". On S3 that needs
+    conditional writes (``If-None-Match: *``). deltalake 1.x sends them by default, but a
+    store that ignores the header (older MinIO/Ceph, some gateways) then overwrites a
+    racing commit without an error, and exactly-once is gone. So the user must say the
+    store supports them: ``conditional_put=etag``. ``AWS_S3_LOCKING_PROVIDER=dynamodb`` is
+    refused too: deltalake 1.x ignores it (it logs "delta-rs **no longer** supports
+    S3DynamoDBLogStores", delta-rs discussion #4482), so it would promise a lock that
+    is not there.
+
+    >>> check_commit_safety("s3://bucket/t", {"conditional_put": "etag"})
+    >>> check_commit_safety("/tmp/t", None)
+    """
+    if urlparse(table_uri).scheme not in S3_SCHEMES:
+        return
+    lowered = {k.lower(): str(v).strip().lower() for k, v in (storage_options or {}).items()}
+    problems = []
+    if lowered.get("aws_s3_allow_unsafe_rename") == "true":
+        problems.append("AWS_S3_ALLOW_UNSAFE_RENAME=true opts out of safe concurrent commits")
+    if lowered.get("aws_s3_locking_provider"):
+        problems.append("AWS_S3_LOCKING_PROVIDER is ignored by deltalake 1.x (no DynamoDB lock "
+                        "is taken; see delta-rs discussion #4482)")
+    conditional = lowered.get("conditional_put", lowered.get("aws_conditional_put"))
+    if conditional != SAFE_CONDITIONAL_PUT:
+        problems.append(f"conditional_put is {conditional!r}, not 'etag'")
+    if problems:
+        raise ConfigError(
+            f"refusing to commit to {table_uri}: Delta commits on S3 are atomic only with "
+            f"conditional writes, and this configuration does not guarantee them ({'; '.join(problems)}). "
+            "Use a store that supports If-None-Match/If-Match (AWS S3, MinIO, Cloudflare R2) and "
+            'set "conditional_put": "etag" in the storage options (the extras of the aws connection)'
+        )
+
+
+# Extras of an Airflow ``aws`` connection that map onto deltalake storage options.
+_EXTRA_TO_OPTION = {
+    "endpoint_url": "AWS_ENDPOINT_URL",
+    "region_name": "AWS_REGION",
+    "region": "AWS_REGION",
+    "aws_session_token": "AWS_SESSION_TOKEN",
+    "session_token": "AWS_SESSION_TOKEN",
+}
+
+
+def storage_options_from_connection(login: str | None, password: str | None,
+                                    extra: dict | None = None) -> dict[str, str]:
+    """deltalake storage options from the fields of an Airflow ``aws`` connection.
+
+    login/password are the access key id and secret; extras ``endpoint_url``,
+    ``region_name`` (or ``region``), ``aws_session_token`` map to their deltalake keys;
+    an extra ``storage_options`` dict is passed through as is (``conditional_put``,
+    ``allow_http``…). An ``http://`` endpoint turns on ``AWS_ALLOW_HTTP``.
+
+    >>> storage_options_from_connection("AKIA", "s3cr3t", {"endpoint_url": "http://127.0.0.1:9000",
+    ...     "region_name": "eu-west-1", "conditional_put": "etag"})["AWS_ALLOW_HTTP"]
+    'true'
+    """
+    extra = dict(extra or {})
+    options: dict[str, str] = {}
+    if login:
+        options["AWS_ACCESS_KEY_ID"] = login
+    if password:
+        options["AWS_SECRET_ACCESS_KEY"] = password
+    for key, option in _EXTRA_TO_OPTION.items():
+        if extra.get(key):
+            options[option] = str(extra[key])
+    if options.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        options["AWS_ALLOW_HTTP"] = "true"
+    if extra.get("conditional_put"):
+        options["conditional_put"] = str(extra["conditional_put"])
+    options.update({k: str(v) for k, v in (extra.get("storage_options") or {}).items()})
+    return options
+
+
+def storage_options_from_airflow(conn_id: str) -> dict[str, str]:
+    """Storage options of the Airflow connection ``conn_id`` (type ``aws``)."""
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    return storage_options_from_connection(conn.login, conn.password, conn.extra_dejson)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 
+from airflow_eo import errors
 from airflow_eo.errors import SparkJobError
 from airflow_eo.job import KAFKA_CONFIG_ENV, SPARK_DEFAULTS, STORAGE_OPTIONS_ENV
 
@@ -51,6 +53,18 @@ def spark_submit_binary() -> str:
     if not found:
         raise SparkJobError("spark-submit is not on PATH: install pyspark into this environment")
     return found
+
+
+_JOB_ERROR = re.compile(r"airflow_eo\.errors\.(\w+): (.*)")
+
+
+def job_failure(code: int | None, output: list[str]) -> Exception:
+    """The error a failed job reported (its own airflow-eo error if it raised one)."""
+    for line in reversed(output):
+        match = _JOB_ERROR.search(line)
+        if match and isinstance(getattr(errors, match.group(1), None), type):
+            return getattr(errors, match.group(1))(match.group(2))
+    return SparkJobError(f"spark-submit exited with code {code}; last output:\n" + "\n".join(output[-15:]))
 
 
 class LocalSparkSubmit:
@@ -87,7 +101,7 @@ class LocalSparkSubmit:
             log.debug("spark: %s", line.rstrip())
         code = self.process.wait(self.timeout)
         if code != 0:
-            raise SparkJobError(f"spark-submit exited with code {code}; last output:\n" + "\n".join(tail))
+            raise job_failure(code, tail)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

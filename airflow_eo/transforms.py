@@ -63,7 +63,14 @@ class Transform:
                     f"'{SOURCE_VIEW}'); nothing was committed"
                 ) from exc
         elif self.callable:
-            out = self.load_callable()(df)
+            func = self.load_callable()
+            try:
+                out = func(df)
+            except Exception as exc:  # the user's function: name it, and say nothing landed
+                raise ConfigError(
+                    f"transform {self.callable!r} raised {exc.__class__.__name__}: {_first_line(exc)}. "
+                    "Fix the function (it takes and returns a DataFrame); nothing was committed"
+                ) from exc
         else:
             out = df
         missing = [c for c in KEY_COLUMNS if c not in out.columns]

@@ -38,6 +38,7 @@ def spark(tmp_path_factory):
     session = build_session("airflow-eo tests", {
         "spark.master": "local[2]",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         "spark.sql.warehouse.dir": str(warehouse),
         "spark.sql.shuffle.partitions": "2",
     })

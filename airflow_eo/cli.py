@@ -1,0 +1,173 @@
+"""The ``airflow-eo`` command: ``ingest``, ``status`` and ``demo``.
+
+``airflow-eo ingest`` runs one batch through the same loop the Airflow operator uses
+(plan, log the plan, spark-submit, verify); ``airflow-eo status`` reads a table's ledger
+and, when Kafka is reachable, its lag; ``airflow-eo demo`` does the whole thing on the
+embedded broker.
+
+Example::
+
+    $ airflow-eo ingest --table /data/orders --ingest-id orders_raw --topics orders \\
+          --bootstrap-servers 127.0.0.1:9092 --master 'local[2]'
+    $ airflow-eo status /data/orders --ingest-id orders_raw --bootstrap-servers 127.0.0.1:9092
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import uuid
+
+from airflow_eo.errors import AirflowEoError
+
+log = logging.getLogger("airflow_eo")
+
+
+def _kafka_config(args) -> dict:
+    config: dict = {}
+    if args.kafka_config:
+        text = args.kafka_config
+        if text.startswith("@"):
+            with open(text[1:]) as f:
+                text = f.read()
+        config = json.loads(text)
+    if os.environ.get("AIRFLOW_EO_KAFKA_CONFIG") and not config:
+        config = json.loads(os.environ["AIRFLOW_EO_KAFKA_CONFIG"])
+    if args.bootstrap_servers:
+        config["bootstrap.servers"] = args.bootstrap_servers
+    return config
+
+
+def cmd_ingest(args) -> int:
+    from airflow_eo.ingest import IngestConfig, Ingestion
+    from airflow_eo.planning import RunIdentity
+    from airflow_eo.submit import LocalSparkSubmit
+    from airflow_eo.transforms import Transform
+
+    config = IngestConfig(
+        table_uri=args.table, ingest_id=args.ingest_id, topics=args.topics.split(","),
+        kafka_config=_kafka_config(args), starting_offsets=args.starting_offsets,
+        max_records_per_run=args.max_records_per_run, on_data_loss=args.on_data_loss,
+        transform=Transform(sql=args.transform_sql, callable=args.transform),
+    )
+    conf = dict(kv.split("=", 1) for kv in args.conf or [])
+    run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
+    result = Ingestion(config, LocalSparkSubmit(master=args.master, conf=conf)).run(RunIdentity(run_key))
+    _print(result.to_dict(), args.json)
+    return 0
+
+
+def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limit: int = 5) -> dict:
+    """Per partition committed offset, Kafka end offset and lag; the last batches."""
+    from airflow_eo.kafka_client import KafkaOffsets
+    from airflow_eo.ledger import Ledger
+    from airflow_eo.planning import TopicPartition
+
+    ledger = Ledger.open(table_uri)
+    ledger.check_owner(ingest_id)
+    batches = ledger.batches(ingest_id, limit=50)[:limit]
+    partitions = sorted({TopicPartition(r.topic, r.partition) for b in batches[:1] for r in b.ranges})
+    bounds = {}
+    if kafka_config and kafka_config.get("bootstrap.servers"):
+        kafka = KafkaOffsets(kafka_config, timeout=10)
+        topics = sorted({tp.topic for tp in partitions})
+        try:
+            bounds = kafka.bounds(kafka.partitions(topics)) if topics else {}
+        except AirflowEoError as exc:
+            log.warning("Kafka not reachable, lag unknown: %s", exc)
+        partitions = sorted(set(partitions) | set(bounds))
+    committed = ledger.committed_offsets(ingest_id, partitions)
+    rows = []
+    for tp in partitions:
+        end = bounds[tp].end if tp in bounds else None
+        done = committed[tp]
+        rows.append({"topic": tp.topic, "partition": tp.partition, "committed": done, "end": end,
+                     "lag": None if end is None else end - (done or 0)})
+    return {
+        "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
+        "last_batch": ledger.last_batch(ingest_id), "partitions": rows,
+        "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation,
+                     "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size]} for b in batches],
+    }
+
+
+def cmd_status(args) -> int:
+    status = table_status(args.table, args.ingest_id, _kafka_config(args))
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"table {status['table_uri']}  version {status['version']}  last batch {status['last_batch']}")
+    print(f"{'topic':<24}{'partition':>10}{'committed':>12}{'end':>12}{'lag':>10}")
+    for p in status["partitions"]:
+        print(f"{p['topic']:<24}{p['partition']:>10}{_n(p['committed']):>12}{_n(p['end']):>12}{_n(p['lag']):>10}")
+    print("last batches:")
+    for b in status["batches"]:
+        print(f"  batch {b['batch']:>5}  version {b['version']:>5}  rows {b['rows']:>9}  {b['operation']}  {', '.join(b['ranges'])}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from airflow_eo.demo import run_demo
+
+    return run_demo(args.dir, records=args.records)
+
+
+def _n(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _print(payload: dict, as_json: bool) -> None:
+    print(json.dumps(payload, indent=None if as_json else 2, default=str))
+
+
+def _kafka_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (host:port,...)")
+    p.add_argument("--kafka-config", help="client config as JSON, or @file.json (default: $AIRFLOW_EO_KAFKA_CONFIG)")
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="airflow-eo", description="Exactly-once Kafka → Delta ingestion on Spark")
+    sub = root.add_subparsers(dest="command", required=True)
+    ing = sub.add_parser("ingest", help="plan, run and verify one batch (the operator's code path)")
+    ing.add_argument("--table", required=True, help="Delta table path or URI")
+    ing.add_argument("--ingest-id", required=True, help="stable id of this ingest (names its offsets)")
+    ing.add_argument("--topics", required=True, help="comma-separated topics")
+    _kafka_args(ing)
+    ing.add_argument("--starting-offsets", default="earliest")
+    ing.add_argument("--max-records-per-run", type=int)
+    ing.add_argument("--on-data-loss", default="fail", choices=["fail", "skip"])
+    ing.add_argument("--transform-sql", help="Spark SQL over the view `source`")
+    ing.add_argument("--transform", help="a Python callable 'package.module:function' (DataFrame → DataFrame)")
+    ing.add_argument("--master", default="local[*]", help="Spark master for spark-submit")
+    ing.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
+    ing.add_argument("--run-key", help="stable key: re-running with the same key replays, never duplicates")
+    ing.add_argument("--json", action="store_true")
+    ing.set_defaults(func=cmd_ingest)
+    st = sub.add_parser("status", help="committed offsets, end offsets, lag and last batches of a table")
+    st.add_argument("table")
+    st.add_argument("--ingest-id", required=True)
+    _kafka_args(st)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+    demo = sub.add_parser("demo", help="embedded broker + sample data + ingestion through Airflow + show the table")
+    demo.add_argument("--dir", default="demo-data", help="where the demo table and Airflow home go")
+    demo.add_argument("--records", type=int, default=10_000)
+    demo.set_defaults(func=cmd_demo)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except AirflowEoError as exc:
+        print(f"airflow-eo: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""KafkaToDeltaOperator: one exactly-once batch from Kafka topics into a Delta table.
+
+The operator is thin: it builds an :class:`~airflow_eo.ingest.IngestConfig` from its
+(templated) arguments and the ``kafka`` / ``spark`` connections, runs
+:class:`~airflow_eo.ingest.Ingestion` with a :class:`~airflow_eo.hooks.spark.SparkJobSubmitter`
+and returns the run's summary (XCom), which is also the extra of the table's Asset event
+and what the "Delta batch" extra link shows.
+
+Run semantics (see README "Reruns, clears and backfills"): the run key is
+``<dag_id>/<run_id>/<task_id>/<map_index>``, stable across retries and clears and never
+derived from the try number or logical date (manual runs have none). A retry or clear
+replays the run's logged plan, or reports its committed batch without starting Spark.
+With ``reprocess`` (operator argument or DAG param ``reprocess``) the run's batch (or the
+one of ``reprocess_run_id``) is re-read and its rows are replaced in one commit.
+
+Runs are serialised per table by default (``max_active_tis_per_dag=1``); runs of other
+DAGs writing the same table are kept apart by the core's compare-and-set commit.
+
+Example::
+
+    KafkaToDeltaOperator(
+        task_id="ingest", topics=["orders"], table_uri="/data/orders",
+        kafka_conn_id="kafka_default", spark_conn_id="spark_default",
+        transform_sql="SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source",
+        max_records_per_run=1_000_000,
+    )
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+from airflow.sdk import Asset, BaseOperator, BaseOperatorLink
+
+from airflow_eo.hooks.kafka import KafkaConfigHook
+from airflow_eo.hooks.spark import SparkJobSubmitter
+from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.planning import RunIdentity
+from airflow_eo.storage import is_local, normalize_table_uri
+from airflow_eo.transforms import Transform
+
+
+def run_key_of(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
+    """The stable key of one task of one DAG run: the same for all its retries and clears."""
+    return f"{dag_id}/{run_id}/{task_id}/{-1 if map_index is None else map_index}"
+
+
+def table_asset(table_uri: str) -> Asset:
+    """The Asset a table's events are emitted on (``file://`` URI for local tables)."""
+    uri = normalize_table_uri(table_uri)
+    return Asset(uri=f"file://{uri}" if is_local(uri) else uri)
+
+
+def summary_link(summary: dict | None) -> str:
+    """A link to the table, with the batch, version and ranges of a run in its fragment."""
+    if not summary:
+        return ""
+    uri = summary["table_uri"]
+    base = f"file://{uri}" if is_local(uri) else uri
+    ranges = ",".join(f"{r['topic']}[{r['partition']}]:{r['start']}-{r['end']}" for r in summary.get("ranges", []))
+    query = {"status": summary.get("status"), "batch": summary.get("batch"), "version": summary.get("version"),
+             "rows": summary.get("rows"), "ranges": ranges}
+    return f"{base}#{urlencode({k: v for k, v in query.items() if v is not None})}"
+
+
+class DeltaBatchLink(BaseOperatorLink):
+    """Extra link "Delta batch": the table, the version this run produced and its offsets."""
+
+    name = "Delta batch"
+
+    def get_link(self, operator, *, ti_key) -> str:
+        from airflow.providers.common.compat.sdk import XCom
+
+        return summary_link(XCom.get_value(ti_key=ti_key, key="return_value"))
+
+
+class KafkaToDeltaOperator(BaseOperator):
+    """Ingest the next batch of ``topics`` into the Delta table at ``table_uri``, exactly once.
+
+    :param topics: Kafka topics (templated).
+    :param table_uri: the Delta table, a local path or ``s3://…`` (templated).
+    :param ingest_id: stable id of this ingest in the table's log (default ``<dag_id>.<task_id>``).
+    :param kafka_conn_id: a ``kafka`` connection (apache-airflow-providers-apache-kafka's type).
+    :param spark_conn_id: a ``spark`` connection as used by SparkSubmitHook.
+    :param starting_offsets: where partitions never read start: ``earliest``, ``latest``,
+        ``{"timestamp": ms}`` or ``{"topic": {"0": 42}}`` (templated).
+    :param max_records_per_run: cap on offsets per run, split fairly over partitions.
+    :param transform_sql: Spark SQL over the view ``source`` (templated); or
+    :param transform: ``"package.module:function"`` taking and returning a DataFrame.
+    :param on_data_loss: ``fail`` (default) or ``skip`` offsets deleted by retention.
+    :param spark_conf: extra Spark conf (templated).
+    :param spark_env_vars: extra, non-secret environment variables for the job (templated).
+    :param reprocess: replace this run's rows (or those of ``reprocess_run_id``); default: the
+        DAG param ``reprocess``.
+    :param reprocess_run_id: run id (of ``reprocess_dag_id``, default this DAG) to reprocess;
+        default: the DAG param ``reprocess_run_id``, else this run.
+    :param storage_options: deltalake storage options (may hold credentials: never templated
+        into logs; prefer an env or secrets backend).
+    """
+
+    template_fields: Sequence[str] = (
+        "topics", "table_uri", "starting_offsets", "transform_sql", "spark_conf", "spark_env_vars",
+        "reprocess_run_id", "ingest_id",
+    )
+    template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json"}
+    operator_extra_links = (DeltaBatchLink(),)
+    ui_color = "#c9e8f5"
+
+    def __init__(
+        self,
+        *,
+        topics: list[str] | str,
+        table_uri: str,
+        ingest_id: str | None = None,
+        kafka_conn_id: str = "kafka_default",
+        spark_conn_id: str = "spark_default",
+        starting_offsets: Any = "earliest",
+        max_records_per_run: int | None = None,
+        transform_sql: str | None = None,
+        transform: str | None = None,
+        on_data_loss: str = "fail",
+        spark_conf: dict[str, Any] | None = None,
+        spark_env_vars: dict[str, str] | None = None,
+        spark_hook_kwargs: dict[str, Any] | None = None,
+        reprocess: bool | None = None,
+        reprocess_run_id: str | None = None,
+        reprocess_dag_id: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        asset: Asset | None = None,
+        **kwargs,
+    ):
+        kwargs.setdefault("max_active_tis_per_dag", 1)  # one run per table at a time: batches in order
+        if asset is None and "{{" not in table_uri:
+            asset = table_asset(table_uri)
+        if asset is not None:
+            kwargs["outlets"] = [*kwargs.get("outlets", []), asset]
+        super().__init__(**kwargs)
+        self.topics = topics
+        self.table_uri = table_uri
+        self.ingest_id = ingest_id
+        self.kafka_conn_id = kafka_conn_id
+        self.spark_conn_id = spark_conn_id
+        self.starting_offsets = starting_offsets
+        self.max_records_per_run = max_records_per_run
+        self.transform_sql = transform_sql
+        self.transform = transform
+        self.on_data_loss = on_data_loss
+        self.spark_conf = spark_conf or {}
+        self.spark_env_vars = spark_env_vars or {}
+        self.spark_hook_kwargs = spark_hook_kwargs or {}
+        self.reprocess = reprocess
+        self.reprocess_run_id = reprocess_run_id
+        self.reprocess_dag_id = reprocess_dag_id
+        self.storage_options = storage_options
+        self.asset = asset
+        self.submitter: SparkJobSubmitter | None = None
+
+    # -- building blocks (each replaceable in tests at its boundary) ------------------
+    def ingest_config(self) -> IngestConfig:
+        topics = [t.strip() for t in self.topics.split(",")] if isinstance(self.topics, str) else list(self.topics)
+        return IngestConfig(
+            table_uri=self.table_uri, ingest_id=self.ingest_id or f"{self.dag_id}.{self.task_id}",
+            topics=topics, kafka_config=KafkaConfigHook(self.kafka_conn_id).client_config(),
+            starting_offsets=self.starting_offsets, max_records_per_run=self.max_records_per_run,
+            on_data_loss=self.on_data_loss, transform=Transform(sql=self.transform_sql or None,
+                                                                callable=self.transform or None),
+            storage_options=self.storage_options,
+        )
+
+    def make_submitter(self) -> SparkJobSubmitter:
+        conf = {k: str(v) for k, v in (self.spark_conf or {}).items()}
+        env = {k: str(v) for k, v in (self.spark_env_vars or {}).items() if v not in (None, "")}
+        return SparkJobSubmitter(conn_id=self.spark_conn_id, conf=conf, env_vars=env,
+                                 name=f"airflow-eo {self.dag_id}.{self.task_id}", hook_kwargs=self.spark_hook_kwargs)
+
+    @staticmethod
+    def run_identity(context) -> RunIdentity:
+        ti = context["ti"]
+        return RunIdentity(
+            run_key=run_key_of(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1)),
+            dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number,
+        )
+
+    def reprocess_target(self, context, run: RunIdentity) -> str | None:
+        """The run key to reprocess, or None for a normal ingest."""
+        params = context.get("params") or {}
+        flag = self.reprocess if self.reprocess is not None else params.get("reprocess", False)
+        if isinstance(flag, str):
+            flag = flag.strip().lower() in ("1", "true", "yes", "on")
+        if not flag:
+            return None
+        run_id = self.reprocess_run_id or params.get("reprocess_run_id") or run.run_id
+        dag_id = self.reprocess_dag_id or params.get("reprocess_dag_id") or run.dag_id
+        ti = context["ti"]
+        return run_key_of(dag_id, run_id, self.task_id, getattr(ti, "map_index", -1))
+
+    # -- execution ---------------------------------------------------------------
+    def execute(self, context) -> dict:
+        run = self.run_identity(context)
+        self.submitter = self.make_submitter()
+        ingestion = Ingestion(self.ingest_config(), self.submitter)
+        target = self.reprocess_target(context, run)
+        if target is None:
+            result = ingestion.run(run)
+        else:
+            from airflow_eo.reprocess import Reprocessor
+
+            self.log.info("reprocess requested for run %s", target)
+            result = Reprocessor(ingestion).run(run, target_run_key=target)
+        summary = result.to_dict()
+        self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s",
+                      summary["status"], summary["batch"], summary["version"], summary["rows"],
+                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]))
+        self.log.info("Delta batch: %s", summary_link(summary))
+        if self.asset is not None and "outlet_events" in context:
+            context["outlet_events"][self.asset].extra = summary
+        return summary
+
+    def on_kill(self) -> None:
+        if self.submitter is not None:
+            self.submitter.kill()

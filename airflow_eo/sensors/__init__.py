@@ -1,0 +1,1 @@
+"""airflow-eo Airflow sensors."""

@@ -1,0 +1,44 @@
+"""At-least-once baseline job: the same Spark read and Parquet write as an exactly-once
+attempt, without ledger read, plan log, attempt marker, stats collection or Delta commit.
+
+Run by ``benchmarks/benchmark.py`` through spark-submit with the same settings as
+:class:`airflow_eo.submit.LocalSparkSubmit`, so both sides pay the same JVM start::
+
+    AIRFLOW_EO_KAFKA_CONFIG='{"bootstrap.servers": "127.0.0.1:9092"}' \\
+    spark-submit benchmarks/alo_job.py --ranges '[{"topic": "t", "partition": 0, "start": 0, "end": 10}]' \\
+        --out /tmp/alo-out
+"""
+
+import argparse
+import json
+import sys
+import time
+
+from airflow_eo.job import KAFKA_CONFIG_ENV, build_session, secret_from_env
+from airflow_eo.planning import OffsetRange
+from airflow_eo.spark_source import DEFAULT_MAX_OFFSETS_PER_TASK, SOURCE_NAME, register, source_options
+from airflow_eo.transforms import Transform
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="alo_job.py")
+    parser.add_argument("--ranges", required=True, help="JSON list of offset ranges")
+    parser.add_argument("--out", required=True, help="local directory for the Parquet output")
+    parser.add_argument("--max-offsets-per-task", type=int, default=DEFAULT_MAX_OFFSETS_PER_TASK)
+    args = parser.parse_args(argv)
+    ranges = [OffsetRange(**r) for r in json.loads(args.ranges)]
+    spark = build_session("airflow-eo benchmark at-least-once")
+    try:
+        ready = time.time()
+        register(spark)
+        options = source_options(ranges, secret_from_env(KAFKA_CONFIG_ENV), args.max_offsets_per_task)
+        source = spark.read.format(SOURCE_NAME).options(**options).load()
+        Transform().apply(source).write.mode("errorifexists").parquet(f"file://{args.out}")
+        print("AIRFLOW_EO_BENCH " + json.dumps({"session_ready": ready, "write_done": time.time()}), flush=True)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,147 @@
+"""Planning-latency fixtures: a Delta table with many commits, built with the project's own
+commit path (``airflow_eo.commit.commit_batch``), no Spark.
+
+Each commit is one batch of an ingest over a ``partitions``-partition topic with one tiny
+Parquet file written with pyarrow into the batch's attempt directory. Offsets advance by one
+record on one partition per batch, so the topic needs only ``commits / partitions`` records
+per partition. delta-rs writes a checkpoint every ``delta.checkpointInterval`` (default 100)
+commits by itself (post-commit hook); :func:`build_table` reports how many.
+
+Why two shapes of commit: a real batch carries a ``txn`` for *every* partition (empty ranges
+included), and ``commit_batch`` reads each one with ``DeltaTable.transaction_version`` (one
+log scan per call, 0.5-3 ms), so real-shaped commits build at ~3/s here and 10,000 of them
+would take about an hour. Everything a reader replays *before the last checkpoint* is folded
+into that checkpoint (the latest ``txn`` per appId, the live ``add`` files), which is the same
+whichever shape built it. So the bulk is built with "narrow" commits (the moving partition's
+``txn`` + the batch counter) and the commits a reader replays *after* the checkpoint
+(:func:`extend_table`, up to 99) are real-shaped with all partitions: the log a planner reads
+is then the same as a real table's.
+
+The last batch is planned like a real run (plan logged under its run key before commit),
+so the same table also serves the "committed rerun" measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_eo.commit import commit_batch
+from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.kafka_client import KAFKA_SCHEMA
+from airflow_eo.plan_log import PlanLog
+from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.staging import StagingArea, new_attempt_id
+from airflow_eo.storage import TableLocation
+
+PLANNING_INGEST_ID = "bench_planning"
+
+
+def _tiny_file(path: str, topic: str, partition: int, offset: int) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    row = {
+        "topic": [topic], "partition": [partition], "offset": [offset], "timestamp": [0],
+        "timestampType": [0], "key": [b"k"], "value": [b"v"], "headers": [None],
+    }
+    pq.write_table(pa.table(row, schema=KAFKA_SCHEMA), path)
+
+
+def batch_plan(topic: str, partitions: int, batch: int, run_key: str, narrow: bool = False) -> BatchPlan:
+    """Batch ``batch``: partition (batch-1) % n advances by one; a full plan also lists every
+    other partition with an empty range, a narrow one only the moving partition."""
+    moving = (batch - 1) % partitions
+    ranges = []
+    for p in ([moving] if narrow else range(partitions)):
+        start = (batch - 1) // partitions + (1 if p < moving else 0)
+        ranges.append(OffsetRange(topic, p, start, start + (1 if p == moving else 0)))
+    new = tuple(TopicPartition(r.topic, r.partition) for r in ranges) if batch == 1 else ()
+    return BatchPlan(ingest_id=PLANNING_INGEST_ID, batch=batch, ranges=tuple(ranges),
+                     run=RunIdentity(run_key), new_partitions=new, attempt_id=new_attempt_id())
+
+
+def commit_one(table_uri: str, staging: StagingArea, plan: BatchPlan) -> None:
+    moving = next(r for r in plan.ranges if r.size > 0)
+    _tiny_file(os.path.join(staging.attempt_path(plan), "part-00000.parquet"), moving.topic,
+               moving.partition, moving.start)
+    files = staging.staged_files(staging.attempt_path(plan))
+    commit_batch(table_uri, plan, files, staging.rows_per_partition(files), KAFKA_SCHEMA)
+
+
+def build_table(table_uri: str, topic: str, partitions: int, commits: int, rerun_key: str,
+                progress_every: int = 500, first: int = 1, narrow: bool = True) -> dict:
+    """Commit batches ``first..commits``; the last one under ``rerun_key`` with its plan logged."""
+    location = TableLocation.of(table_uri)
+    staging, plans = StagingArea(location), PlanLog(location)
+    started = time.monotonic()
+    for batch in range(first, commits + 1):
+        last = batch == commits
+        # batch 1 creates every partition's txn: always full-shaped
+        plan = batch_plan(topic, partitions, batch, rerun_key if last else f"build-{batch}",
+                          narrow=narrow and batch > 1)
+        if last:
+            plans.record(plan)
+        commit_one(table_uri, staging, plan)
+        if batch % progress_every == 0 or last:
+            elapsed = time.monotonic() - started
+            print(f"  planning table {os.path.basename(table_uri)}: {batch}/{commits} commits "
+                  f"({elapsed:.0f}s, {(batch - first + 1) / elapsed:.1f}/s)", file=sys.stderr, flush=True)
+    log_dir = os.path.join(table_uri, "_delta_log")
+    checkpoints = sorted(f for f in os.listdir(log_dir) if ".checkpoint." in f)
+    return {"commits": commits, "partitions": partitions, "build_seconds": time.monotonic() - started,
+            "checkpoints": len(checkpoints), "last_checkpoint": checkpoints[-1] if checkpoints else None}
+
+
+def extend_table(table_uri: str, topic: str, partitions: int, commits: int, extra: int, rerun_key: str) -> dict:
+    """Add ``extra`` real-shaped (all-partition) commits after ``commits``: the log tail a reader
+    replays past the last checkpoint."""
+    return build_table(table_uri, topic, partitions, commits + extra, rerun_key, progress_every=50,
+                       first=commits + 1, narrow=False)
+
+
+def records_needed(commits: int, partitions: int) -> int:
+    """Records per partition the topic must hold for the table's offsets to be valid."""
+    return -(-commits // partitions)
+
+
+def planning_ingestion(table_uri: str, topic: str, kafka_config: dict, submitter) -> Ingestion:
+    config = IngestConfig(table_uri=table_uri, ingest_id=PLANNING_INGEST_ID, topics=[topic],
+                          kafka_config=kafka_config)
+    return Ingestion(config, submitter)
+
+
+def time_plan(ingestion: Ingestion, run_key: str) -> tuple[float, int]:
+    """Seconds for ``Ingestion.plan`` (ledger read + Kafka metadata and bounds), and its batch."""
+    t = time.perf_counter()
+    plan = ingestion.plan(RunIdentity(run_key))
+    return time.perf_counter() - t, plan.batch
+
+
+PLANNING_TOPIC = "bench-planning"
+RERUN_KEY = "bench-committed-rerun"
+
+
+def cached_table(cache_dir: str, commits: int, partitions: int) -> tuple[str, dict]:
+    """The ``commits``-commit table under ``cache_dir`` (built once: it takes minutes)."""
+    import json
+
+    path = os.path.join(cache_dir, f"planning-{commits}x{partitions}")
+    marker = path + ".json"
+    if os.path.exists(marker):
+        with open(marker) as f:
+            return path, {**json.load(f), "cached": True}
+    if os.path.exists(path):
+        import shutil
+
+        shutil.rmtree(path)  # an interrupted build
+    info = build_table(path, PLANNING_TOPIC, partitions, commits, f"{RERUN_KEY}-base")
+    with open(marker, "w") as f:
+        json.dump(info, f)
+    return path, {**info, "cached": False}
+
+
+if __name__ == "__main__":  # prebuild: python benchmarks/bench_ledger.py CACHE_DIR COMMITS PARTITIONS
+    print(cached_table(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

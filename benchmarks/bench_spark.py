@@ -1,0 +1,156 @@
+"""Spark side of the benchmark: the at-least-once baseline, the exactly-once run, peak memory.
+
+Both sides start spark-submit with the same master and settings (those of
+:class:`airflow_eo.submit.LocalSparkSubmit`) plus Spark's event log, so each run also yields
+its *in-Spark* time from Spark's own events: application start (session ready) to
+application end (``spark.stop()``, after the write, and for exactly-once after the commit).
+JVM start (~15 s here) dominates small runs; the in-Spark time shows the work itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+import psutil
+
+from airflow_eo.ingest import IngestConfig, Ingestion, IngestResult
+from airflow_eo.planning import OffsetRange, RunIdentity
+from airflow_eo.submit import LocalSparkSubmit, job_environment, spark_submit_binary
+
+ALO_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "alo_job.py")
+
+
+def event_log_conf(directory: str) -> dict:
+    os.makedirs(directory, exist_ok=True)
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{directory}",
+            "spark.eventLog.compress": "false"}
+
+
+def in_spark_seconds(directory: str) -> float | None:
+    """Application start → end from the one event log in ``directory``."""
+    start = end = None
+    # Spark 4 writes rolling logs: eventlog_v2_<app>/events_<n>_<app>
+    for path in sorted(glob.glob(os.path.join(directory, "**", "*"), recursive=True)):
+        if not os.path.isfile(path) or path.endswith(".crc"):
+            continue
+        with open(path, errors="replace") as f:
+            for line in f:
+                if '"SparkListenerApplicationStart"' in line:
+                    start = json.loads(line)["Timestamp"]
+                elif '"SparkListenerApplicationEnd"' in line:
+                    end = json.loads(line)["Timestamp"]
+    return (end - start) / 1000 if start and end else None
+
+
+class TreeRss:
+    """Peak RSS of this process's children (spark-submit, its JVM, Python workers), sampled
+    every ``interval`` seconds; processes in ``exclude`` (the broker) are left out."""
+
+    def __init__(self, exclude: set[int], interval: float = 0.2):
+        self.exclude, self.interval = exclude, interval
+        self.peak = {"total": 0, "jvm": 0, "python": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "TreeRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            sample = {"total": 0, "jvm": 0, "python": 0}
+            for child in me.children(recursive=True):
+                try:
+                    if child.pid in self.exclude or child.ppid() in self.exclude:
+                        continue
+                    rss = child.memory_info().rss
+                    kind = "jvm" if child.name() == "java" else ("python" if "python" in child.name() else None)
+                except psutil.Error:
+                    continue
+                sample["total"] += rss
+                if kind:
+                    sample[kind] += rss
+            self.peak = {k: max(v, sample[k]) for k, v in self.peak.items()}
+            self._stop.wait(self.interval)
+
+
+def spark_processes(exclude: set[int]) -> list[int]:
+    """PIDs of spark-submit / JVM children still alive (none may run during a committed rerun)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in exclude and (child.name() == "java" or "spark-submit" in " ".join(child.cmdline())):
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def run_alo(submitter: LocalSparkSubmit, kafka_config: dict, ranges: list[OffsetRange], out_dir: str,
+            events_dir: str) -> dict:
+    """spark-submit the at-least-once job over ``ranges``; wall and in-Spark seconds."""
+    conf = {**submitter.conf, **event_log_conf(events_dir)}
+    cmd = [spark_submit_binary(), "--master", submitter.master]
+    for key, value in conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    cmd += [ALO_JOB, "--ranges", json.dumps([r.__dict__ for r in ranges]), "--out", out_dir]
+    env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+           **job_environment(_ConfigOnly(kafka_config))}
+    started = time.perf_counter()
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError("the at-least-once job failed:\n" + "\n".join(done.stdout.splitlines()[-30:]))
+    return {"seconds": seconds, "in_spark_seconds": in_spark_seconds(events_dir)}
+
+
+class _ConfigOnly:
+    """What :func:`job_environment` reads from an ingest config."""
+
+    def __init__(self, kafka_config: dict):
+        self.kafka_config, self.storage_options = kafka_config, None
+
+
+def eo_config(table_uri: str, topic: str, kafka_config: dict, records: int) -> IngestConfig:
+    return IngestConfig(table_uri=table_uri, ingest_id="bench", topics=[topic], kafka_config=kafka_config,
+                        max_records_per_run=records)
+
+
+def planned_ranges(config: IngestConfig) -> list[OffsetRange]:
+    """The ranges a first run of ``config`` reads (planned without side effects)."""
+    return list(Ingestion(config, None).plan(RunIdentity("bench-probe")).data_ranges)
+
+
+def run_eo(master: str, conf: dict, config: IngestConfig, events_dir: str) -> tuple[dict, IngestResult]:
+    """The real path: ``Ingestion(config, LocalSparkSubmit(...)).run(RunIdentity(unique))``."""
+    submitter = LocalSparkSubmit(master=master, conf={**conf, **event_log_conf(events_dir)})
+    started = time.perf_counter()
+    result = Ingestion(config, submitter).run(RunIdentity(f"bench-{uuid.uuid4().hex[:8]}"))
+    seconds = time.perf_counter() - started
+    if result.status != "committed":
+        raise RuntimeError(f"exactly-once run ended {result.status}")
+    return {"seconds": seconds, "in_spark_seconds": in_spark_seconds(events_dir), "rows": result.rows}, result
+
+
+def committed_rerun(config: IngestConfig, run_key: str, exclude: set[int]) -> dict:
+    """Run an already-committed run key again: must report it and start no Spark."""
+    submitter = LocalSparkSubmit()
+    started = time.perf_counter()
+    result = Ingestion(config, submitter).run(RunIdentity(run_key))
+    seconds = time.perf_counter() - started
+    if result.status != "already_committed" or result.spark_started or submitter.launches:
+        raise RuntimeError(f"committed rerun did not short-cut: {result.status}, launches={submitter.launches}")
+    if spark_processes(exclude):
+        raise RuntimeError("a Spark process is running during the committed rerun")
+    return {"seconds": seconds, "spark_launches": submitter.launches}

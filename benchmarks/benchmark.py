@@ -1,0 +1,282 @@
+"""The cost of exactly-once: one run that measures every side on the same records.
+
+Starts the embedded broker, loads a fixed data set and measures, interleaving repetitions
+(A B C D, then D C B A, ...) so a noisy machine hits every side alike:
+
+* raw fetch rate (confluent-kafka alone, one process per partition) and the project's reader;
+* at-least-once baseline (same Spark read + Parquet write, no ledger/plan/commit);
+* exactly-once run (``Ingestion(config, LocalSparkSubmit()).run``), at 1x, 2x, 4x records;
+* planning latency against tables with 1,000 and 10,000 commits over 100 partitions;
+* committed rerun (already-committed run key: no Spark);
+* peak RSS of the Spark process tree for a run ``--memory-multiplier`` times larger.
+
+Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
+
+    .venv/bin/python benchmarks/benchmark.py                       # full default run
+    .venv/bin/python benchmarks/benchmark.py --records 5000 --repetitions 1 \\
+        --planning-commits 200 --memory-multiplier 0                # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import psutil  # noqa: E402
+
+import bench_kafka  # noqa: E402
+import bench_ledger  # noqa: E402
+import bench_spark  # noqa: E402
+from airflow_eo.embedded import EmbeddedBroker  # noqa: E402
+from airflow_eo.submit import LocalSparkSubmit  # noqa: E402
+
+DATA_TOPIC = "bench-data"
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": values}
+
+
+def interleaved(steps: list, repetitions: int):
+    """ABCD, DCBA, ABCD, ...: each side runs early and late equally often."""
+    for rep in range(repetitions):
+        for step in (steps if rep % 2 == 0 else steps[::-1]):
+            yield rep, step
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=1_000_000, help="default data set size (1x)")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--record-bytes", type=int, default=200, help="key (12 bytes) + value")
+    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--scales", default="1,2,4", help="exactly-once run sizes, multiples of --records")
+    p.add_argument("--planning-commits", default="1000,10000")
+    p.add_argument("--planning-partitions", type=int, default=100)
+    p.add_argument("--planning-repetitions", type=int, default=5)
+    p.add_argument("--checkpoint-tail", type=int, default=99,
+                   help="all-partition commits added past the last checkpoint (99 = the worst case)")
+    p.add_argument("--memory-multiplier", type=int, default=10, help="0 skips the large run")
+    p.add_argument("--master", default="local[*]")
+    p.add_argument("--out", default="bench-results/benchmark.json")
+    p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
+    return p.parse_args(argv)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: str):
+        self.args, self.work = args, work
+        self.submitter = LocalSparkSubmit(master=args.master)  # the settings both sides share
+        self.times: dict[str, list[float]] = {}
+        self.results: dict = {}
+        self.broker: EmbeddedBroker | None = None
+        self.counter = 0
+
+    # -- helpers ---------------------------------------------------------------------
+    @property
+    def kafka_config(self) -> dict:
+        return {**self.broker.config, **bench_kafka.CLIENT_EXTRA}
+
+    def fresh(self, name: str) -> str:
+        self.counter += 1
+        return os.path.join(self.work, f"{name}-{self.counter}")
+
+    def record(self, key: str, value: float | None) -> None:
+        if value is not None:
+            self.times.setdefault(key, []).append(value)
+
+    def start_broker(self, topic: str, records: int) -> None:
+        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
+        bench_kafka.create_topic(self.broker.config, topic, self.args.partitions)
+        say(f"loading {records:,} records of {self.args.record_bytes} bytes into {self.args.partitions} partitions")
+        took = bench_kafka.load(self.broker.config, topic, records, self.args.partitions, self.args.record_bytes - 12)
+        say(f"loaded in {took:.1f}s")
+
+    def stop_broker(self) -> None:
+        if self.broker is not None:
+            self.broker.kill()  # its state is throwaway: no multi-second save of a large JSON file
+            self.broker = None
+
+    # -- 1-3 and 6: fetch, at-least-once, exactly-once, scaling ------------------------
+    def throughput(self) -> None:
+        a = self.args
+        scales = [int(s) for s in a.scales.split(",")]
+        self.start_broker(DATA_TOPIC, a.records * max(scales))
+        ranges = {s: bench_spark.planned_ranges(bench_spark.eo_config(self.fresh("probe"), DATA_TOPIC,
+                                                                       self.kafka_config, a.records * s))
+                  for s in scales}
+        steps = [("raw_fetch", 1), ("reader_fetch", 1), ("at_least_once", 1)] + [("exactly_once", s) for s in scales]
+        last_eo = None
+        for rep, (side, scale) in interleaved(steps, a.repetitions):
+            say(f"rep {rep + 1}/{a.repetitions}: {side} x{scale} ({a.records * scale:,} records)")
+            if side in ("raw_fetch", "reader_fetch"):
+                out = bench_kafka.fetch_rate(self.kafka_config, ranges[scale], "bare" if side == "raw_fetch" else "reader")
+                self.record(side, out["seconds"])
+            elif side == "at_least_once":
+                out = bench_spark.run_alo(self.submitter, self.kafka_config, ranges[scale], self.fresh("alo"),
+                                          self.fresh("events"))
+                self.record(side, out["seconds"])
+                self.record(side + ".in_spark", out["in_spark_seconds"])
+            else:
+                config = bench_spark.eo_config(self.fresh("eo"), DATA_TOPIC, self.kafka_config, a.records * scale)
+                out, result = bench_spark.run_eo(a.master, {k: v for k, v in self.submitter.conf.items()},
+                                                 config, self.fresh("events"))
+                if out["rows"] != a.records * scale:
+                    raise RuntimeError(f"exactly-once run committed {out['rows']} rows, expected {a.records * scale}")
+                self.record(f"exactly_once.x{scale}", out["seconds"])
+                self.record(f"exactly_once.x{scale}.in_spark", out["in_spark_seconds"])
+                last_eo = (config, result.run_key)
+            say(f"  {out['seconds']:.2f}s" + (f" (in Spark {out['in_spark_seconds']:.2f}s)"
+                                             if out.get("in_spark_seconds") else ""))
+        # 5: committed rerun of the last exactly-once run (a one-commit table)
+        for _ in range(a.repetitions):
+            self.record("committed_rerun.small_table",
+                        bench_spark.committed_rerun(*last_eo, {self.broker.process.pid})["seconds"])
+        self.stop_broker()
+
+    # -- 4, 5 and 6: planning and committed rerun on many-commit tables -----------------
+    def planning(self) -> None:
+        a = self.args
+        commit_counts = [int(c) for c in a.planning_commits.split(",")]
+        per_partition = bench_ledger.records_needed(max(commit_counts) + a.checkpoint_tail, a.planning_partitions)
+        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
+        bench_kafka.create_topic(self.broker.config, bench_ledger.PLANNING_TOPIC, a.planning_partitions)
+        bench_kafka.load(self.broker.config, bench_ledger.PLANNING_TOPIC, per_partition * a.planning_partitions,
+                         a.planning_partitions, 8, progress_every=0)
+        tables, builds = {}, {}
+        for commits in commit_counts:
+            say(f"planning table with {commits:,} commits x {a.planning_partitions} partitions (cached in {a.cache_dir})")
+            cached, builds[commits] = bench_ledger.cached_table(a.cache_dir, commits, a.planning_partitions)
+            tables[commits] = self.fresh(f"planning-{commits}")
+            shutil.copytree(cached, tables[commits])
+        tail = f"checkpoint_plus_{a.checkpoint_tail}"
+        for position in ("at_checkpoint", tail):
+            if position == tail:
+                for commits in commit_counts:
+                    say(f"adding {a.checkpoint_tail} all-partition commits past the checkpoint of the {commits:,} table")
+                    bench_ledger.extend_table(tables[commits], bench_ledger.PLANNING_TOPIC, a.planning_partitions,
+                                              commits, a.checkpoint_tail, bench_ledger.RERUN_KEY)
+            for _, commits in interleaved(commit_counts, a.planning_repetitions):
+                ingestion = bench_ledger.planning_ingestion(tables[commits], bench_ledger.PLANNING_TOPIC,
+                                                            self.broker.config, LocalSparkSubmit())
+                seconds, _ = bench_ledger.time_plan(ingestion, "bench-plan-probe")
+                self.record(f"planning.{commits}.{position}", seconds)
+        for _, commits in interleaved(commit_counts, a.planning_repetitions):
+            config = bench_ledger.planning_ingestion(tables[commits], bench_ledger.PLANNING_TOPIC,
+                                                     self.broker.config, None).config
+            self.record(f"committed_rerun.{commits}_commits",
+                        bench_spark.committed_rerun(config, bench_ledger.RERUN_KEY, {self.broker.process.pid})["seconds"])
+        self.results["planning_tables"] = builds
+        self.stop_broker()
+
+    # -- 7: peak memory --------------------------------------------------------------
+    def memory(self) -> None:
+        a = self.args
+        if a.memory_multiplier <= 0:
+            return
+        big = a.records * a.memory_multiplier
+        self.start_broker(DATA_TOPIC, big)
+        peaks = {}
+        for multiple, records in ((1, a.records), (a.memory_multiplier, big)):
+            config = bench_spark.eo_config(self.fresh("eo-mem"), DATA_TOPIC, self.kafka_config, records)
+            say(f"peak memory: exactly-once run of {records:,} records")
+            with bench_spark.TreeRss(exclude={self.broker.process.pid}) as rss:
+                out, _ = bench_spark.run_eo(a.master, self.submitter.conf, config, self.fresh("events"))
+            peaks[f"x{multiple}"] = {"records": records, "seconds": out["seconds"],
+                                     "peak_rss_mb": {k: v / 2**20 for k, v in rss.peak.items()}}
+            say(f"  {out['seconds']:.1f}s, peak RSS {rss.peak['total'] / 2**20:.0f} MB")
+        self.results["memory"] = peaks
+        self.stop_broker()
+
+
+def ratios(times: dict, a: argparse.Namespace) -> dict:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    eo, alo, raw = med["exactly_once.x1"], med["at_least_once"], med["raw_fetch"]
+    out = {
+        "eo_over_alo": eo / alo,
+        "eo_rate_over_raw_rate": raw / eo,  # same records: rate ratio = inverse time ratio
+        "eo_rate_records_per_s": a.records / eo,
+        "raw_rate_records_per_s": a.records / raw,
+        "reader_rate_records_per_s": a.records / med["reader_fetch"],
+    }
+    if med.get("exactly_once.x1.in_spark") and med.get("at_least_once.in_spark"):
+        out["eo_over_alo_in_spark"] = med["exactly_once.x1.in_spark"] / med["at_least_once.in_spark"]
+        out["eo_in_spark_rate_over_raw_rate"] = raw / med["exactly_once.x1.in_spark"]
+    scales = sorted(int(k.split(".x")[1]) for k in med if k.startswith("exactly_once.x") and "in_spark" not in k)
+    out["scaling_seconds_per_million"] = {f"x{s}": med[f"exactly_once.x{s}"] / (a.records * s) * 1e6 for s in scales}
+    return out
+
+
+def targets(r: dict, times: dict, results: dict) -> dict:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    plan10k = max((v for k, v in med.items() if k.startswith("planning.10000.")), default=None)
+    reruns = [v for k, v in med.items() if k.startswith("committed_rerun.")]
+    mem = results.get("memory")
+    return {
+        "eo_over_alo<=1.03": r["eo_over_alo"] <= 1.03,
+        "eo_rate/raw>=0.70": r["eo_rate_over_raw_rate"] >= 0.70,
+        "planning_10k<=1s": None if plan10k is None else plan10k <= 1.0,
+        "committed_rerun<=3s": max(reruns) <= 3.0 if reruns else None,
+        "large_run_no_oom": None if not mem else True,
+    }
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'measurement':44} {'median':>9} {'min':>9} {'max':>9}  n")
+    for key, s in report["times"].items():
+        print(f"{key:44} {s['median']:9.3f} {s['min']:9.3f} {s['max']:9.3f}  {s['n']}")
+    print("\nratios / rates")
+    for key, value in report["ratios"].items():
+        print(f"  {key:42} {json.dumps(value) if isinstance(value, dict) else f'{value:,.3f}'}")
+    for multiple, m in report.get("memory", {}).items():
+        print(f"  peak RSS {multiple:>4} ({m['records']:,} records): " +
+              ", ".join(f"{k} {v:,.0f} MB" for k, v in m["peak_rss_mb"].items()))
+    print("\ntargets: " + ", ".join(f"{k}: {'met' if v else ('n/a' if v is None else 'MISSED')}"
+                                    for k, v in report["targets"].items()))
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "processor": platform.processor()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    work = tempfile.mkdtemp(prefix="airflow-eo-bench-")
+    bench = Bench(args, work)
+    started = time.monotonic()
+    try:
+        bench.throughput()
+        bench.planning()
+        bench.memory()
+    finally:
+        bench.stop_broker()
+        shutil.rmtree(work, ignore_errors=True)
+    r = ratios(bench.times, args)
+    report = {"machine": machine(), "args": vars(args), "seconds_total": time.monotonic() - started,
+              "times": {k: summary(v) for k, v in bench.times.items()}, "ratios": r, **bench.results}
+    report["targets"] = targets(r, bench.times, bench.results)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print_table(report)
+    print(f"\nwritten to {args.out} ({report['seconds_total']:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

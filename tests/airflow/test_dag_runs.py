@@ -1,0 +1,129 @@
+"""dag.test() runs of KafkaToDeltaOperator: real broker, real spark-submit (SparkSubmitHook,
+``spark_default`` = local[2]) and a real Delta table, in the order a DAG lives through them.
+
+One module-scoped topic and table; the tests run in file order and build on each other:
+a scheduled run, a manual run (logical_date None), a clear of the first run (no Spark),
+a reprocess of the first run, and a run whose first try crashes before its commit.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from deltalake import DeltaTable
+
+from airflow_eo.ledger import Ledger
+from tests.airflow.conftest import SPARK_CONF
+from tests.airflow.dagtest import run_dag, xcom
+from tests.helpers import broker_records, duplicates, keys_of, new_topic, produce, read_table
+
+D1 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+SQL = "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source"
+UPPER_SQL = "SELECT topic, partition, offset, upper(CAST(value AS STRING)) AS body FROM source"
+
+
+@pytest.fixture(scope="module")
+def world(airflow_db, airflow_connections, kafka_config, tmp_path_factory):
+    topic = new_topic(kafka_config)
+    return {"topic": topic, "table": str(tmp_path_factory.mktemp("dagtest") / "orders"), "runs": {}}
+
+
+def ingest_dag(world, dag_id="eo_ingest", **op_kwargs):
+    from airflow.sdk import DAG
+
+    from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
+
+    with DAG(dag_id, schedule="@daily", start_date=datetime(2026, 1, 1), catchup=False,
+             default_args={"retries": 1, "retry_delay": timedelta(seconds=1)}) as dag:
+        KafkaToDeltaOperator(task_id="ingest", topics=[world["topic"]], table_uri=world["table"], ingest_id="orders",
+                             transform_sql=op_kwargs.pop("transform_sql", SQL), spark_conf=SPARK_CONF, **op_kwargs)
+    return dag
+
+
+def attempts(table):
+    path = os.path.join(table, "_airflow_eo", "attempts")
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def assert_summary_matches_log(summary, table):
+    record = Ledger.open(table).find_batch("orders", attempt_id=summary["attempt_id"])
+    assert record is not None and record.batch == summary["batch"] and record.version == summary["version"]
+    assert [r.__dict__ for r in record.ranges if r.end > r.start] == summary["ranges"]
+    assert record.rows == summary["rows"]
+
+
+def assert_exactly_once(world, kafka_config):
+    table = read_table(world["table"])
+    assert duplicates(table) == {}
+    assert set(keys_of(table)) == set(broker_records(kafka_config["bootstrap.servers"], world["topic"]))
+
+
+def test_scheduled_then_manual_run_take_consecutive_ranges(world, kafka_config):
+    produce(kafka_config, world["topic"], 30)
+    dag = ingest_dag(world)
+    dr, states = run_dag(dag, logical_date=D1, run_after=D1)
+    assert states["ingest"][0] == "success"
+    first = xcom(dag.dag_id, dr.run_id, "ingest")
+    assert first["status"] == "committed" and first["batch"] == 1 and first["rows"] == 30
+    assert first["run_key"] == f"eo_ingest/{dr.run_id}/ingest/-1"
+    assert_summary_matches_log(first, world["table"])
+    world["runs"]["first"] = (dr.run_id, first)
+
+    produce(kafka_config, world["topic"], 12, start=30)
+    dr2, states = run_dag(dag, logical_date=None)  # a manual run: no logical date, no data interval
+    assert dr2.logical_date is None and states["ingest"][0] == "success"
+    second = xcom(dag.dag_id, dr2.run_id, "ingest")
+    assert second["status"] == "committed" and second["batch"] == 2 and second["rows"] == 12
+    assert {(r["partition"], r["start"]) for r in second["ranges"]} == \
+        {(r["partition"], r["end"]) for r in first["ranges"]}
+    assert_summary_matches_log(second, world["table"])
+    assert_exactly_once(world, kafka_config)
+
+
+def test_clear_of_successful_run_is_a_noop_without_spark(world, kafka_config):
+    run_id, first = world["runs"]["first"]
+    before_attempts, before_version = attempts(world["table"]), DeltaTable(world["table"]).version()
+    produce(kafka_config, world["topic"], 6, start=42)  # new data must NOT be taken by the cleared run
+    # dag.test replaces the run of that logical date by one with the same run_id: a clear
+    dr, states = run_dag(ingest_dag(world), logical_date=D1, run_after=D1)
+    assert dr.run_id == run_id and states["ingest"][0] == "success"
+    summary = xcom("eo_ingest", run_id, "ingest")
+    assert summary["status"] == "already_committed" and summary["batch"] == first["batch"]
+    assert summary["spark_started"] is False
+    assert attempts(world["table"]) == before_attempts  # no attempt = no spark-submit started
+    assert DeltaTable(world["table"]).version() == before_version
+
+
+def test_reprocess_of_past_run_replaces_only_its_rows(world, kafka_config):
+    run_id, first = world["runs"]["first"]
+    offsets = Ledger.open(world["table"]).committed_offsets
+    before = read_table(world["table"])
+    dag = ingest_dag(world, dag_id="eo_reprocess", transform_sql=UPPER_SQL, reprocess=True,
+                     reprocess_dag_id="eo_ingest", reprocess_run_id=run_id)
+    dr, states = run_dag(dag, logical_date=None)
+    assert states["ingest"][0] == "success"
+    summary = xcom("eo_reprocess", dr.run_id, "ingest")
+    assert summary["status"] == "reprocessed" and summary["batch"] == first["batch"]
+    assert summary["ranges"] == first["ranges"] and summary["rows"] == first["rows"]
+    table = read_table(world["table"])
+    assert duplicates(table) == {} and table.num_rows == before.num_rows
+    bodies = dict(zip(keys_of(table), table["body"].to_pylist()))
+    upper = {k for k, v in bodies.items() if v.startswith("V")}
+    assert len(upper) == first["rows"] == 30
+    assert Ledger.open(world["table"]).last_batch("orders") == 2
+
+
+def test_crash_of_first_try_then_retry_replays_the_same_plan(world, kafka_config):
+    dag = ingest_dag(world, dag_id="eo_ingest", spark_env_vars={
+        "AIRFLOW_EO_FAILPOINTS": "{{ 'before_commit' if ti.try_number == 1 else '' }}"})
+    before = set(attempts(world["table"]))
+    dr, states = run_dag(dag, logical_date=D1 + timedelta(days=1))
+    assert states["ingest"] == ("success", 2)
+    summary = xcom("eo_ingest", dr.run_id, "ingest")
+    assert summary["status"] == "committed" and summary["batch"] == 3 and summary["rows"] == 6
+    new = set(attempts(world["table"])) - before
+    assert len(new) == 2  # the crashed attempt and the retry, same batch and ranges
+    assert_summary_matches_log(summary, world["table"])
+    assert_exactly_once(world, kafka_config)

@@ -1,0 +1,86 @@
+"""KafkaBacklogSensor and KafkaBacklogTrigger without a metadata DB, against the real broker.
+
+The backlog is measured by the real planning inputs (Kafka LSO, the Delta ledger); the
+connection comes from an AIRFLOW_CONN_* variable as in a deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_eo.sensors.kafka_backlog import KafkaBacklogSensor
+from airflow_eo.triggers.kafka_backlog import KafkaBacklogTrigger, measure_backlog
+from tests.helpers import new_topic, produce
+
+
+@pytest.fixture
+def conn(broker, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_BACKLOG", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap_servers}}))
+    return "kafka_backlog"
+
+
+def first_event(trigger):
+    async def go():
+        async for event in trigger.run():
+            return event.payload
+    return asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_backlog_counts_offsets_the_table_has_not_committed(kafka_config, table_uri):
+    topic = new_topic(kafka_config, partitions=2)
+    produce(kafka_config, topic, 9, partitions=2)
+    assert measure_backlog(kafka_config, [topic], table_uri, "orders") == {f"{topic}[0]": 5, f"{topic}[1]": 4}
+
+
+def test_trigger_fires_when_backlog_reached_and_times_out_otherwise(conn, kafka_config, table_uri):
+    topic = new_topic(kafka_config, partitions=1)
+    produce(kafka_config, topic, 4, partitions=1)
+    ready = KafkaBacklogTrigger(topics=[topic], table_uri=table_uri, ingest_id="orders", kafka_conn_id=conn,
+                                min_records=4, poll_interval=0.1)
+    event = first_event(ready)
+    assert event["status"] == "ready" and event["backlog"] == 4
+
+    waiting = KafkaBacklogTrigger(topics=[topic], table_uri=table_uri, ingest_id="orders", kafka_conn_id=conn,
+                                  min_records=1000, poll_interval=0.1, timeout=0.5)
+    event = first_event(waiting)
+    assert event["status"] == "timeout" and event["backlog"] == 4
+
+    path, kwargs = waiting.serialize()
+    assert path == "airflow_eo.triggers.kafka_backlog.KafkaBacklogTrigger"
+    assert "bootstrap" not in json.dumps(kwargs)  # only the connection id is stored
+    assert KafkaBacklogTrigger(**kwargs).serialize() == (path, kwargs)
+
+
+def sensor(topic, table_uri, conn, **kwargs):
+    from airflow.sdk import DAG
+
+    with DAG("sensor_dag", schedule=None, start_date=datetime(2026, 1, 1)):
+        return KafkaBacklogSensor(task_id="wait", topics=topic, table_uri=table_uri, kafka_conn_id=conn, **kwargs)
+
+
+def test_sensor_defers_only_when_it_must(conn, kafka_config, table_uri):
+    from airflow.providers.common.compat.sdk import AirflowSensorTimeout, TaskDeferred
+
+    topic = new_topic(kafka_config, partitions=1)
+    produce(kafka_config, topic, 3, partitions=1)
+    enough = sensor(topic, table_uri, conn, min_records=3)
+    assert enough.deferrable and enough.execute({}) == {f"{topic}[0]": 3}
+
+    waiting = sensor(topic, table_uri, conn, min_records=10, timeout=60, poke_interval=5)
+    with pytest.raises(TaskDeferred) as deferred:
+        waiting.execute({})
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, KafkaBacklogTrigger) and trigger.min_records == 10 and trigger.ingest_id == "sensor_dag.ingest"
+    assert deferred.value.method_name == "execute_complete"
+
+    assert waiting.execute_complete({}, {"status": "ready", "backlog": 12, "per_partition": {"x": 12}}) == {"x": 12}
+    with pytest.raises(AirflowSensorTimeout):
+        waiting.execute_complete({}, {"status": "timeout", "backlog": 3})
+    poking = sensor(topic, table_uri, conn, min_records=3, deferrable=False)
+    assert poking.poke(SimpleNamespace()) is True

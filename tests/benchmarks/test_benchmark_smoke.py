@@ -1,0 +1,42 @@
+"""Smoke run of ``benchmarks/benchmark.py`` on a tiny data set: every section is measured
+and its numbers are sane. Real broker, real spark-submit (two of them), real Delta tables.
+
+Kept small (5,000 records, one repetition, no scaling or 10x memory run, a 200-commit
+planning table with a 5-commit tail) so it fits a ~2 minute budget on an idle 2-core machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_benchmark_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "benchmark.py"), "--records", "5000",
+           "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
+           "--planning-repetitions", "1", "--checkpoint-tail", "5", "--cache-dir", str(tmp_path / "cache"),
+           "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+
+    times = report["times"]
+    for key in ("raw_fetch", "reader_fetch", "at_least_once", "at_least_once.in_spark", "exactly_once.x1",
+                "exactly_once.x1.in_spark", "committed_rerun.small_table", "planning.200.at_checkpoint",
+                "planning.200.checkpoint_plus_5", "committed_rerun.200_commits"):
+        assert key in times, key
+        assert 0 < times[key]["min"] <= times[key]["median"] <= times[key]["max"] < 600, (key, times[key])
+    # a Spark run costs at least the JVM start; a committed rerun starts no Spark at all
+    assert times["exactly_once.x1"]["median"] > times["committed_rerun.small_table"]["median"]
+    assert times["at_least_once.in_spark"]["median"] < times["at_least_once"]["median"]
+
+    ratios = report["ratios"]
+    assert ratios["eo_over_alo"] > 0 and ratios["raw_rate_records_per_s"] > 0
+    assert set(report["targets"]) >= {"eo_over_alo<=1.03", "eo_rate/raw>=0.70", "committed_rerun<=3s"}
+    build = report["planning_tables"]["200"]
+    assert build["commits"] == 200 and build["checkpoints"] >= 1  # delta-rs checkpoints by itself
+    assert report["machine"]["cpus"] >= 1
+    assert "exactly_once.x1" in done.stdout  # the printed table

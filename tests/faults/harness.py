@@ -1,0 +1,316 @@
+"""The fault harness: data that keeps flowing, Spark jobs that get killed, and the check.
+
+Shared by the CI fault module (``tests/faults/test_faults.py``) and the soak script
+(``python -m tests.faults.soak``), so both prove the same thing:
+
+* :class:`FlowingProducer` writes to every partition from a thread with an idempotent
+  producer, plus a transactional producer whose transactions alternate between commit
+  and abort (the aborted values are remembered: none may ever reach the table);
+* :class:`KillingSubmit` is ``LocalSparkSubmit`` that gets killed in one *window*: a
+  failpoint (the process SIGKILLs itself at a named step) or a real ``kill -9`` of the
+  spark-submit process tree (JVM + Python driver + Python workers) from a timer thread;
+* :func:`check_table` compares the table with what the broker holds (kafka-python,
+  read_committed): every committed record below the committed offsets is present
+  exactly once, nothing aborted or beyond the offsets is present.
+
+Example::
+
+    >>> with FlowingProducer(config, topic, partitions=3):              # doctest: +SKIP
+    ...     Ingestion(cfg, KillingSubmit("after_stage")).run(RunIdentity("r1"))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import psutil
+from confluent_kafka import KafkaException, Producer
+
+from airflow_eo.errors import AirflowEoError
+from airflow_eo.faults import ENV as FAILPOINTS_ENV
+from airflow_eo.ingest import IngestConfig, Ingestion, IngestResult
+from airflow_eo.planning import RunIdentity
+from airflow_eo.submit import LocalSparkSubmit
+from airflow_eo.transforms import Transform
+from tests.helpers import broker_records, committed_offsets, read_table
+
+log = logging.getLogger(__name__)
+
+# Windows: failpoints for the narrow ones, real kill -9 of the process tree for the others.
+FAILPOINT_WINDOWS = {"after_stage": "after_stage", "during_commit": "during_commit", "after_commit": "after_commit"}
+TREE_WINDOWS = ("reading", "random")
+WINDOWS = ("reading", "after_stage", "during_commit", "random", "after_commit")
+TRANSFORM = Transform(sql="SELECT topic, partition, offset, timestamp, CAST(value AS STRING) AS value FROM source")
+# C1-only JIT and the serial GC: a few seconds less JVM start per spark-submit; these
+# jobs are too short for the optimising compiler to pay off.
+SPARK_CONF = {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "512m",
+              "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
+class FlowingProducer:
+    """Writes to ``partitions`` partitions until stopped: idempotent records and transactions.
+
+    Every 4th transaction is aborted; their values (``abort-…``) are kept in ``aborted``.
+    Survives a broker restart: a transactional producer that errors is replaced, and a
+    transaction whose outcome is unknown is neither counted committed nor aborted.
+    """
+
+    def __init__(self, config: dict, topic: str, partitions: int, rate: float = 150.0):
+        self.config, self.topic, self.partitions, self.rate = config, topic, partitions, rate
+        self.aborted: set[str] = set()
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flowing-producer", daemon=True)
+
+    def __enter__(self) -> "FlowingProducer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _tx_producer(self) -> Producer | None:
+        try:
+            producer = Producer({**self.config, "transactional.id": f"fault-tx-{time.monotonic_ns()}",
+                                 "transaction.timeout.ms": 20000})
+            producer.init_transactions(20)
+            return producer
+        except KafkaException as exc:
+            log.warning("transactional producer not ready (%s); retrying", exc)
+            return None
+
+    def _run(self) -> None:
+        plain = Producer({**self.config, "enable.idempotence": True, "linger.ms": 5})
+        tx = None
+        seq = 0
+        while not self._stop.is_set():
+            for _ in range(10):
+                plain.produce(self.topic, value=f"idem-{seq}".encode(), partition=seq % self.partitions)
+                seq += 1
+            plain.poll(0)
+            tx = tx or self._tx_producer()
+            if tx is not None:
+                tx = self._transaction(tx, seq)
+                seq += 5
+            self.sent = seq
+            self._stop.wait(15 / self.rate)
+        plain.flush(30)
+
+    def _transaction(self, tx: Producer, seq: int) -> Producer | None:
+        abort = (seq // 5) % 4 == 3
+        values = [f"{'abort' if abort else 'tx'}-{seq + i}" for i in range(5)]
+        try:
+            tx.begin_transaction()
+            for i, v in enumerate(values):
+                tx.produce(self.topic, value=v.encode(), partition=(seq + i) % self.partitions)
+            if abort:
+                tx.abort_transaction(20)
+                self.aborted.update(values)
+            else:
+                tx.commit_transaction(20)
+            return tx
+        except KafkaException as exc:  # broker restarting: outcome unknown, start a new producer
+            log.warning("transaction failed (%s); replacing the producer", exc)
+            return None
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(pid: int) -> bool:
+    """``kill -9`` spark-submit and every process under it (JVM, Python driver, workers)."""
+    procs = process_tree(pid)
+    alive = False
+    for p in procs:
+        try:
+            p.kill()
+            alive = True
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def has_python_worker(pid: int) -> bool:
+    """A Python task worker (``-m pyspark.daemon pyspark.worker``, which runs the data
+    source's ``read()``) is up under spark-submit; the ``pyspark.sql.worker.*`` daemons
+    only look up and plan the source."""
+    for p in process_tree(pid)[1:]:
+        try:
+            if p.cmdline()[-2:] == ["pyspark.daemon", "pyspark.worker"]:
+                log.debug("python worker up: %s", " ".join(p.cmdline()))
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
+
+
+class KillingSubmit(LocalSparkSubmit):
+    """spark-submit that dies in ``window``; ``killed`` says whether it really did.
+
+    ``reading``: kill -9 of the tree moments after the first Python worker appears (the data
+    source reads Kafka in Python workers); ``random``: kill -9 at a random time; the other
+    windows are failpoints inside the driver.
+    """
+
+    def __init__(self, window: str | None, rng: random.Random | None = None, max_delay: float = 22.0):
+        env = {FAILPOINTS_ENV: FAILPOINT_WINDOWS[window]} if window in FAILPOINT_WINDOWS else {}
+        super().__init__(master="local[2]", conf=SPARK_CONF, extra_env=env, timeout=300)
+        self.window, self.rng, self.max_delay = window, rng or random.Random(), max_delay
+        self.killed = False
+        self._done = threading.Event()
+
+    def submit(self, config, attempt_id: str) -> None:
+        timer = None
+        if self.window in TREE_WINDOWS:
+            timer = threading.Thread(target=self._killer, daemon=True)
+            timer.start()
+        try:
+            super().submit(config, attempt_id)
+        finally:
+            self._done.set()
+            if timer is not None:
+                timer.join(5)
+            code = self.process.returncode if self.process else None
+            self.killed = self.killed or (self.window in FAILPOINT_WINDOWS and code not in (0, None))
+
+    def _killer(self) -> None:
+        while self.process is None and not self._done.is_set():
+            time.sleep(0.05)
+        pid = self.process.pid if self.process else None
+        if pid is None:
+            return
+        if self.window == "reading":
+            while not self._done.is_set() and not has_python_worker(pid):
+                time.sleep(0.05)
+            delay = self.rng.uniform(0.0, 0.6)
+        else:
+            delay = self.rng.uniform(1.0, self.max_delay)
+        if not self._done.wait(delay):
+            self.killed = kill_tree(pid)
+
+
+@dataclass
+class Check:
+    """One comparison of the table with the broker."""
+
+    visible: int  # committed records the broker holds
+    expected: int  # of those, below the table's committed offsets
+    in_table: int
+    lost: list = field(default_factory=list)
+    duplicated: dict = field(default_factory=dict)
+    beyond_offsets: list = field(default_factory=list)  # in the table at/after committed offsets
+    not_in_broker: list = field(default_factory=list)  # aborted or phantom rows
+    aborted_in_table: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.beyond_offsets or self.not_in_broker
+                    or self.aborted_in_table)
+
+    def summary(self) -> str:
+        return (f"expected={self.expected} in_table={self.in_table} lost={len(self.lost)} "
+                f"duplicated={len(self.duplicated)} beyond={self.beyond_offsets[:5]} "
+                f"not_in_broker={self.not_in_broker[:5]} aborted={self.aborted_in_table[:5]}")
+
+
+def check_table(table_uri: str, ingest_id: str, topic: str, partitions: int, bootstrap: str,
+                aborted: set[str]) -> Check:
+    """Table vs broker. Offsets equal highest present + 1 "respecting gaps" follows from
+    lost == [] and beyond_offsets == []: no visible record lies between the two."""
+    visible = broker_records(bootstrap, topic)
+    if not os.path.isdir(os.path.join(table_uri, "_delta_log")) or not os.listdir(os.path.join(table_uri, "_delta_log")):
+        return Check(visible=len(visible), expected=0, in_table=0)  # no commit yet
+    committed = committed_offsets(table_uri, ingest_id, topic, partitions)
+    table = read_table(table_uri, ["topic", "partition", "offset", "value"])
+    rows = list(zip(table["topic"].to_pylist(), table["partition"].to_pylist(),
+                    table["offset"].to_pylist(), table["value"].to_pylist()))
+    counts = Counter((t, p, o) for t, p, o, _ in rows)
+    below = {k for k in visible if committed.get(k[1]) is not None and k[2] < committed[k[1]]}
+    return Check(
+        visible=len(visible), expected=len(below), in_table=len(rows),
+        lost=sorted(below - set(counts)),
+        duplicated={k: n for k, n in counts.items() if n > 1},
+        beyond_offsets=sorted(k for k in counts if committed.get(k[1]) is None or k[2] >= committed[k[1]]),
+        not_in_broker=sorted(k for t, p, o, v in rows if (k := (t, p, o)) not in visible
+                             or visible[k].decode() != v),
+        aborted_in_table=sorted(v for *_, v in rows if v in aborted),
+    )
+
+
+@dataclass
+class Outcome:
+    window: str | None
+    killed: bool
+    result: IngestResult | None
+    error: BaseException | None
+    seconds: float
+
+
+def run_once(config: IngestConfig, run_key: str, window: str | None, rng: random.Random) -> Outcome:
+    """One ingestion run whose Spark job is killed in ``window`` (None: not killed)."""
+    submit = KillingSubmit(window, rng)
+    started = time.monotonic()
+    try:
+        result, error = Ingestion(config, submit).run(RunIdentity(run_key=run_key)), None
+    except AirflowEoError as exc:
+        result, error = None, exc
+    return Outcome(window, submit.killed, result, error, time.monotonic() - started)
+
+
+def ingest_config(table_uri: str, ingest_id: str, topic: str, bootstrap: str) -> IngestConfig:
+    return IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=[topic],
+                        kafka_config={"bootstrap.servers": bootstrap}, transform=TRANSFORM)
+
+
+@dataclass
+class Tally:
+    """Kills per window and the last check, for the soak's table."""
+
+    trials: int = 0
+    kills: Counter = field(default_factory=Counter)
+    runs: int = 0
+    failures: list = field(default_factory=list)
+
+    @property
+    def total_kills(self) -> int:
+        return sum(self.kills.values())
+
+
+def kill_chain(config: IngestConfig, run_key: str, windows: list[str], rng: random.Random,
+               tally: Tally, checker) -> list[Outcome]:
+    """Retry one run key, killing each attempt in the next window, then once more unharmed.
+
+    After every run the table is checked (``checker() -> Check``). The last window is
+    normally ``after_commit``, so the final rerun must find the batch committed without
+    starting Spark.
+    """
+    outcomes = []
+    for window in [*windows, None]:
+        outcome = run_once(config, run_key, window, rng)
+        tally.runs += 1
+        if outcome.killed:
+            tally.kills[window] += 1
+        outcomes.append(outcome)
+        check = checker()
+        log.info("run %s window=%s killed=%s status=%s error=%s %.1fs | %s", run_key, window, outcome.killed,
+                 outcome.result.status if outcome.result else None,
+                 type(outcome.error).__name__ if outcome.error else None, outcome.seconds, check.summary())
+        if not check.ok:
+            tally.failures.append((run_key, window, check.summary()))
+    tally.trials += 1
+    return outcomes

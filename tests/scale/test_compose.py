@@ -1,0 +1,121 @@
+"""docker-compose.yml: valid for Compose (Debian's docker-compose 1.29.2 `config`), every
+service the example DAG needs is there and wired the way the DAG reads it, every image
+pinned. No Docker engine runs here, so the stack itself is not started by this test.
+
+Needs ``docker-compose`` on PATH (``apt-get install -y docker-compose``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pyspark
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+TABLES_VOLUME = "delta-tables"
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict:
+    """The file as Compose itself resolves it (anchors, merges, defaults)."""
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is not installed: apt-get install -y docker-compose"
+    check = subprocess.run([binary, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stderr
+    out = subprocess.run([binary, "-f", str(COMPOSE), "config"], capture_output=True, text=True, cwd=ROOT, check=True)
+    return yaml.safe_load(out.stdout)
+
+
+def dockerfile_bases(path: Path) -> list[str]:
+    """Base images of a Dockerfile, with ``ARG`` defaults substituted."""
+    args, bases = {}, []
+    for line in path.read_text().splitlines():
+        if m := re.match(r"\s*ARG\s+(\w+)=(\S+)", line):
+            args[m[1]] = m[2]
+        elif m := re.match(r"\s*FROM\s+(\S+)", line, re.I):
+            bases.append(re.sub(r"\$\{?(\w+)\}?", lambda a: args.get(a[1], a[0]), m[1]))
+    return bases
+
+
+def pinned(image: str) -> bool:
+    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    return bool(tag) and tag != "latest" and "$" not in image
+
+
+def test_every_image_and_base_image_is_pinned(resolved):
+    images = {s: svc["image"] for s, svc in resolved["services"].items()}
+    assert all(pinned(i) for i in images.values()), images
+    for svc in resolved["services"].values():
+        if "build" in svc:
+            bases = dockerfile_bases(ROOT / svc["build"]["dockerfile"])
+            assert bases and all(pinned(b) for b in bases), bases
+
+
+def test_versions_match_the_project(resolved):
+    """Airflow 3.3.2 and Spark = the pyspark the driver runs; one Python minor everywhere
+    (PySpark refuses executors whose Python differs from the driver's)."""
+    airflow_base = dockerfile_bases(ROOT / "docker/airflow/Dockerfile")[0]
+    spark_base = dockerfile_bases(ROOT / "docker/spark/Dockerfile")[0]
+    assert airflow_base == "apache/airflow:3.3.2-python3.11"
+    assert spark_base.startswith(f"apache/spark:{pyspark.__version__}-")
+    assert "python3.11 -m venv" in (ROOT / "docker/spark/Dockerfile").read_text()
+    kafka = resolved["services"]["kafka"]
+    assert kafka["image"].startswith("apache/kafka:")
+    roles = kafka["environment"]["KAFKA_PROCESS_ROLES"]
+    assert "controller" in roles and "broker" in roles  # KRaft: no ZooKeeper anywhere
+    assert not any("zookeeper" in s for s in resolved["services"])
+
+
+def dag_sources() -> str:
+    return "\n".join(p.read_text() for p in sorted((ROOT / "dags").glob("*.py")))
+
+
+def test_the_example_dag_finds_everything_it_reads(resolved):
+    services = resolved["services"]
+    for name in (*AIRFLOW_SERVICES, "kafka", "spark-master", "spark-worker", "postgres"):
+        assert name in services, f"service {name} missing"
+    source = dag_sources()
+    assert "KafkaToDeltaOperator" in source
+    env_read = set(re.findall(r"os\.environ(?:\.get)?[\[(]\s*[\"'](\w+)[\"']", source))
+    conn_ids = set(re.findall(r"_conn_id\s*=\s*[\"'](\w+)[\"']", source)) | {"kafka_default", "spark_default"}
+    for name in AIRFLOW_SERVICES:
+        svc = services[name]
+        env = svc["environment"]
+        assert env_read <= set(env), f"{name} lacks {env_read - set(env)}"
+        for conn_id in conn_ids:
+            assert f"AIRFLOW_CONN_{conn_id.upper()}" in env, f"{name} lacks connection {conn_id}"
+        assert any(v.endswith(":/opt/airflow/dags:ro") or "/opt/airflow/dags" in v for v in svc["volumes"])
+
+    scheduler = services["airflow-scheduler"]["environment"]
+    kafka = json.loads(scheduler["AIRFLOW_CONN_KAFKA_DEFAULT"])
+    host, port = kafka["extra"]["bootstrap.servers"].split(":")
+    assert host in services and f"PLAINTEXT://{host}:{port}" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+
+    # the table lives on the shared volume, at the same path for the driver and the executors
+    table = scheduler["AIRFLOW_EO_TABLE_URI"]
+    for name in ("airflow-scheduler", "spark-worker"):
+        mounts = [v for v in services[name]["volumes"] if v.startswith(f"{TABLES_VOLUME}:")]
+        assert mounts and table.startswith(mounts[0].split(":")[1] + "/"), (name, mounts)
+    assert TABLES_VOLUME in resolved["volumes"]
+    # the executors' interpreter is the same path on the driver and the workers
+    assert scheduler["PYSPARK_PYTHON"] == services["spark-worker"]["environment"]["PYSPARK_PYTHON"]
+
+
+def test_the_spark_connection_resolves_to_the_compose_master(resolved, monkeypatch):
+    """Airflow's own SparkSubmitHook reads the connection exactly as set in the file."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    env = resolved["services"]["airflow-scheduler"]["environment"]
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    conn = SparkSubmitHook(conn_id="spark_default")._connection
+    master = resolved["services"]["spark-master"]["command"]
+    assert conn["master"] == f"spark://{master[master.index('--host') + 1]}:{master[master.index('--port') + 1]}"
+    assert conn["deploy_mode"] == "client" and conn["spark_binary"] == "spark-submit"
