@@ -50,6 +50,7 @@ def mirror_offsets(kafka_config: Mapping[str, object], group_id: str,
     acks: list = []
     consumer = Consumer({
         **client_config(kafka_config), "group.id": group_id, "enable.auto.commit": False,
+        "log_level": 0,  # librdkafka would print connection errors to stderr; we warn once instead
         # an asynchronous commit + our own deadline: a synchronous commit waits for a
         # group coordinator indefinitely while the broker is down
         "on_commit": lambda err, parts: acks.append((err, parts)),
