@@ -27,7 +27,8 @@ def new_topic(config: dict, partitions: int = 3, name: str | None = None) -> str
 
 
 def add_partitions(config: dict, topic: str, total: int) -> None:
-    for f in AdminClient(config).create_partitions([NewPartitions(topic, total)]).values():
+    admin = AdminClient(config)  # keep the client alive until the futures resolve
+    for f in admin.create_partitions([NewPartitions(topic, total)]).values():
         f.result()
 
 

@@ -241,7 +241,8 @@ def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark,
     ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
     run(ing)
     produce(kafka_config, topic, 10, partitions=1, start=10)
-    for f in AdminClient(kafka_config).delete_records([KTP(topic, 0, 15)]).values():
+    admin = AdminClient(kafka_config)  # keep the client alive until the futures resolve
+    for f in admin.delete_records([KTP(topic, 0, 15)]).values():
         f.result()
     version = DeltaTable(table_uri).version()
     with pytest.raises(DataLossError, match=rf"{topic}\[0\].*next offset is 10.*starts at 15"):
@@ -259,7 +260,8 @@ def test_topic_recreated_is_refused(broker, kafka_config, spark, table_uri):
     produce(kafka_config, topic, 10, partitions=1)
     ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
     run(ing)
-    for f in AdminClient(kafka_config).delete_topics([topic]).values():
+    admin = AdminClient(kafka_config)
+    for f in admin.delete_topics([topic]).values():
         f.result()
     new_topic(kafka_config, 1, name=topic)
     produce(kafka_config, topic, 3, partitions=1)
