@@ -227,3 +227,22 @@ def _same_plan(table, plan: BatchPlan, key: str) -> bool:
         if meta.get("ingest_id") == plan.ingest_id and meta.get("batch") == plan.batch:
             return meta.get("plan") == key
     return False
+
+
+def collect_orphans(dlq_uri: str, storage_options, grace_seconds: float) -> list[str]:
+    """Staged dead-letter files no commit references: removed once ``grace_seconds`` old
+    (their attempt markers live beside the main table, so age is the only safe test)."""
+    import pyarrow as pa
+
+    from airflow_eo.ledger import Ledger
+    from airflow_eo.staging import StagingArea
+    from airflow_eo.storage import TableLocation
+
+    ledger = Ledger.open(dlq_uri, storage_options)
+    referenced = set()
+    if ledger.table is not None:
+        referenced = set(pa.table(ledger.table.get_add_actions(flatten=True)).column("path").to_pylist())
+    location = TableLocation.of(dlq_uri, storage_options)
+    if not location.fs.get_file_info(location.root).type.name == "Directory":
+        return []
+    return StagingArea(location).collect_orphans(referenced, grace_seconds)

@@ -287,4 +287,10 @@ class Ingestion:
         if ledger.table is not None:
             actions = pa.table(ledger.table.get_add_actions(flatten=True))
             referenced = set(actions.column("path").to_pylist())
-        return self.staging.collect_orphans(referenced, self.config.staging_grace_seconds)
+        removed = self.staging.collect_orphans(referenced, self.config.staging_grace_seconds)
+        if self.config.dead_letter_table_uri:
+            from airflow_eo.dead_letters import collect_orphans
+
+            removed += collect_orphans(self.config.dead_letter_table_uri, self.config.storage_options,
+                                       self.config.staging_grace_seconds)
+        return removed

@@ -79,6 +79,10 @@ class FlowingProducer:
         self._stop.set()
         self._thread.join(60)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _tx_producer(self) -> Producer | None:
         try:
             producer = Producer({**self.config, "transactional.id": f"fault-tx-{time.monotonic_ns()}",
@@ -89,15 +93,25 @@ class FlowingProducer:
             log.warning("transactional producer not ready (%s); retrying", exc)
             return None
 
+    def _plain(self) -> Producer:
+        return Producer({**self.config, "enable.idempotence": True, "linger.ms": 5})
+
     def _run(self) -> None:
-        plain = Producer({**self.config, "enable.idempotence": True, "linger.ms": 5})
+        plain = self._plain()
         tx = None
         seq = 0
         while not self._stop.is_set():
-            for _ in range(10):
-                plain.produce(self.topic, value=f"idem-{seq}".encode(), partition=seq % self.partitions)
-                seq += 1
-            plain.poll(0)
+            try:
+                for _ in range(10):
+                    plain.produce(self.topic, value=f"idem-{seq}".encode(), partition=seq % self.partitions)
+                    seq += 1
+                plain.poll(0)
+            except KafkaException as exc:
+                # noida-db forgets producer ids and sequences across a restart, which is fatal
+                # to an idempotent producer (Kafka keeps them); unacknowledged records are simply
+                # not in the broker, and the check reads the broker.
+                log.warning("idempotent producer failed (%s); replacing it", exc)
+                plain = self._plain()
             tx = tx or self._tx_producer()
             if tx is not None:
                 tx = self._transaction(tx, seq)

@@ -49,7 +49,7 @@ def restart_broker_during_run(broker: EmbeddedBroker, config, run_key: str, dela
 def soak(kills: int, seed: int, restart_every: int, out=sys.stdout) -> int:
     rng = random.Random(seed)
     tally = Tally()
-    restarts = 0
+    restarts = idle = 0
     started = time.monotonic()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="airflow-eo-soak-") as tmp:
         topic = new_topic(broker.config, PARTITIONS)
@@ -60,9 +60,15 @@ def soak(kills: int, seed: int, restart_every: int, out=sys.stdout) -> int:
                 return check_table(table, INGEST_ID, topic, PARTITIONS, broker.bootstrap_servers, producer.aborted)
 
             while tally.total_kills < kills:
+                if not producer.alive:
+                    raise RuntimeError("the producer thread died: no new data, no kills; see the log")
                 middle = [w for w in WINDOWS if w != "after_commit"]
                 rng.shuffle(middle)
+                before = tally.total_kills
                 kill_chain(config, f"soak-{tally.trials + 1}", [*middle, "after_commit"], rng, tally, checker)
+                idle = 0 if tally.total_kills > before else idle + 1
+                if idle >= 3:  # nothing new to read (stuck producer or LSO): no kill can happen
+                    raise RuntimeError("three trials in a row without a kill: is data still flowing?")
                 if restart_every and tally.trials % restart_every == 0:
                     restart_broker_during_run(broker, config, f"soak-restart-{restarts}", rng.uniform(3, 20))
                     restarts += 1

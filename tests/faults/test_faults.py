@@ -149,3 +149,13 @@ def test_after_the_faults_everything_produced_is_in_the_table_once(flow):
     check = flow.assert_exact()
     assert check.expected == check.visible == check.in_table
     assert check.in_table > 0
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(4 * 3600)
+def test_soak(capsys):
+    """The long soak (``-m soak``; also ``python -m tests.faults.soak --kills 50``)."""
+    from tests.faults.soak import soak
+
+    with capsys.disabled():  # the table is the point: show it
+        assert soak(kills=int(os.environ.get("AIRFLOW_EO_SOAK_KILLS", "50")), seed=1, restart_every=4) == 0
