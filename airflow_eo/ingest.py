@@ -207,8 +207,7 @@ class Ingestion:
                 and ledger.last_batch(self.config.ingest_id) >= logged.batch:
             log.info("run %s: its batch %s is already in the table; starting nothing", run.run_key, logged.batch)
             return self.committed_result(logged, ledger)
-        starts = {tp: (None if tp in logged.new_partitions else s) for tp, s in logged.starts.items()}
-        if committed == starts and ledger.last_batch(self.config.ingest_id) == logged.batch - 1:
+        if committed == logged.expected_committed and ledger.last_batch(self.config.ingest_id) == logged.batch - 1:
             log.info("run %s: replaying its logged plan of batch %s", run.run_key, logged.batch)
             return BatchPlan(**{**logged.__dict__, "run": run})
         log.info("run %s: its logged plan of batch %s never committed and the table moved on; "

@@ -124,6 +124,17 @@ class BatchPlan:
         return {r.tp: r.end for r in self.ranges}
 
     @property
+    def expected_committed(self) -> dict[TopicPartition, int | None]:
+        """The table offsets this plan was made from: ``None`` for new partitions, the start
+        of the skipped gap for partitions that skip retention loss, else the range start."""
+        expected: dict[TopicPartition, int | None] = {
+            r.tp: (None if r.tp in self.new_partitions else r.start) for r in self.ranges
+        }
+        for gap in self.skipped:
+            expected[TopicPartition(gap.topic, gap.partition)] = gap.start
+        return expected
+
+    @property
     def data_ranges(self) -> tuple[OffsetRange, ...]:
         return tuple(r for r in self.ranges if r.size > 0)
 
@@ -347,10 +358,7 @@ def compare_offsets(plan: BatchPlan, committed: Mapping[TopicPartition, int | No
     another batch moved the table and this one must not land.
     """
     current = {tp: committed.get(tp) for tp in plan.starts}
-    expected_start = {
-        tp: (None if tp in plan.new_partitions else start) for tp, start in plan.starts.items()
-    }
-    if current == expected_start:
+    if current == plan.expected_committed:
         return CommitCheck.READY
     if current == plan.ends:
         return CommitCheck.ALREADY_COMMITTED
@@ -360,8 +368,9 @@ def compare_offsets(plan: BatchPlan, committed: Mapping[TopicPartition, int | No
 def describe_mismatch(plan: BatchPlan, committed: Mapping[TopicPartition, int | None]) -> str:
     """Human-readable list of partitions whose table offset differs from the plan."""
     parts = []
+    expected = plan.expected_committed
     for r in plan.ranges:
         now = committed.get(r.tp)
-        if now not in (r.start, r.end) or (now is None) != (r.tp in plan.new_partitions):
+        if now != expected[r.tp]:
             parts.append(f"{r.tp}: planned {r.start}..{r.end}, table at {now}")
     return "; ".join(parts) or "offsets differ from both the plan's starts and its ends"

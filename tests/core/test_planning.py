@@ -115,3 +115,11 @@ def test_plan_json_round_trip():
     plan = plan_batch(ingest_id="i", batch=4, committed={A: 2}, bounds={A: PartitionBounds(A, 7, 9), C: PartitionBounds(C, 0, 3)},
                       new_starts={C: 1}, on_data_loss="skip", run=RunIdentity("k", "d", "r", "t", 2))
     assert BatchPlan.from_json(plan.with_attempt("abc").to_json()) == plan.with_attempt("abc")
+
+
+def test_compare_offsets_skipped_gap_expects_gap_start():
+    plan = plan_batch(ingest_id="i", batch=2, committed={A: 2}, bounds={A: PartitionBounds(A, 7, 9)},
+                      new_starts={}, on_data_loss="skip")
+    assert compare_offsets(plan, {A: 2}) is CommitCheck.READY
+    assert compare_offsets(plan, {A: 9}) is CommitCheck.ALREADY_COMMITTED
+    assert compare_offsets(plan, {A: 7}) is CommitCheck.CONFLICT
