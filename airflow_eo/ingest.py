@@ -217,19 +217,26 @@ class Ingestion:
     def execute(self, plan: BatchPlan) -> IngestResult:
         """Run one attempt of a logged plan on Spark and verify the outcome in the log."""
         attempt = plan.with_attempt(new_attempt_id())
-        self.staging.begin_attempt(attempt, self.config.job_options())
         log.info("batch %s attempt %s: %s", attempt.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in attempt.data_ranges) or "offsets only")
-        error: BaseException | None = None
+        return self.verify(attempt, self.submit_attempt(attempt, self.config.job_options()))
+
+    def submit_attempt(self, attempt: BatchPlan, job: dict) -> BaseException | None:
+        """Record the attempt, run its Spark job, mark it ended; return the job's error if any.
+
+        The error is returned, not raised: the job may have committed before it died, and
+        only the Delta log can say.
+        """
+        self.staging.begin_attempt(attempt, job)
         started = time.monotonic()
         try:
             self.submitter.submit(self.config, attempt.attempt_id)
-        except BaseException as exc:  # the job may have committed before it died
-            error = exc
+        except BaseException as exc:
+            return exc
         finally:
             self.staging.end_attempt(attempt.attempt_id)
-        log.info("spark job for batch %s ended after %.1fs", attempt.batch, time.monotonic() - started)
-        return self.verify(attempt, error)
+            log.info("spark job for batch %s ended after %.1fs", attempt.batch, time.monotonic() - started)
+        return None
 
     # -- step 6: verify -------------------------------------------------------------
     def verify(self, attempt: BatchPlan, error: BaseException | None = None) -> IngestResult:

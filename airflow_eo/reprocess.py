@@ -183,16 +183,9 @@ class Reprocessor:
         attempt = plan.with_attempt(new_attempt_id())
         job = {**ing.config.job_options(), "mode": REPROCESS_MODE, "reprocess_from": request.from_version,
                "requested_by": asdict(requester)}
-        ing.staging.begin_attempt(attempt, job)
         log.info("reprocessing batch %s (attempt %s): %s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in attempt.data_ranges))
-        error: BaseException | None = None
-        try:
-            ing.submitter.submit(ing.config, attempt.attempt_id)
-        except BaseException as exc:  # the job may have committed before it died
-            error = exc
-        finally:
-            ing.staging.end_attempt(attempt.attempt_id)
+        error = ing.submit_attempt(attempt, job)
         ledger = ing.ledger()
         if reprocess_count(ledger, plan.ingest_id, plan.batch) == request.from_version + 1:
             record = self._record(ledger, plan.batch)
