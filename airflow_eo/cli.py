@@ -21,7 +21,7 @@ import os
 import sys
 import uuid
 
-from airflow_eo.errors import AirflowEoError
+from airflow_eo.errors import AirflowEoError, TableError
 
 log = logging.getLogger("airflow_eo")
 
@@ -41,6 +41,17 @@ def _kafka_config(args) -> dict:
     return config
 
 
+def _storage_options(args) -> dict | None:
+    """deltalake storage options: ``--storage-options`` JSON/@file, else $AIRFLOW_EO_STORAGE_OPTIONS."""
+    text = args.storage_options or os.environ.get("AIRFLOW_EO_STORAGE_OPTIONS")
+    if not text:
+        return None
+    if text.startswith("@"):
+        with open(text[1:]) as f:
+            text = f.read()
+    return json.loads(text)
+
+
 def cmd_ingest(args) -> int:
     from airflow_eo.ingest import IngestConfig, Ingestion
     from airflow_eo.planning import RunIdentity
@@ -52,6 +63,10 @@ def cmd_ingest(args) -> int:
         kafka_config=_kafka_config(args), starting_offsets=args.starting_offsets,
         max_records_per_run=args.max_records_per_run, on_data_loss=args.on_data_loss,
         transform=Transform(sql=args.transform_sql, callable=args.transform),
+        storage_options=_storage_options(args), value_schema=args.value_schema,
+        max_value_bytes=args.max_value_bytes, dead_letter_table_uri=args.dead_letter_table,
+        max_dead_letters=args.max_dead_letters, max_dead_letter_fraction=args.max_dead_letter_fraction,
+        schema_evolution=args.schema_evolution, mirror_consumer_group=args.mirror_consumer_group,
     )
     conf = dict(kv.split("=", 1) for kv in args.conf or [])
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
@@ -60,13 +75,17 @@ def cmd_ingest(args) -> int:
     return 0
 
 
-def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limit: int = 5) -> dict:
+def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limit: int = 5,
+                 storage_options: dict | None = None) -> dict:
     """Per partition committed offset, Kafka end offset and lag; the last batches."""
     from airflow_eo.kafka_client import KafkaOffsets
     from airflow_eo.ledger import Ledger
     from airflow_eo.planning import TopicPartition
 
-    ledger = Ledger.open(table_uri)
+    ledger = Ledger.open(table_uri, storage_options)
+    if not ledger.exists:
+        raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
+                         "for object storage); a table is created by its first `airflow-eo ingest`")
     ledger.check_owner(ingest_id)
     batches = ledger.batches(ingest_id, limit=50)[:limit]
     partitions = sorted({TopicPartition(r.topic, r.partition) for b in batches[:1] for r in b.ranges})
@@ -95,7 +114,7 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
 
 
 def cmd_status(args) -> int:
-    status = table_status(args.table, args.ingest_id, _kafka_config(args))
+    status = table_status(args.table, args.ingest_id, _kafka_config(args), storage_options=_storage_options(args))
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -128,6 +147,11 @@ def _kafka_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka-config", help="client config as JSON, or @file.json (default: $AIRFLOW_EO_KAFKA_CONFIG)")
 
 
+def _storage_args(p) -> None:
+    p.add_argument("--storage-options", help="deltalake storage options as JSON or @file.json "
+                   "(default: $AIRFLOW_EO_STORAGE_OPTIONS; keep credentials out of the command line)")
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="airflow-eo", description="Exactly-once Kafka → Delta ingestion on Spark")
     sub = root.add_subparsers(dest="command", required=True)
@@ -144,12 +168,22 @@ def parser() -> argparse.ArgumentParser:
     ing.add_argument("--master", default="local[*]", help="Spark master for spark-submit")
     ing.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
     ing.add_argument("--run-key", help="stable key: re-running with the same key replays, never duplicates")
+    _storage_args(ing)
+    ing.add_argument("--value-schema", help="Spark DDL of the JSON value, e.g. 'id INT, name STRING': "
+                     "decoded into column `data`, undecodable records become dead letters")
+    ing.add_argument("--max-value-bytes", type=int, help="values larger than this become dead letters")
+    ing.add_argument("--dead-letter-table", help="Delta table for records that cannot be decoded")
+    ing.add_argument("--max-dead-letters", type=int, help="fail the run above this many dead letters")
+    ing.add_argument("--max-dead-letter-fraction", type=float, help="fail the run above this fraction")
+    ing.add_argument("--schema-evolution", action="store_true", help="add new transform columns to the table")
+    ing.add_argument("--mirror-consumer-group", help="also commit the offsets to this consumer group")
     ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)
     st = sub.add_parser("status", help="committed offsets, end offsets, lag and last batches of a table")
     st.add_argument("table")
     st.add_argument("--ingest-id", required=True)
     _kafka_args(st)
+    _storage_args(st)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
     demo = sub.add_parser("demo", help="embedded broker + sample data + ingestion through Airflow + show the table")

@@ -97,13 +97,25 @@ class KafkaToDeltaOperator(BaseOperator):
         DAG param ``reprocess``.
     :param reprocess_run_id: run id (of ``reprocess_dag_id``, default this DAG) to reprocess;
         default: the DAG param ``reprocess_run_id``, else this run.
-    :param storage_options: deltalake storage options (may hold credentials: never templated
-        into logs; prefer an env or secrets backend).
+    :param storage_conn_id: an ``aws`` connection whose credentials and extras (``endpoint_url``,
+        ``region_name``, ``conditional_put``…) become the deltalake storage options of an
+        ``s3://`` table (see README "Running at scale"); merged under ``storage_options``.
+    :param storage_options: non-secret deltalake storage options set in code.
+    :param value_schema: Spark DDL of the JSON value, e.g. ``"id INT, name STRING"``: the value
+        is decoded into column ``data`` and undecodable records become dead letters.
+    :param value_format: format of the value when ``value_schema`` is set (``json``).
+    :param max_value_bytes: values larger than this are dead letters.
+    :param dead_letter_table_uri: the Delta table undecodable records go to (templated).
+    :param max_dead_letters: fail the run (committing nothing) above this many dead letters;
+    :param max_dead_letter_fraction: or above this fraction of the batch.
+    :param schema_evolution: add new columns of the transform's output to the table.
+    :param mirror_consumer_group: also commit the table's offsets to this consumer group, for
+        lag tools; the Delta log stays the source of truth.
     """
 
     template_fields: Sequence[str] = (
         "topics", "table_uri", "starting_offsets", "transform_sql", "spark_conf", "spark_env_vars",
-        "reprocess_run_id", "ingest_id",
+        "reprocess_run_id", "ingest_id", "dead_letter_table_uri", "value_schema",
     )
     template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json"}
     operator_extra_links = (DeltaBatchLink(),)
@@ -128,7 +140,16 @@ class KafkaToDeltaOperator(BaseOperator):
         reprocess: bool | None = None,
         reprocess_run_id: str | None = None,
         reprocess_dag_id: str | None = None,
+        storage_conn_id: str | None = None,
         storage_options: dict[str, str] | None = None,
+        value_schema: str | None = None,
+        value_format: str = "json",
+        max_value_bytes: int | None = None,
+        dead_letter_table_uri: str | None = None,
+        max_dead_letters: int | None = None,
+        max_dead_letter_fraction: float | None = None,
+        schema_evolution: bool = False,
+        mirror_consumer_group: str | None = None,
         asset: Asset | None = None,
         **kwargs,
     ):
@@ -154,7 +175,16 @@ class KafkaToDeltaOperator(BaseOperator):
         self.reprocess = reprocess
         self.reprocess_run_id = reprocess_run_id
         self.reprocess_dag_id = reprocess_dag_id
+        self.storage_conn_id = storage_conn_id
         self.storage_options = storage_options
+        self.value_schema = value_schema
+        self.value_format = value_format
+        self.max_value_bytes = max_value_bytes
+        self.dead_letter_table_uri = dead_letter_table_uri
+        self.max_dead_letters = max_dead_letters
+        self.max_dead_letter_fraction = max_dead_letter_fraction
+        self.schema_evolution = schema_evolution
+        self.mirror_consumer_group = mirror_consumer_group
         self.asset = asset
         self.submitter: SparkJobSubmitter | None = None
 
@@ -167,8 +197,22 @@ class KafkaToDeltaOperator(BaseOperator):
             starting_offsets=self.starting_offsets, max_records_per_run=self.max_records_per_run,
             on_data_loss=self.on_data_loss, transform=Transform(sql=self.transform_sql or None,
                                                                 callable=self.transform or None),
-            storage_options=self.storage_options,
+            storage_options=self.resolved_storage_options(), mirror_consumer_group=self.mirror_consumer_group,
+            value_schema=self.value_schema or None, value_format=self.value_format,
+            max_value_bytes=self.max_value_bytes, dead_letter_table_uri=self.dead_letter_table_uri or None,
+            max_dead_letters=self.max_dead_letters, max_dead_letter_fraction=self.max_dead_letter_fraction,
+            schema_evolution=self.schema_evolution,
         )
+
+    def resolved_storage_options(self) -> dict[str, str] | None:
+        """The ``storage_conn_id`` connection's options, overridden by ``storage_options``."""
+        options: dict[str, str] = {}
+        if self.storage_conn_id:
+            from airflow_eo.storage import storage_options_from_airflow
+
+            options.update(storage_options_from_airflow(self.storage_conn_id))
+        options.update(self.storage_options or {})
+        return options or None
 
     def make_submitter(self) -> SparkJobSubmitter:
         conf = {k: str(v) for k, v in (self.spark_conf or {}).items()}

@@ -19,7 +19,9 @@ from datetime import timedelta
 
 from airflow.sdk import BaseSensorOperator
 
-from airflow_eo.triggers.kafka_backlog import KafkaBacklogTrigger, kafka_config_of, measure_backlog
+from airflow_eo.triggers.kafka_backlog import (
+    KafkaBacklogTrigger, kafka_config_of, measure_backlog, storage_options_of,
+)
 
 
 class KafkaBacklogSensor(BaseSensorOperator):
@@ -28,14 +30,17 @@ class KafkaBacklogSensor(BaseSensorOperator):
     :param ingest_id: the ingest whose offsets count; default ``<dag_id>.ingest``, the
         operator's default for a task named ``ingest`` in the same DAG.
     :param min_records: backlog (in offsets) to wait for.
+    :param starting_offsets: the operator's ``starting_offsets``: where partitions the table
+        never read start counting (``latest`` waits for records produced from now on).
+    :param storage_conn_id: the ``aws`` connection of an ``s3://`` table (as the operator's).
     :param deferrable: wait in the triggerer (default) instead of poking from a worker.
     """
 
-    template_fields: Sequence[str] = ("topics", "table_uri", "ingest_id")
+    template_fields: Sequence[str] = ("topics", "table_uri", "ingest_id", "starting_offsets")
 
     def __init__(self, *, topics: list[str] | str, table_uri: str, ingest_id: str | None = None,
                  kafka_conn_id: str = "kafka_default", min_records: int = 1, deferrable: bool = True,
-                 **kwargs):
+                 starting_offsets: object = "earliest", storage_conn_id: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.topics = topics
         self.table_uri = table_uri
@@ -43,6 +48,8 @@ class KafkaBacklogSensor(BaseSensorOperator):
         self.kafka_conn_id = kafka_conn_id
         self.min_records = min_records
         self.deferrable = deferrable
+        self.starting_offsets = starting_offsets
+        self.storage_conn_id = storage_conn_id
 
     def _topics(self) -> list[str]:
         return [t.strip() for t in self.topics.split(",")] if isinstance(self.topics, str) else list(self.topics)
@@ -51,7 +58,8 @@ class KafkaBacklogSensor(BaseSensorOperator):
         return self.ingest_id or f"{self.dag_id}.ingest"
 
     def backlog(self) -> dict[str, int]:
-        return measure_backlog(kafka_config_of(self.kafka_conn_id), self._topics(), self.table_uri, self._ingest_id())
+        return measure_backlog(kafka_config_of(self.kafka_conn_id), self._topics(), self.table_uri,
+                               self._ingest_id(), storage_options_of(self.storage_conn_id), self.starting_offsets)
 
     def poke(self, context) -> bool:
         per_partition = self.backlog()
@@ -70,6 +78,7 @@ class KafkaBacklogSensor(BaseSensorOperator):
                 topics=self._topics(), table_uri=self.table_uri, ingest_id=self._ingest_id(),
                 kafka_conn_id=self.kafka_conn_id, min_records=self.min_records,
                 poll_interval=self.poke_interval, timeout=self.timeout,
+                starting_offsets=self.starting_offsets, storage_conn_id=self.storage_conn_id,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,

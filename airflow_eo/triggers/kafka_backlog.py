@@ -21,17 +21,23 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_eo.kafka_client import KafkaOffsets
 from airflow_eo.ledger import Ledger
+from airflow_eo.planning import StartingPosition, partitions_without_offsets
 
 
 def measure_backlog(kafka_config: dict, topics: list[str], table_uri: str, ingest_id: str,
-                    storage_options: dict | None = None) -> dict[str, int]:
-    """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table."""
+                    storage_options: dict | None = None, starting_offsets: object = "earliest") -> dict[str, int]:
+    """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table.
+
+    Partitions the table never read count from where the operator would start them
+    (``starting_offsets``, as the planner resolves it), so ``latest`` waits for new records.
+    """
     kafka = KafkaOffsets(kafka_config)
     bounds = kafka.bounds(kafka.partitions(topics))
-    ledger = Ledger.open(table_uri, storage_options)
-    committed = ledger.committed_offsets(ingest_id, bounds)
-    return {str(tp): max(0, b.end - max(b.log_start, committed[tp] if committed[tp] is not None else b.log_start))
-            for tp, b in bounds.items()}
+    committed = Ledger.open(table_uri, storage_options).committed_offsets(ingest_id, bounds)
+    starts = kafka.resolve_starts(StartingPosition.parse(starting_offsets),
+                                  partitions_without_offsets(committed, bounds), bounds)
+    starts.update({tp: committed[tp] for tp in bounds if tp not in starts})
+    return {str(tp): max(0, b.end - max(b.log_start, starts[tp])) for tp, b in bounds.items()}
 
 
 def kafka_config_of(conn_id: str) -> dict:
@@ -40,17 +46,26 @@ def kafka_config_of(conn_id: str) -> dict:
     return KafkaConfigHook(conn_id).client_config()
 
 
+def storage_options_of(conn_id: str | None) -> dict | None:
+    if not conn_id:
+        return None
+    from airflow_eo.storage import storage_options_from_airflow
+
+    return storage_options_from_airflow(conn_id)
+
+
 class KafkaBacklogTrigger(BaseTrigger):
     """Fires ``{"status": "ready", "backlog": n, ...}`` once the backlog reaches ``min_records``,
     or ``{"status": "timeout", ...}`` when ``timeout`` seconds pass first.
 
-    Only the connection id is serialised (the trigger row holds no credentials); the
-    connection is read in the triggerer.
+    Only the connection ids are serialised (the trigger row holds no credentials); the
+    connections are read in the triggerer.
     """
 
     def __init__(self, *, topics: list[str], table_uri: str, ingest_id: str, kafka_conn_id: str = "kafka_default",
                  min_records: int = 1, poll_interval: float = 30.0, timeout: float | None = None,
-                 started_at: float | None = None):
+                 started_at: float | None = None, starting_offsets: object = "earliest",
+                 storage_conn_id: str | None = None):
         super().__init__()
         self.topics = list(topics)
         self.table_uri = table_uri
@@ -60,20 +75,25 @@ class KafkaBacklogTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.timeout = timeout
         self.started_at = started_at if started_at is not None else time.time()
+        self.starting_offsets = starting_offsets
+        self.storage_conn_id = storage_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"topics": self.topics, "table_uri": self.table_uri, "ingest_id": self.ingest_id,
              "kafka_conn_id": self.kafka_conn_id, "min_records": self.min_records,
-             "poll_interval": self.poll_interval, "timeout": self.timeout, "started_at": self.started_at},
+             "poll_interval": self.poll_interval, "timeout": self.timeout, "started_at": self.started_at,
+             "starting_offsets": self.starting_offsets, "storage_conn_id": self.storage_conn_id},
         )
 
     async def backlog(self) -> dict[str, int]:
         from asgiref.sync import sync_to_async
 
         config = await sync_to_async(kafka_config_of)(self.kafka_conn_id)  # connection API is sync
-        return await asyncio.to_thread(measure_backlog, config, self.topics, self.table_uri, self.ingest_id)
+        storage = await sync_to_async(storage_options_of)(self.storage_conn_id)
+        return await asyncio.to_thread(measure_backlog, config, self.topics, self.table_uri, self.ingest_id,
+                                       storage, self.starting_offsets)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:

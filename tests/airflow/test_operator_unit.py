@@ -166,3 +166,23 @@ def test_secret_env_of_yarn_master_is_masked_and_redacted(monkeypatch):
     assert "AIRFLOW_EO_" in hook._conf["spark.redaction.regex"]
     assert "PYSPARK_PYTHON" not in hook.kwargs["env_vars"]
     assert secret_from_env  # the job reads the same variable name the submitter sets
+
+
+def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_CONN_S3_UNIT", json.dumps({
+        "conn_type": "aws", "login": "AKIDUNIT", "password": SECRET,
+        "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1", "conditional_put": "etag"}}))
+    op = make_operator("unit_dag5", "s3://bucket/orders", "t", kafka_env, storage_conn_id="s3_unit",
+                       storage_options={"AWS_S3_ADDRESSING_STYLE": "path"}, value_schema="id INT, name STRING",
+                       dead_letter_table_uri="s3://bucket/orders_dead", max_dead_letters=5,
+                       schema_evolution=True, mirror_consumer_group="orders-lag")
+    config = op.ingest_config()
+    assert config.storage_options == {
+        "AWS_ACCESS_KEY_ID": "AKIDUNIT", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "eu-west-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ALLOW_HTTP": "true", "conditional_put": "etag",
+        "AWS_S3_ADDRESSING_STYLE": "path"}
+    assert SECRET not in repr(config)  # storage options and Kafka config are kept out of reprs
+    assert config.decode_spec().dead_letter_table_uri == "s3://bucket/orders_dead"
+    assert config.value_schema == "id INT, name STRING" and config.max_dead_letters == 5
+    assert config.schema_evolution and config.mirror_consumer_group == "orders-lag"
+    assert "dead_letter_table_uri" in op.template_fields

@@ -38,6 +38,16 @@ def test_backlog_counts_offsets_the_table_has_not_committed(kafka_config, table_
     assert measure_backlog(kafka_config, [topic], table_uri, "orders") == {f"{topic}[0]": 5, f"{topic}[1]": 4}
 
 
+def test_backlog_of_never_read_partitions_follows_starting_offsets(kafka_config, table_uri):
+    topic = new_topic(kafka_config, partitions=2)
+    produce(kafka_config, topic, 10, partitions=2)
+    assert measure_backlog(kafka_config, [topic], table_uri, "orders", starting_offsets="latest") == {
+        f"{topic}[0]": 0, f"{topic}[1]": 0}
+    explicit = {topic: {"0": 3, "1": 5}}  # 5 records each: offsets 0-4
+    assert measure_backlog(kafka_config, [topic], table_uri, "orders", starting_offsets=explicit) == {
+        f"{topic}[0]": 2, f"{topic}[1]": 0}
+
+
 def test_trigger_fires_when_backlog_reached_and_times_out_otherwise(conn, kafka_config, table_uri):
     topic = new_topic(kafka_config, partitions=1)
     produce(kafka_config, topic, 4, partitions=1)
@@ -50,6 +60,10 @@ def test_trigger_fires_when_backlog_reached_and_times_out_otherwise(conn, kafka_
                                   min_records=1000, poll_interval=0.1, timeout=0.5)
     event = first_event(waiting)
     assert event["status"] == "timeout" and event["backlog"] == 4
+
+    latest = KafkaBacklogTrigger(topics=[topic], table_uri=table_uri, ingest_id="orders", kafka_conn_id=conn,
+                                 min_records=1, poll_interval=0.1, timeout=0.5, starting_offsets="latest")
+    assert first_event(latest)["status"] == "timeout"  # nothing produced since "latest"
 
     path, kwargs = waiting.serialize()
     assert path == "airflow_eo.triggers.kafka_backlog.KafkaBacklogTrigger"
@@ -84,3 +98,5 @@ def test_sensor_defers_only_when_it_must(conn, kafka_config, table_uri):
         waiting.execute_complete({}, {"status": "timeout", "backlog": 3})
     poking = sensor(topic, table_uri, conn, min_records=3, deferrable=False)
     assert poking.poke(SimpleNamespace()) is True
+    from_latest = sensor(topic, table_uri, conn, min_records=1, deferrable=False, starting_offsets="latest")
+    assert from_latest.poke(SimpleNamespace()) is False

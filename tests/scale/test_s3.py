@@ -3,6 +3,7 @@ commits enforced, one ingestion end to end through spark-submit, racing commits.
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED, commit_batch
 from airflow_eo.errors import CommitConflictError, ConfigError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.kafka_client import read_range
+from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
 from airflow_eo.planning import RunIdentity
 from airflow_eo.staging import StagingArea, attempt_dir_name, new_attempt_id
 from airflow_eo.storage import TableLocation, check_commit_safety, storage_options_from_connection
@@ -60,13 +62,21 @@ def test_aws_connection_fields_map_to_deltalake_options():
     check_commit_safety("s3://bucket/t", options)
 
 
-def test_ingestion_into_s3_through_spark_submit(s3, kafka_config):
+def test_ingestion_into_s3_through_spark_submit(s3, kafka_config, monkeypatch):
     topic = new_topic(kafka_config, partitions=3)
     produce(kafka_config, topic, 240)
     uri = f"s3://{s3.bucket}/e2e-{topic}"
     options = options_of(s3)
-    config = IngestConfig(table_uri=uri, ingest_id="to_s3", topics=[topic], kafka_config=kafka_config,
-                          storage_options=options)
+    # Credentials come from Airflow connections, as a DAG author sets them: never from code.
+    login, password, extra = s3.connection_fields()
+    monkeypatch.setenv("AIRFLOW_CONN_S3_EO", json.dumps(
+        {"conn_type": "aws", "login": login, "password": password, "extra": extra}))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EO", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_config["bootstrap.servers"]}}))
+    operator = KafkaToDeltaOperator(task_id="to_s3", topics=[topic], table_uri=uri, ingest_id="to_s3",
+                                    kafka_conn_id="kafka_eo", storage_conn_id="s3_eo")
+    config = operator.ingest_config()
+    assert config.storage_options == options
     ingestion = Ingestion(config, LocalSparkSubmit(master="local[2]", timeout=180))
 
     result = ingestion.run(RunIdentity("s3-1"))
@@ -80,6 +90,8 @@ def test_ingestion_into_s3_through_spark_submit(s3, kafka_config):
     # staged by the executors' pyarrow writer (Spark here cannot write s3a://)
     added = DeltaTable(uri, storage_options=options).file_uris()
     assert added and all("/part-" in f and f.startswith(f"{uri}/b00000001-") for f in added)
+    # the secret never reaches the commit metadata of the table
+    assert password not in json.dumps(DeltaTable(uri, storage_options=options).history(), default=str)
 
 
 def stage_from_kafka(location: TableLocation, plan, kafka_config: dict):

@@ -1,0 +1,39 @@
+"""``airflow-eo ingest`` / ``status`` as a user runs them: real spark-submit, real broker and table."""
+
+from __future__ import annotations
+
+import json
+
+from confluent_kafka import Producer
+
+from airflow_eo.cli import main
+from tests.helpers import new_topic, read_table
+
+
+def test_cli_ingest_with_dead_letters_then_status(kafka_config, tmp_path, capsys):
+    topic = new_topic(kafka_config, 1)
+    producer = Producer(kafka_config)
+    for value in [b'{"id": 1}', b"{broken", b'{"id": 2}']:
+        producer.produce(topic, value=value, partition=0)
+    producer.flush(30)
+    table, dead = str(tmp_path / "orders"), str(tmp_path / "orders_dead")
+    common = ["--bootstrap-servers", kafka_config["bootstrap.servers"]]
+
+    code = main(["ingest", "--table", table, "--ingest-id", "cli", "--topics", topic, *common,
+                 "--master", "local[1]", "--value-schema", "id INT", "--dead-letter-table", dead,
+                 "--transform-sql", "SELECT topic, partition, offset, data.id AS id FROM source",
+                 "--run-key", "cli-1", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["status"] == "committed" and summary["rows"] == 2
+    assert sorted(read_table(table, ["id"])["id"].to_pylist()) == [1, 2]
+    letters = read_table(dead, ["offset", "reason"])
+    assert letters["offset"].to_pylist() == [1] and "value_schema" in letters["reason"][0].as_py()
+
+    assert main(["status", table, "--ingest-id", "cli", *common, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["last_batch"] == 1
+    assert status["partitions"] == [{"topic": topic, "partition": 0, "committed": 3, "end": 3, "lag": 0}]
+
+    # bad input: one line naming the cause, exit code 2, nothing changed
+    assert main(["status", str(tmp_path / "nowhere"), "--ingest-id", "cli", "--json"]) == 2
+    assert "nowhere" in capsys.readouterr().err
