@@ -142,8 +142,13 @@ def commit_batch(
     arrow_schema: pa.Schema,
     storage_options: dict[str, str] | None = None,
     schema_evolution: bool = False,
+    extra_metadata: dict | None = None,
 ) -> CommitOutcome:
-    """Commit a batch's staged files and offsets atomically, if the table is where the plan began."""
+    """Commit a batch's staged files and offsets atomically, if the table is where the plan began.
+
+    ``extra_metadata`` is merged into the batch's commit metadata (e.g. the dead-letter
+    files that follow this commit: :mod:`airflow_eo.dead_letters`).
+    """
     ledger = Ledger.open(table_uri, storage_options)
     ledger.check_owner(plan.ingest_id)
     rows = sum(rows_per_partition.values())
@@ -158,7 +163,8 @@ def commit_batch(
         ledger = Ledger.open(table_uri, storage_options)
         _compare(ledger, plan)
     properties = CommitProperties(
-        custom_metadata={METADATA_KEY: json.dumps(batch_metadata(plan, rows_per_partition))},
+        custom_metadata={METADATA_KEY: json.dumps({**batch_metadata(plan, rows_per_partition),
+                                                   **(extra_metadata or {})})},
         app_transactions=offset_transactions(plan),
     )
     read_version = ledger.version

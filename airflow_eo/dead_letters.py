@@ -6,12 +6,15 @@ value is malformed, has the wrong types, is not a JSON object, is null or is lar
 than ``max_value_bytes`` does not fail the batch: it goes to the dead-letter table
 (``topic, partition, offset, timestamp, key, value, reason, ingest_id, batch``).
 
-Both commits are idempotent for a replayed range. The dead-letter commit comes first
-and *replaces* the dead letters of its batch (files staged under ``b<batch>-…/``), with
-``txn`` ``airflow-eo:<ingest>:dlq`` = batch; the main commit follows, so a committed
-batch implies its dead letters are in place. A retry of the same plan finds a
-dead-letter commit of this batch with the same ranges and skips it; a different plan of
-the same batch number (the first never reached the main table) replaces it.
+The main commit decides; the dead-letter table follows it. The attempt stages its dead
+letters beside the dead-letter table (``b<batch>-…/``) and lists them in the *main*
+commit's metadata; only after that commit landed are they committed to the dead-letter
+table, with ``txn`` ``airflow-eo:<ingest>:dlq`` = batch, so a replay never writes them
+twice. A run that loses the main commit's compare-and-set never touches the dead-letter
+table (two racing runs with different plans of one batch number cannot mix their dead
+letters). If the driver dies between the two commits, the next run of the ingest (or
+the retry) rolls the dead-letter commit forward from the main commit's metadata before
+it plans: :func:`complete_dead_letters`.
 
 A threshold (``max_dead_letters`` records, or ``max_dead_letter_fraction`` of the batch)
 fails the run before either commit when too many records are bad.
@@ -27,10 +30,9 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass
 
-from airflow_eo.errors import ConfigError, DeadLetterThresholdError
+from airflow_eo.errors import ConfigError, DeadLetterThresholdError, TableError
 from airflow_eo.ledger import APP_PREFIX
 from airflow_eo.planning import BatchPlan
 
@@ -157,13 +159,13 @@ class DeadLetters:
         self.arrow_schema = to_arrow_schema(self.bad.schema)
         target = location.join(attempt_dir_name(self.plan))
         self.staged = stage_fn(self.bad.coalesce(1), location, target, self.storage_options, self.arrow_schema)
+        create_table(self.spec.dead_letter_table_uri, self.arrow_schema, self.storage_options)
         log.info("batch %s: %s of %s records go to the dead-letter table", self.plan.batch, counts["bad"], counts["n"])
         return counts["bad"]
 
-    def commit(self) -> str:
-        """Before the main commit: a committed batch then always has its dead letters."""
-        return commit_dead_letters(self.spec.dead_letter_table_uri, self.plan, self.staged,
-                                   self.arrow_schema, self.storage_options)
+    def manifest(self) -> dict:
+        """What the main commit records so the dead-letter commit can follow it (no secrets)."""
+        return {"uri": self.spec.dead_letter_table_uri, "files": [asdict(f) for f in self.staged if f.num_records]}
 
 
 def check_threshold(spec: DecodeSpec, bad: int, total: int, plan: BatchPlan) -> None:
@@ -178,55 +180,73 @@ def check_threshold(spec: DecodeSpec, bad: int, total: int, plan: BatchPlan) -> 
         )
 
 
-def _plan_key(plan: BatchPlan) -> str:
-    return json.dumps(sorted((str(tp), end) for tp, end in plan.ends.items()))
-
-
-def commit_dead_letters(dlq_uri: str, plan: BatchPlan, staged, arrow_schema, storage_options=None) -> str:
-    """Replace the dead letters of ``plan.batch`` with the staged files (idempotent per plan).
-
-    Returns ``"skipped"`` when a commit of this very plan is already there, else ``"committed"``.
-    """
-    import pyarrow as pa
+def create_table(dlq_uri: str, arrow_schema, storage_options=None) -> None:
+    """Create the (empty) dead-letter table if it is not there yet; safe when runs race."""
     from deltalake import DeltaTable, Schema
-    from deltalake.exceptions import TableNotFoundError
-    from deltalake.transaction import (
-        AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions,
-    )
+    from deltalake.exceptions import DeltaError
 
-    key = _plan_key(plan)
-    meta = {METADATA_KEY: json.dumps({"ingest_id": plan.ingest_id, "batch": plan.batch,
-                                      "attempt_id": plan.attempt_id, "plan": key})}
-    props = CommitProperties(custom_metadata=meta, app_transactions=[Transaction(dlq_app_id(plan.ingest_id), plan.batch)])
-    adds = [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in staged]
     try:
-        table = DeltaTable(dlq_uri, storage_options=storage_options)
-    except TableNotFoundError:
-        create_table_with_add_actions(dlq_uri, Schema.from_arrow(arrow_schema), adds, mode="error",
-                                      storage_options=storage_options, commit_properties=props)
-        return "committed"
-    if (table.transaction_version(dlq_app_id(plan.ingest_id)) or 0) >= plan.batch and _same_plan(table, plan, key):
-        log.info("dead letters of batch %s are already committed: skipping", plan.batch)
+        DeltaTable.create(dlq_uri, Schema.from_arrow(arrow_schema), mode="ignore", storage_options=storage_options)
+    except DeltaError as exc:  # another run created it between our check and our commit
+        if "already exists" not in str(exc).lower():
+            raise
+
+
+def commit_dead_letters(dlq_uri: str, ingest_id: str, batch: int, files: list[dict],
+                        storage_options=None) -> str:
+    """Commit the dead letters of a *committed* main batch, once: ``"committed"`` or ``"skipped"``."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import AddAction, CommitProperties, Transaction
+
+    table = DeltaTable(dlq_uri, storage_options=storage_options)
+    if (table.transaction_version(dlq_app_id(ingest_id)) or 0) >= batch:
+        log.info("dead letters of batch %s are already committed: skipping", batch)
         return "skipped"
-    prefix = f"b{plan.batch:08d}-"
-    actions = pa.table(table.get_add_actions(flatten=True))
-    now = int(time.time() * 1000)
-    removes = [RemoveAction(p, True, now, s) for p, s in zip(actions.column("path").to_pylist(),
-                                                           actions.column("size_bytes").to_pylist())
-               if p.startswith(prefix)]
-    table.create_write_transaction([*removes, *adds], mode="append", schema=table.schema(), commit_properties=props)
+    missing = _missing_files(dlq_uri, files, storage_options)
+    if missing:
+        raise TableError(
+            f"the dead letters of committed batch {batch} of {ingest_id} cannot be committed to {dlq_uri}: "
+            f"their staged files are gone ({', '.join(missing[:3])}), deleted by hand or by a VACUUM of the "
+            "dead-letter table. Reprocess that batch to rebuild them, or accept the loss"
+        )
+    props = CommitProperties(
+        custom_metadata={METADATA_KEY: json.dumps({"ingest_id": ingest_id, "batch": batch})},
+        app_transactions=[Transaction(dlq_app_id(ingest_id), batch)])
+    adds = [AddAction(f["path"], f["size"], {}, f["modification_time"], True, f["stats"]) for f in files]
+    try:
+        table.create_write_transaction(adds, mode="append", schema=table.schema(), commit_properties=props)
+    except CommitFailedError:  # another run rolled the same batch forward at the same moment
+        if (DeltaTable(dlq_uri, storage_options=storage_options).transaction_version(dlq_app_id(ingest_id)) or 0) \
+                >= batch:
+            return "skipped"
+        raise
+    log.info("batch %s: %s dead-letter file(s) committed to %s", batch, len(adds), dlq_uri)
     return "committed"
 
 
-def _same_plan(table, plan: BatchPlan, key: str) -> bool:
-    for info in table.history(50):
-        text = info.get(METADATA_KEY)
-        if not text:
-            continue
-        meta = json.loads(text)
-        if meta.get("ingest_id") == plan.ingest_id and meta.get("batch") == plan.batch:
-            return meta.get("plan") == key
-    return False
+def complete_dead_letters(ledger, ingest_id: str, storage_options=None) -> str | None:
+    """Roll the dead-letter commit of the table's last batch forward if it is missing.
+
+    Earlier batches are always complete: every run does this before it plans. Returns
+    what :func:`commit_dead_letters` did, or None when the last batch had no dead letters.
+    """
+    last = ledger.last_batch(ingest_id)
+    if not last:
+        return None
+    record = ledger.find_batch(ingest_id, batch=last, operation="ingest")
+    manifest = (record.raw.get("dead_letters") if record else None) or {}
+    if not manifest.get("files"):
+        return None
+    return commit_dead_letters(manifest["uri"], ingest_id, last, manifest["files"], storage_options)
+
+
+def _missing_files(dlq_uri: str, files: list[dict], storage_options) -> list[str]:
+    from airflow_eo.storage import TableLocation
+
+    location = TableLocation.of(dlq_uri, storage_options)
+    return [f["path"] for f in files
+            if location.fs.get_file_info(location.join(f["path"])).type.name == "NotFound"]
 
 
 def collect_orphans(dlq_uri: str, storage_options, grace_seconds: float) -> list[str]:

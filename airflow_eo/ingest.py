@@ -175,6 +175,7 @@ class Ingestion:
     def run(self, run: RunIdentity) -> IngestResult:
         """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key."""
         ledger = self.ledger()
+        self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
         self.collect_orphans(ledger)
         plan = self._replayable_plan(run, ledger)
         if isinstance(plan, IngestResult):
@@ -243,6 +244,7 @@ class Ingestion:
         ledger = self.ledger()
         committed = ledger.committed_offsets(attempt.ingest_id, attempt.ends)
         if committed == attempt.ends:
+            self.complete_dead_letters(ledger)
             record = ledger.find_batch(attempt.ingest_id, batch=attempt.batch)
             if record is None or record.attempt_id == attempt.attempt_id:
                 if error is not None:
@@ -286,6 +288,14 @@ class Ingestion:
         committed = ledger.committed_offsets(self.config.ingest_id, bounds)
         return {str(tp): b.end - (committed[tp] if committed[tp] is not None else b.log_start)
                 for tp, b in bounds.items()}
+
+    def complete_dead_letters(self, ledger: Ledger) -> None:
+        """Finish a dead-letter commit a crashed driver left behind its main commit."""
+        if self.config.dead_letter_table_uri:
+            from airflow_eo.dead_letters import complete_dead_letters
+
+            if complete_dead_letters(ledger, self.config.ingest_id, self.config.storage_options) == "committed":
+                log.info("rolled forward the dead letters of batch %s", ledger.last_batch(self.config.ingest_id))
 
     def collect_orphans(self, ledger: Ledger) -> list[str]:
         """Remove staged files of attempts that ended without committing (never a running one)."""

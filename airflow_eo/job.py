@@ -19,9 +19,10 @@ import json
 import logging
 import os
 
-from airflow_eo.dead_letters import DeadLetters
 from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED, CommitOutcome, commit_batch
+from airflow_eo.dead_letters import DeadLetters, complete_dead_letters
 from airflow_eo.faults import failpoint
+from airflow_eo.ledger import Ledger
 from airflow_eo.planning import BatchPlan
 from airflow_eo.spark_source import DEFAULT_MAX_OFFSETS_PER_TASK, SOURCE_NAME, register, source_options
 from airflow_eo.staging import StagingArea
@@ -96,10 +97,11 @@ def run_attempt(spark, table_uri: str, attempt_id: str, kafka_config: dict,
 
         outcome = commit_reprocess(location.uri, plan, files, rows, arrow_schema, job, storage_options)
     else:
-        if dead is not None:
-            dead.commit()  # first: a committed batch implies its dead letters are committed
+        extra = {"dead_letters": dead.manifest()} if dead is not None else None
         outcome = commit_batch(location.uri, plan, files, rows, arrow_schema, storage_options,
-                               schema_evolution=bool(job.get("schema_evolution")))
+                               schema_evolution=bool(job.get("schema_evolution")), extra_metadata=extra)
+        if dead is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
+            complete_dead_letters(Ledger.open(location.uri, storage_options), plan.ingest_id, storage_options)
     staging.end_attempt(attempt_id, committed=outcome.status == COMMITTED)
     failpoint("after_commit")
     if outcome.status == ALREADY_COMMITTED:

@@ -181,7 +181,7 @@ class Ledger:
 
     def find_batch(
         self, ingest_id: str, *, attempt_id: str | None = None, run_key: str | None = None,
-        batch: int | None = None, since_version: int = 0,
+        batch: int | None = None, since_version: int = 0, operation: str | None = None,
     ) -> BatchRecord | None:
         """The newest commit that matches the given attempt, run or batch number."""
         if self.table is None:
@@ -195,7 +195,8 @@ class Ledger:
             for record in self.batches(ingest_id, limit=window):
                 if (attempt_id is None or record.attempt_id == attempt_id) and \
                         (run_key is None or record.run_key == run_key) and \
-                        (batch is None or record.batch == batch):
+                        (batch is None or record.batch == batch) and \
+                        (operation is None or record.operation == operation):
                     return record
             searched, window = window, window * 16
         return None

@@ -11,9 +11,9 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from airflow_eo import job
-from airflow_eo.commit import COMMITTED
+from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED
 from airflow_eo.dead_letters import dlq_app_id
-from airflow_eo.errors import DeadLetterThresholdError
+from airflow_eo.errors import CommitConflictError, DeadLetterThresholdError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.ledger import Ledger
 from airflow_eo.planning import RunIdentity
@@ -77,20 +77,45 @@ def test_undecodable_records_go_to_the_dead_letter_table(config, spark):
     assert DeltaTable(config.dead_letter_table_uri).transaction_version(dlq_app_id(INGEST_ID)) == 1
 
 
-def test_a_retry_after_the_dead_letter_commit_writes_neither_twice(config, spark, monkeypatch):
+def test_a_crash_between_the_main_and_the_dead_letter_commit_is_rolled_forward_once(config, spark, monkeypatch):
     def die(*args, **kwargs):
-        raise RuntimeError("driver died between the dead-letter commit and the main commit")
+        raise RuntimeError("driver died between the main commit and the dead-letter commit")
 
-    monkeypatch.setattr(job, "commit_batch", die)  # the crash point, not the code under test
-    with pytest.raises(Exception, match="ended without committing"):
-        run(config, spark)
-    dlq_version = DeltaTable(config.dead_letter_table_uri).version()
-    assert len(dead_letters(config)) == 5 and not Ledger.open(config.table_uri).exists
+    monkeypatch.setattr(job, "complete_dead_letters", die)  # the crash point, not the code under test
+    monkeypatch.setattr(Ingestion, "complete_dead_letters", lambda self, ledger: None)  # the worker died too
+    assert run(config, spark).status == COMMITTED  # the job failed after the main commit landed
+    assert read_table(config.table_uri, ["offset"]).num_rows == 6  # the main commit landed
+    assert dead_letters(config) == []  # its dead letters did not (yet)
     monkeypatch.undo()
-    assert run(config, spark).status == COMMITTED  # same run key: replays the same plan
-    assert DeltaTable(config.dead_letter_table_uri).version() == dlq_version  # skipped, not rewritten
-    assert len(dead_letters(config)) == 5
+
+    again = run(config, spark)  # the retry: same run key, nothing re-read, dead letters rolled forward
+    assert again.status == ALREADY_COMMITTED and not again.spark_started
+    assert [r[0] for r in dead_letters(config)] == [3, 4, 5, 6, 7]
+    version = DeltaTable(config.dead_letter_table_uri).version()
+    assert run(config, spark, "r-next").status == "nothing_new"
+    assert DeltaTable(config.dead_letter_table_uri).version() == version  # never twice
     assert read_table(config.table_uri, ["offset"]).num_rows == 6
+
+
+def test_racing_runs_with_different_plans_keep_only_the_winners_dead_letters(config, spark):
+    small = Ingestion(dataclasses.replace(config, max_records_per_run=5), InProcessSubmitter(spark))
+    large = Ingestion(config, InProcessSubmitter(spark))
+    plan_a, plan_b = small.plan(RunIdentity("run-a")), large.plan(RunIdentity("run-b"))
+    assert plan_a.batch == plan_b.batch == 1 and plan_a.ends != plan_b.ends
+    small.plans.record(plan_a)
+    large.plans.record(plan_b)
+
+    assert small.execute(plan_a).status == COMMITTED  # offsets 0-4: dead letters at 3, 4
+    with pytest.raises(CommitConflictError):
+        large.execute(plan_b)  # planned from the same starts: loses the compare-and-set
+    assert [r[0] for r in dead_letters(config)] == [3, 4]  # the loser left the dead letters alone
+    assert sorted(read_table(config.table_uri, ["id"])["id"].to_pylist()) == [0, 1, 2]
+
+    follow = run(config, spark, "run-c")  # the next run takes the rest, and its dead letters
+    assert follow.status == COMMITTED and follow.batch == 2
+    assert [r[0] for r in dead_letters(config)] == [3, 4, 5, 6, 7]
+    assert [r[3] for r in dead_letters(config)] == [1, 1, 2, 2, 2]
+    assert sorted(read_table(config.table_uri, ["id"])["id"].to_pylist()) == list(range(6))
 
 
 def test_too_many_dead_letters_fail_the_run_and_commit_nothing(config, spark):
