@@ -32,20 +32,38 @@ def event_log_conf(directory: str) -> dict:
             "spark.eventLog.compress": "false"}
 
 
-def in_spark_seconds(directory: str) -> float | None:
-    """Application start → end from the one event log in ``directory``."""
-    start = end = None
+def _events(directory: str):
     # Spark 4 writes rolling logs: eventlog_v2_<app>/events_<n>_<app>
     for path in sorted(glob.glob(os.path.join(directory, "**", "*"), recursive=True)):
         if not os.path.isfile(path) or path.endswith(".crc"):
             continue
         with open(path, errors="replace") as f:
             for line in f:
-                if '"SparkListenerApplicationStart"' in line:
-                    start = json.loads(line)["Timestamp"]
-                elif '"SparkListenerApplicationEnd"' in line:
-                    end = json.loads(line)["Timestamp"]
-    return (end - start) / 1000 if start and end else None
+                if '"SparkListenerApplication' in line or '"SparkListenerJob' in line:
+                    yield json.loads(line)
+
+
+def in_spark_seconds(directory: str) -> float | None:
+    """Application start → end from the one event log in ``directory``."""
+    return spark_phases(directory)["in_spark"]
+
+
+def spark_phases(directory: str) -> dict:
+    """From Spark's own event log: application start → end (``in_spark``) and the summed
+    wall time of its jobs (``jobs``: the read → transform → Parquet write of the batch)."""
+    start = end = None
+    jobs, job_starts = 0.0, {}
+    for event in _events(directory):
+        kind = event["Event"]
+        if kind == "SparkListenerApplicationStart":
+            start = event["Timestamp"]
+        elif kind == "SparkListenerApplicationEnd":
+            end = event["Timestamp"]
+        elif kind == "SparkListenerJobStart":
+            job_starts[event["Job ID"]] = event["Submission Time"]
+        elif kind == "SparkListenerJobEnd" and event["Job ID"] in job_starts:
+            jobs += (event["Completion Time"] - job_starts.pop(event["Job ID"])) / 1000
+    return {"in_spark": (end - start) / 1000 if start and end else None, "jobs": jobs or None}
 
 
 class TreeRss:
@@ -112,7 +130,8 @@ def run_alo(submitter: LocalSparkSubmit, kafka_config: dict, ranges: list[Offset
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError("the at-least-once job failed:\n" + "\n".join(done.stdout.splitlines()[-30:]))
-    return {"seconds": seconds, "in_spark_seconds": in_spark_seconds(events_dir)}
+    phases = spark_phases(events_dir)
+    return {"seconds": seconds, "in_spark_seconds": phases["in_spark"], "spark_jobs_seconds": phases["jobs"]}
 
 
 class _ConfigOnly:
@@ -140,7 +159,9 @@ def run_eo(master: str, conf: dict, config: IngestConfig, events_dir: str) -> tu
     seconds = time.perf_counter() - started
     if result.status != "committed":
         raise RuntimeError(f"exactly-once run ended {result.status}")
-    return {"seconds": seconds, "in_spark_seconds": in_spark_seconds(events_dir), "rows": result.rows}, result
+    phases = spark_phases(events_dir)
+    return {"seconds": seconds, "in_spark_seconds": phases["in_spark"], "spark_jobs_seconds": phases["jobs"],
+            "rows": result.rows}, result
 
 
 def committed_rerun(config: IngestConfig, run_key: str, exclude: set[int]) -> dict:
