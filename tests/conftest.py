@@ -7,10 +7,15 @@ name and table directory instead.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 import pytest
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
+# pytest closed the streams: a harmless but alarming "--- Logging error ---" otherwise.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
