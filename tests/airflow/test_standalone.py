@@ -1,0 +1,379 @@
+"""End to end through a real ``airflow standalone``: the example DAG driven over the REST API.
+
+One server per module (fresh AIRFLOW_HOME, SQLite, 127.0.0.1 on a free port, parallelism 4),
+the DAGs folder holding a copy of ``dags/kafka_to_delta_scheduled.py`` pointed at a fresh
+topic of the session's embedded broker and a fresh table, the connections set by
+environment variables as a deployment would. The tests run in file order and build on each
+other, as a user of the UI would: unpause (the scheduler then makes the run of the latest
+hourly tick), trigger manual runs, clear a finished run, backfill three hours of
+2026-01-01; finally the table is checked against the broker and every run's XCom summary
+against the Delta log.
+
+Records are produced whenever a run's sensor is still to pass and the table has caught up
+with the broker, so every run ingests something; a sensor that defers anyway (the real
+path: the triggerer polls every 10 s) is woken by the same feeding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from deltalake import DeltaTable
+
+from airflow_eo.cli_airflow import DEMO_DAG_FILE
+from airflow_eo.ledger import Ledger
+from tests.airflow.standalone import FINISHED_TI_STATES, StandaloneAirflow, session_pids
+from tests.helpers import broker_records, committed_offsets, duplicates, keys_of, new_topic, produce, read_table
+
+DAG_ID = "kafka_to_delta_scheduled"
+INGEST_ID = "orders"  # the DAG's ingest_id
+PARTITIONS = 3
+CHUNK = 90  # records produced per feeding: 30 per partition
+BACKFILL_DATES = ["2026-01-01T00:00:00+00:00", "2026-01-01T01:00:00+00:00", "2026-01-01T02:00:00+00:00"]
+
+
+class Feeder:
+    """Keeps a backlog for runs whose sensor has still to pass."""
+
+    def __init__(self, config: dict, topic: str, table_uri: str):
+        self.config, self.topic, self.table_uri = config, topic, table_uri
+        self.produced = 0
+        self.consumer = Consumer({**config, "group.id": "airflow-eo-standalone-test", "enable.auto.commit": False})
+
+    def ends(self) -> dict[int, int]:
+        return {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                for p in range(PARTITIONS)}
+
+    def committed(self) -> dict[int, int | None]:
+        if not os.path.isdir(os.path.join(self.table_uri, "_delta_log")):
+            return {p: None for p in range(PARTITIONS)}
+        return committed_offsets(self.table_uri, INGEST_ID, self.topic, PARTITIONS)
+
+    def backlog(self) -> int:
+        committed = self.committed()
+        return sum(end - (committed[p] or 0) for p, end in self.ends().items())
+
+    def produce(self, count: int = CHUNK) -> None:
+        produce(self.config, self.topic, count, partitions=PARTITIONS, start=self.produced)
+        self.produced += count
+
+    def ensure_backlog(self) -> None:
+        if self.backlog() == 0:
+            self.produce()
+
+    def tick(self, api, active_runs: list[dict]) -> None:
+        """Feed when a run not finished has its sensor still to pass and nothing is waiting."""
+        for run in active_runs:
+            tis = api.task_instances(DAG_ID, run["dag_run_id"])
+            sensor = tis.get("wait_for_records")
+            if sensor is None or sensor["state"] not in FINISHED_TI_STATES:
+                self.ensure_backlog()
+                return
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture(scope="module")
+def world(kafka_config):
+    root = tempfile.mkdtemp(prefix="airflow-eo-standalone-test-")
+    dags, table = os.path.join(root, "dags"), os.path.join(root, "orders")
+    os.makedirs(dags)
+    shutil.copy(DEMO_DAG_FILE, dags)
+    topic = new_topic(kafka_config, PARTITIONS)
+    server = StandaloneAirflow(dags, home=os.path.join(root, "home"), extra_env={
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka",
+                                                  "extra": {"bootstrap.servers": kafka_config["bootstrap.servers"]}}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "AIRFLOW_EO_TABLE_URI": table,
+        "AIRFLOW_EO_TOPIC": topic,
+    })
+    os.makedirs(server.home, exist_ok=True)
+    feeder = Feeder(kafka_config, topic, table)
+    state = {"server": server, "feeder": feeder, "topic": topic, "table": table, "config": kafka_config,
+             "runs": {}, "started": time.monotonic()}
+    try:
+        server.start()
+        server.wait_ready()
+        state["api"] = server.client()
+        yield state
+    finally:
+        try:
+            server.stop()
+        finally:
+            feeder.close()
+            print(f"\nairflow standalone module: {time.monotonic() - state['started']:.0f}s")
+            if not os.environ.get("AIRFLOW_EO_KEEP_STANDALONE"):
+                shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def debug_on_failure(world):
+    """On failure print the tail of the standalone log and of the logs of unfinished or
+    failed tasks (or, if none, of the newest task logs)."""
+    try:
+        yield
+    except BaseException:
+        server = world["server"]
+        print(server.log_tail())
+        paths = []
+        with contextlib.suppress(Exception):
+            api = world["api"]
+            for run in api.dag_runs(DAG_ID):
+                for task_id, ti in api.task_instances(DAG_ID, run["dag_run_id"]).items():
+                    if ti["state"] not in ("success", "skipped"):
+                        paths += server.task_logs(DAG_ID, run["dag_run_id"], task_id)[-1:]
+        for path in paths or server.task_logs(DAG_ID)[-2:]:
+            print(server.task_log_tail(path))
+        raise
+
+
+def wait(world, run_ids, **kwargs) -> set[str]:
+    """Wait for ``run_ids``, feeding their sensors; return the other runs seen active meanwhile
+    (hourly runs the scheduler made when the clock passed a full hour: they take part)."""
+    api, feeder, others = world["api"], world["feeder"], set()
+
+    def tick(active):
+        others.update(r["dag_run_id"] for r in active if r["dag_run_id"] not in run_ids)
+        feeder.tick(api, active)
+
+    api.wait_runs(DAG_ID, run_ids, tick=tick, **kwargs)
+    if others:
+        print(f"runs {sorted(others)} were active while waiting for {run_ids}")
+        world["overlap"] = True
+    return others
+
+
+def settle(world) -> None:
+    """Wait for the runs still going (an hourly run the scheduler made meanwhile)."""
+    unfinished = [r["dag_run_id"] for r in world["api"].dag_runs(DAG_ID) if r["state"] not in ("success", "failed")]
+    if unfinished:
+        print(f"waiting for runs {unfinished} first")
+        world["overlap"] = True
+        wait(world, unfinished)
+
+
+def summary_of(world, run_id) -> dict:
+    return world["api"].xcom(DAG_ID, run_id, "ingest")
+
+
+def assert_summary_matches_log(summary, table_uri):
+    """The batch, version, ranges and rows a run reports are those of a commit in the log."""
+    record = Ledger.open(table_uri).find_batch(INGEST_ID, attempt_id=summary["attempt_id"])
+    assert record is not None, f"no commit of attempt {summary['attempt_id']} in the Delta log"
+    assert (record.batch, record.version, record.rows) == (summary["batch"], summary["version"], summary["rows"])
+    assert [r.__dict__ for r in record.ranges if r.end > r.start] == summary["ranges"]
+    history = {h["version"] for h in DeltaTable(table_uri).history()}
+    assert summary["version"] in history
+
+
+def assert_follows(previous: dict, summary: dict):
+    """``summary``'s ranges start where ``previous``'s ended (per partition it read)."""
+    ends = {(r["topic"], r["partition"]): r["end"] for r in previous["ranges"]}
+    for r in summary["ranges"]:
+        key = (r["topic"], r["partition"])
+        if key in ends:
+            assert r["start"] == ends[key], (previous, summary)
+
+
+def attempts(table_uri) -> list[str]:
+    path = os.path.join(table_uri, "_airflow_eo", "attempts")
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def listening_sockets(sid: int) -> list[tuple[str, int]]:
+    """(address, port) of the TCP sockets listened on by the processes of session ``sid``."""
+    inodes = set()
+    for pid in session_pids(sid):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                local, st, inode = fields[1], fields[3], fields[9]
+                if st != "0A" or inode not in inodes:  # 0A = LISTEN
+                    continue
+                addr_hex, port_hex = local.split(":")
+                if width == 8:
+                    addr = ".".join(str(int(addr_hex[i:i + 2], 16)) for i in (6, 4, 2, 0))
+                else:
+                    loopback6 = "0" * 24 + "01000000"
+                    addr = "::" if set(addr_hex) == {"0"} else ("::1" if addr_hex == loopback6 else addr_hex)
+                found.append((addr, int(port_hex, 16)))
+    return found
+
+
+# -- the scenario ---------------------------------------------------------------------------
+
+def test_server_is_up_on_loopback_with_the_dag(world):
+    server, api = world["server"], world["api"]
+    with debug_on_failure(world):
+        deadline = time.monotonic() + 120
+        while True:  # the DAG processor parses the folder once it is up
+            dag = api.get(f"/api/v2/dags/{DAG_ID}", expect=(200, 404))
+            if dag.get("dag_id") == DAG_ID:
+                break
+            assert time.monotonic() < deadline, f"{DAG_ID} never appeared: {api.get('/api/v2/importErrors')}"
+            time.sleep(2)
+        assert dag["is_paused"] is True  # dags_are_paused_at_creation
+        assert api.get("/api/v2/importErrors")["total_entries"] == 0
+        env = server.env
+        log_ports = {int(env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"]),
+                     int(env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"])}
+        sockets = listening_sockets(server.process.pid)
+        assert ("127.0.0.1", server.port) in sockets
+        # every socket is on loopback but the two log servers, which Airflow 3.3 binds on all
+        # interfaces (not configurable): they are at least on the free ports chosen here
+        exposed = {(a, p) for a, p in sockets if a not in ("127.0.0.1", "::1")}
+        assert {p for _, p in exposed} <= log_ports, sockets
+        assert not {8080, 8793, 8794} & {p for _, p in sockets}
+
+
+def test_manual_runs_each_commit_the_next_batch(world):
+    api, feeder = world["api"], world["feeder"]
+    with debug_on_failure(world):
+        feeder.ensure_backlog()
+        api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
+        # unpausing makes the scheduler create the run of the latest hourly tick (catchup=False)
+        deadline, scheduled = time.monotonic() + 30, []
+        while not scheduled and time.monotonic() < deadline:
+            scheduled = [r["dag_run_id"] for r in api.dag_runs(DAG_ID) if r["run_type"] == "scheduled"]
+            time.sleep(1)
+        summaries, overlap = [], set()
+        if scheduled:
+            overlap |= wait(world, scheduled)
+            summaries.append(summary_of(world, scheduled[0]))
+            assert summaries[0]["status"] == "committed" and summaries[0]["rows"] > 0, summaries[0]
+        manual = []
+        for _ in range(2):
+            feeder.ensure_backlog()
+            run = api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None})
+            assert run["logical_date"] is None and run["run_type"] == "manual"
+            overlap |= wait(world, [run["dag_run_id"]])
+            manual.append(run["dag_run_id"])
+            summary = summary_of(world, run["dag_run_id"])
+            assert summary["status"] == "committed" and summary["rows"] > 0, summary
+            assert summary["run_key"] == f"{DAG_ID}/{run['dag_run_id']}/ingest/-1"
+            assert summary["spark_started"] is True
+            summaries.append(summary)
+        for previous, summary in zip(summaries, summaries[1:]):
+            assert summary["batch"] > previous["batch"] and summary["version"] > previous["version"]
+            if not overlap:  # no hourly run in between: consecutive batches and ranges
+                assert summary["batch"] == previous["batch"] + 1
+                assert_follows(previous, summary)
+        for summary in summaries:
+            assert_summary_matches_log(summary, world["table"])
+        world["runs"]["manual"] = manual
+        world["runs"]["first_manual_summary"] = summaries[-2]
+
+
+def test_clear_of_finished_run_is_a_noop(world):
+    api, feeder, table = world["api"], world["feeder"], world["table"]
+    run_id, before = world["runs"]["manual"][0], world["runs"]["first_manual_summary"]
+    with debug_on_failure(world):
+        settle(world)
+        tries = {t: ti["try_number"] for t, ti in api.task_instances(DAG_ID, run_id).items()}
+        version, offsets, files = DeltaTable(table).version(), feeder.committed(), attempts(table)
+        feeder.ensure_backlog()  # new records are there: the cleared run must not take them
+        backlog = feeder.backlog()
+        cleared = api.post(f"/api/v2/dags/{DAG_ID}/clearTaskInstances", json={
+            "dag_run_id": run_id, "only_failed": False, "dry_run": False})
+        assert {ti["task_id"] for ti in cleared["task_instances"]} == {"wait_for_records", "ingest"}
+        deadline = time.monotonic() + 60
+        while api.dag_run(DAG_ID, run_id)["state"] == "success":  # the clear resets the run
+            assert time.monotonic() < deadline, "the cleared run never left state success"
+            time.sleep(1)
+        overlap = wait(world, [run_id])
+        tis = api.task_instances(DAG_ID, run_id)
+        assert tis["ingest"]["state"] == "success" and tis["ingest"]["try_number"] == tries["ingest"] + 1
+        summary = summary_of(world, run_id)
+        assert summary["status"] == "already_committed", summary
+        assert (summary["batch"], summary["version"], summary["attempt_id"], summary["ranges"], summary["rows"]) == \
+            (before["batch"], before["version"], before["attempt_id"], before["ranges"], before["rows"])
+        assert summary["spark_started"] is False
+        assert_summary_matches_log(summary, table)
+        if not overlap:  # no hourly run meanwhile: nothing at all happened to the table
+            assert DeltaTable(table).version() == version
+            assert feeder.committed() == offsets and feeder.backlog() == backlog
+            assert attempts(table) == files  # no Spark attempt was started
+
+
+def test_backfill_runs_take_the_next_ranges(world):
+    api, feeder, table = world["api"], world["feeder"], world["table"]
+    with debug_on_failure(world):
+        settle(world)
+        last = max((summary_of(world, r["dag_run_id"]) for r in api.dag_runs(DAG_ID)),
+                   key=lambda s: s["batch"] or 0)
+        feeder.ensure_backlog()
+        backfill = api.post("/api/v2/backfills", json={
+            "dag_id": DAG_ID, "from_date": BACKFILL_DATES[0], "to_date": BACKFILL_DATES[-1],
+            "max_active_runs": 1, "reprocess_behavior": "none"})
+        deadline, runs = time.monotonic() + 60, []
+        while len(runs) < len(BACKFILL_DATES):
+            runs = [r for r in api.dag_runs(DAG_ID) if r["run_type"] == "backfill"]
+            assert time.monotonic() < deadline, f"backfill {backfill['id']} created {runs}"
+            time.sleep(1)
+        assert sorted(r["logical_date"].replace("Z", "+00:00") for r in runs) == BACKFILL_DATES
+        run_ids = [r["dag_run_id"] for r in sorted(runs, key=lambda r: r["logical_date"])]
+        overlap = wait(world, run_ids)
+        deadline = time.monotonic() + 60
+        while api.get(f"/api/v2/backfills/{backfill['id']}")["completed_at"] is None:
+            assert time.monotonic() < deadline, "the backfill never completed"
+            time.sleep(2)
+        summaries = [summary_of(world, r) for r in run_ids]
+        for summary in summaries:
+            if overlap and summary["status"] == "nothing_new":  # an hourly run took its records
+                continue
+            assert summary["status"] == "committed" and summary["rows"] > 0, summary
+            assert_summary_matches_log(summary, table)
+        if not overlap:  # no hourly run came in between: the backfill took the next batches
+            summaries.sort(key=lambda s: s["batch"])
+            assert [s["batch"] for s in summaries] == [last["batch"] + i for i in (1, 2, 3)]
+            for previous, summary in zip([last, *summaries], summaries):
+                assert_follows(previous, summary)
+        world["runs"]["backfill"] = run_ids
+
+
+def test_table_holds_the_broker_exactly_once_and_summaries_match_the_log(world):
+    api, feeder, table, topic = world["api"], world["feeder"], world["table"], world["topic"]
+    with debug_on_failure(world):
+        settle(world)
+        rows = read_table(table)
+        assert duplicates(rows) == {}
+        records = broker_records(world["config"]["bootstrap.servers"], topic)
+        assert set(keys_of(rows)) == set(records) and rows.num_rows == len(records) == feeder.produced
+        assert feeder.committed() == feeder.ends()
+        runs = api.dag_runs(DAG_ID)
+        assert all(r["state"] == "success" for r in runs), [(r["dag_run_id"], r["state"]) for r in runs]
+        by_batch: dict[int, list[dict]] = {}
+        for run in runs:
+            summary = summary_of(world, run["dag_run_id"])
+            if summary["status"] == "nothing_new":
+                # only when runs overlapped: the sensor of one saw the records another run's
+                # ingest had already planned
+                assert world.get("overlap") and run["dag_run_id"] not in world["runs"]["manual"], summary
+                assert summary["batch"] is None and summary["rows"] == 0 and summary["ranges"] == []
+                continue
+            assert summary["status"] in ("committed", "already_committed"), (run["dag_run_id"], summary)
+            assert summary["run_key"] == f"{DAG_ID}/{run['dag_run_id']}/ingest/-1"
+            assert_summary_matches_log(summary, table)
+            by_batch.setdefault(summary["batch"], []).append(summary)
+        last = Ledger.open(table).last_batch(INGEST_ID)
+        assert sorted(by_batch) == list(range(1, last + 1))  # every batch reported by a run
+        assert all(len(s) == 1 for s in by_batch.values()), by_batch  # and by one run only
+        assert sum(s[0]["rows"] for s in by_batch.values()) == rows.num_rows
+        kinds = sorted(r["run_type"] for r in runs)
+        assert kinds.count("manual") == 2 and kinds.count("backfill") == 3, kinds
