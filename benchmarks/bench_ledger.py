@@ -121,7 +121,7 @@ def time_plan(ingestion: Ingestion, run_key: str) -> tuple[float, int]:
 
 
 PLANNING_TOPIC = "bench-planning"
-RERUN_KEY = "bench-committed-rerun"
+RERUN_KEY = "bench/committed-rerun/ingest/-1"  # the operator's run-key shape
 
 
 def cached_table(cache_dir: str, commits: int, partitions: int) -> tuple[str, dict]:

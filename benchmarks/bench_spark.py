@@ -155,7 +155,8 @@ def run_eo(master: str, conf: dict, config: IngestConfig, events_dir: str) -> tu
     """The real path: ``Ingestion(config, LocalSparkSubmit(...)).run(RunIdentity(unique))``."""
     submitter = LocalSparkSubmit(master=master, conf={**conf, **event_log_conf(events_dir)})
     started = time.perf_counter()
-    result = Ingestion(config, submitter).run(RunIdentity(f"bench-{uuid.uuid4().hex[:8]}"))
+    # a run key of the operator's shape, so the committed rerun can go through the operator
+    result = Ingestion(config, submitter).run(RunIdentity(f"bench/run-{uuid.uuid4().hex[:8]}/ingest/-1"))
     seconds = time.perf_counter() - started
     if result.status != "committed":
         raise RuntimeError(f"exactly-once run ended {result.status}")
@@ -165,13 +166,25 @@ def run_eo(master: str, conf: dict, config: IngestConfig, events_dir: str) -> tu
 
 
 def committed_rerun(config: IngestConfig, run_key: str, exclude: set[int]) -> dict:
-    """Run an already-committed run key again: must report it and start no Spark."""
-    submitter = LocalSparkSubmit()
+    """The whole operator task for an already-committed run: ``KafkaToDeltaOperator.execute``
+    (connection lookup, config, ledger, plan log, summary, lag) must report the batch and
+    start no Spark. ``run_key`` is ``<dag_id>/<run_id>/<task_id>/<map_index>``."""
+    from types import SimpleNamespace
+
+    from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
+
+    dag_id, run_id, task_id, _ = run_key.split("/")
+    os.environ["AIRFLOW_CONN_AIRFLOW_EO_BENCH"] = json.dumps({"conn_type": "kafka", "extra": config.kafka_config})
+    context = {"ti": SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=-1, try_number=2),
+               "params": {}}
     started = time.perf_counter()
-    result = Ingestion(config, submitter).run(RunIdentity(run_key))
+    operator = KafkaToDeltaOperator(task_id=task_id, topics=config.topics, table_uri=config.table_uri,
+                                    ingest_id=config.ingest_id, kafka_conn_id="airflow_eo_bench",
+                                    max_records_per_run=config.max_records_per_run)
+    summary = operator.execute(context)
     seconds = time.perf_counter() - started
-    if result.status != "already_committed" or result.spark_started or submitter.launches:
-        raise RuntimeError(f"committed rerun did not short-cut: {result.status}, launches={submitter.launches}")
+    if summary["status"] != "already_committed" or summary["spark_started"] or operator.submitter.hook is not None:
+        raise RuntimeError(f"committed rerun did not short-cut: {summary['status']}")
     if spark_processes(exclude):
         raise RuntimeError("a Spark process is running during the committed rerun")
-    return {"seconds": seconds, "spark_launches": submitter.launches}
+    return {"seconds": seconds, "spark_launches": 0}
