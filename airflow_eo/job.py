@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED, CommitOutcome, commit_batch
 from airflow_eo.dead_letters import DeadLetters, complete_dead_letters
@@ -74,6 +75,7 @@ def stage(out, location: TableLocation, target: str, storage_options: dict | Non
 def run_attempt(spark, table_uri: str, attempt_id: str, kafka_config: dict,
                 storage_options: dict | None = None) -> CommitOutcome:
     """Execute a logged attempt: read, transform, stage, compare-and-set commit."""
+    started = time.monotonic()
     location = TableLocation.of(table_uri, storage_options)
     staging = StagingArea(location)
     plan, job = staging.attempt_plan(attempt_id)
@@ -88,8 +90,13 @@ def run_attempt(spark, table_uri: str, attempt_id: str, kafka_config: dict,
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(out.schema)
+    planned = time.monotonic()
     files = stage(out, location, target, storage_options, arrow_schema)
     rows = staging.rows_per_partition(files)
+    staged = time.monotonic()
+    # phase timings: where a run's time goes (README "Performance")
+    log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
+             "in %.2fs", plan.batch, planned - started, sum(rows.values()), len(files), staged - planned)
     failpoint("after_stage")
     failpoint("before_commit")
     if job.get("mode") == "reprocess":  # replace a past batch's rows (airflow_eo.reprocess)
@@ -103,6 +110,8 @@ def run_attempt(spark, table_uri: str, attempt_id: str, kafka_config: dict,
         if dead is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
             complete_dead_letters(Ledger.open(location.uri, storage_options), plan.ingest_id, storage_options)
     staging.end_attempt(attempt_id, committed=outcome.status == COMMITTED)
+    log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
+             time.monotonic() - staged)
     failpoint("after_commit")
     if outcome.status == ALREADY_COMMITTED:
         log.info("batch %s was already committed by an earlier attempt", plan.batch)

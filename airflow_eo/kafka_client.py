@@ -181,8 +181,11 @@ def _consume(consumer: Consumer, ktp, r: OffsetRange, batch_rows: int, stall_tim
     cols: dict[str, list] = {name: [] for name in KAFKA_SCHEMA.names}
     last_progress = time.monotonic()
     done = False
+    next_offset = r.start
     while not done:
-        messages = consumer.consume(batch_rows, 1.0)
+        # Ask for no more than the range still holds: consume() waits out its timeout
+        # until it has that many, which would cost a second at the end of every range.
+        messages = consumer.consume(max(1, min(batch_rows, r.end - next_offset)), 1.0)
         for m in messages:
             err = m.error()
             if err is not None:
@@ -200,6 +203,7 @@ def _consume(consumer: Consumer, ktp, r: OffsetRange, batch_rows: int, stall_tim
             if offset >= r.end:
                 done = True
                 continue
+            next_offset = offset + 1
             ts_type, ts = m.timestamp()
             cols["topic"].append(r.topic)
             cols["partition"].append(r.partition)

@@ -67,8 +67,11 @@ def spark_phases(directory: str) -> dict:
 
 
 class TreeRss:
-    """Peak RSS of this process's children (spark-submit, its JVM, Python workers), sampled
-    every ``interval`` seconds; processes in ``exclude`` (the broker) are left out."""
+    """Peak memory of this process's children (spark-submit, its JVM, Python workers), sampled
+    every ``interval`` seconds; processes in ``exclude`` (the broker) are left out.
+
+    Measured as PSS (proportional set size): PySpark forks its Python workers from a
+    daemon, and RSS would count the pages they share with it once per worker."""
 
     def __init__(self, exclude: set[int], interval: float = 0.2):
         self.exclude, self.interval = exclude, interval
@@ -92,7 +95,7 @@ class TreeRss:
                 try:
                     if child.pid in self.exclude or child.ppid() in self.exclude:
                         continue
-                    rss = child.memory_info().rss
+                    rss = child.memory_full_info().pss
                     kind = "jvm" if child.name() == "java" else ("python" if "python" in child.name() else None)
                 except psutil.Error:
                     continue

@@ -8,7 +8,7 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * exactly-once run (``Ingestion(config, LocalSparkSubmit()).run``), at 1x, 2x, 4x records;
 * planning latency against tables with 1,000 and 10,000 commits over 100 partitions;
 * committed rerun (already-committed run key: no Spark);
-* peak RSS of the Spark process tree for a run ``--memory-multiplier`` times larger.
+* peak memory (PSS) of the Spark process tree for a run ``--memory-multiplier`` times larger.
 
 Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
 
@@ -199,8 +199,8 @@ class Bench:
             with bench_spark.TreeRss(exclude={self.broker.process.pid}) as rss:
                 out, _ = bench_spark.run_eo(a.master, self.submitter.conf, config, self.fresh("events"))
             peaks[f"x{multiple}"] = {"records": records, "seconds": out["seconds"],
-                                     "peak_rss_mb": {k: v / 2**20 for k, v in rss.peak.items()}}
-            say(f"  {out['seconds']:.1f}s, peak RSS {rss.peak['total'] / 2**20:.0f} MB")
+                                     "peak_pss_mb": {k: v / 2**20 for k, v in rss.peak.items()}}
+            say(f"  {out['seconds']:.1f}s, peak PSS {rss.peak['total'] / 2**20:.0f} MB")
         self.results["memory"] = peaks
         self.stop_broker()
 
@@ -244,8 +244,8 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         "large_run_no_oom": None if not mem else True,
         # peak memory must not grow with the record count (bounded by batch sizes, not data)
         "peak_memory_flat(x_big/x1<=1.25)": None if not mem else (
-            max(m["peak_rss_mb"]["total"] for m in mem.values())
-            / min(m["peak_rss_mb"]["total"] for m in mem.values()) <= 1.25),
+            max(m["peak_pss_mb"]["total"] for m in mem.values())
+            / min(m["peak_pss_mb"]["total"] for m in mem.values()) <= 1.25),
     }
 
 
@@ -257,8 +257,8 @@ def print_table(report: dict) -> None:
     for key, value in report["ratios"].items():
         print(f"  {key:42} {json.dumps(value) if isinstance(value, dict) else f'{value:,.3f}'}")
     for multiple, m in report.get("memory", {}).items():
-        print(f"  peak RSS {multiple:>4} ({m['records']:,} records): " +
-              ", ".join(f"{k} {v:,.0f} MB" for k, v in m["peak_rss_mb"].items()))
+        print(f"  peak PSS {multiple:>4} ({m['records']:,} records): " +
+              ", ".join(f"{k} {v:,.0f} MB" for k, v in m["peak_pss_mb"].items()))
     print("\ntargets: " + ", ".join(f"{k}: {'met' if v else ('n/a' if v is None else 'MISSED')}"
                                     for k, v in report["targets"].items()))
 
