@@ -27,15 +27,7 @@ log = logging.getLogger("airflow_eo")
 
 
 def _kafka_config(args) -> dict:
-    config: dict = {}
-    if args.kafka_config:
-        text = args.kafka_config
-        if text.startswith("@"):
-            with open(text[1:]) as f:
-                text = f.read()
-        config = json.loads(text)
-    if os.environ.get("AIRFLOW_EO_KAFKA_CONFIG") and not config:
-        config = json.loads(os.environ["AIRFLOW_EO_KAFKA_CONFIG"])
+    config: dict = _json_option(args.kafka_config) or _json_option(os.environ.get("AIRFLOW_EO_KAFKA_CONFIG")) or {}
     if args.bootstrap_servers:
         config["bootstrap.servers"] = args.bootstrap_servers
     return config
@@ -43,7 +35,11 @@ def _kafka_config(args) -> dict:
 
 def _storage_options(args) -> dict | None:
     """deltalake storage options: ``--storage-options`` JSON/@file, else $AIRFLOW_EO_STORAGE_OPTIONS."""
-    text = args.storage_options or os.environ.get("AIRFLOW_EO_STORAGE_OPTIONS")
+    return _json_option(args.storage_options or os.environ.get("AIRFLOW_EO_STORAGE_OPTIONS"))
+
+
+def _json_option(text: str | None) -> dict | None:
+    """An option given as JSON, or as ``@file.json``; None when not given."""
     if not text:
         return None
     if text.startswith("@"):

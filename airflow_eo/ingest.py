@@ -244,7 +244,8 @@ class Ingestion:
         ledger = self.ledger()
         committed = ledger.committed_offsets(attempt.ingest_id, attempt.ends)
         if committed == attempt.ends:
-            self.complete_dead_letters(ledger)
+            if error is not None:  # a job that exited cleanly has committed its dead letters itself
+                self.complete_dead_letters(ledger)
             record = ledger.find_batch(attempt.ingest_id, batch=attempt.batch)
             if record is None or record.attempt_id == attempt.attempt_id:
                 if error is not None:

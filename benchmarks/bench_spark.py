@@ -43,11 +43,6 @@ def _events(directory: str):
                     yield json.loads(line)
 
 
-def in_spark_seconds(directory: str) -> float | None:
-    """Application start → end from the one event log in ``directory``."""
-    return spark_phases(directory)["in_spark"]
-
-
 def spark_phases(directory: str) -> dict:
     """From Spark's own event log: application start → end (``in_spark``) and the summed
     wall time of its jobs (``jobs``: the read → transform → Parquet write of the batch)."""
