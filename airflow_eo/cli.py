@@ -21,13 +21,14 @@ import os
 import sys
 import uuid
 
-from airflow_eo.errors import AirflowEoError, TableError
+from airflow_eo.attempt import Env
+from airflow_eo.errors import AirflowEoError
 
 log = logging.getLogger("airflow_eo")
 
 
 def _kafka_config(args) -> dict:
-    config: dict = _json_option(args.kafka_config) or _json_option(os.environ.get("AIRFLOW_EO_KAFKA_CONFIG")) or {}
+    config: dict = _json_option(args.kafka_config) or _json_option(os.environ.get(Env.KAFKA_CONFIG)) or {}
     if args.bootstrap_servers:
         config["bootstrap.servers"] = args.bootstrap_servers
     return config
@@ -35,7 +36,7 @@ def _kafka_config(args) -> dict:
 
 def _storage_options(args) -> dict | None:
     """deltalake storage options: ``--storage-options`` JSON/@file, else $AIRFLOW_EO_STORAGE_OPTIONS."""
-    return _json_option(args.storage_options or os.environ.get("AIRFLOW_EO_STORAGE_OPTIONS"))
+    return _json_option(args.storage_options or os.environ.get(Env.STORAGE_OPTIONS))
 
 
 def _json_option(text: str | None) -> dict | None:
@@ -49,10 +50,10 @@ def _json_option(text: str | None) -> dict | None:
 
 
 def cmd_ingest(args) -> int:
+    from airflow_eo.attempt import Transform
     from airflow_eo.ingest import IngestConfig, Ingestion
     from airflow_eo.planning import RunIdentity
-    from airflow_eo.submit import LocalSparkSubmit
-    from airflow_eo.transforms import Transform
+    from airflow_eo.submit.spark_submit import LocalSparkSubmit
 
     config = IngestConfig(
         table_uri=args.table, ingest_id=args.ingest_id, topics=args.topics.split(","),
@@ -71,45 +72,9 @@ def cmd_ingest(args) -> int:
     return 0
 
 
-def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limit: int = 5,
-                 storage_options: dict | None = None) -> dict:
-    """Per partition committed offset, Kafka end offset and lag; the last batches."""
-    from airflow_eo.kafka_client import KafkaOffsets
-    from airflow_eo.ledger import Ledger
-    from airflow_eo.planning import TopicPartition
-
-    ledger = Ledger.open(table_uri, storage_options)
-    if not ledger.exists:
-        raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
-                         "for object storage); a table is created by its first `airflow-eo ingest`")
-    ledger.check_owner(ingest_id)
-    batches = ledger.batches(ingest_id, limit=50)[:limit]
-    partitions = sorted({TopicPartition(r.topic, r.partition) for b in batches[:1] for r in b.ranges})
-    bounds = {}
-    if kafka_config and kafka_config.get("bootstrap.servers"):
-        kafka = KafkaOffsets(kafka_config, timeout=10)
-        topics = sorted({tp.topic for tp in partitions})
-        try:
-            bounds = kafka.bounds(kafka.partitions(topics)) if topics else {}
-        except AirflowEoError as exc:
-            log.warning("Kafka not reachable, lag unknown: %s", exc)
-        partitions = sorted(set(partitions) | set(bounds))
-    committed = ledger.committed_offsets(ingest_id, partitions)
-    rows = []
-    for tp in partitions:
-        end = bounds[tp].end if tp in bounds else None
-        done = committed[tp]
-        rows.append({"topic": tp.topic, "partition": tp.partition, "committed": done, "end": end,
-                     "lag": None if end is None else end - (done or 0)})
-    return {
-        "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
-        "last_batch": ledger.last_batch(ingest_id), "partitions": rows,
-        "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation,
-                     "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size]} for b in batches],
-    }
-
-
 def cmd_status(args) -> int:
+    from airflow_eo.status import table_status
+
     status = table_status(args.table, args.ingest_id, _kafka_config(args), storage_options=_storage_options(args))
     if args.json:
         print(json.dumps(status, indent=2))
@@ -125,7 +90,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from airflow_eo.demo import run_demo
+    try:
+        from airflow_eo.demo import run_demo  # a development extra: loaded only for this command
+    except ImportError as exc:
+        print(f"airflow-eo demo needs the demo extra ({exc}): pip install 'airflow-eo[demo]'", file=sys.stderr)
+        return 2
 
     return run_demo(args.dir, records=args.records)
 

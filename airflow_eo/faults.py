@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import signal
 
-ENV = "AIRFLOW_EO_FAILPOINTS"
+from airflow_eo.attempt import Env
+
+ENV = Env.FAILPOINTS
 POINTS = ("before_read", "after_stage", "before_commit", "during_commit", "after_commit")
 
 

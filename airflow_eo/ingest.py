@@ -3,10 +3,10 @@
 This is the one code path behind ``airflow-eo ingest``, the Airflow operator and the
 standalone Spark job; only *how Spark is started* differs (a :class:`Submitter`).
 
-Replays are decided from the table, never from the caller's memory:
+Replays are decided from the table, never from the caller's memory
+(:meth:`airflow_eo.table.ledger.Ledger.state_of`):
 
-* the run's logged plan is committed (the table is at or past its ends) → report that
-  batch, start nothing;
+* the run's logged plan is committed → report that batch, start nothing;
 * the table is still at the logged plan's starts → replay exactly that plan;
 * the table moved elsewhere (another run committed first) → the logged plan never
   became visible, so planning anew is safe.
@@ -23,26 +23,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Protocol
 
-import pyarrow as pa
-
-from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED
-from airflow_eo.dead_letters import DecodeSpec
+from airflow_eo.attempt import (
+    DEFAULT_MAX_OFFSETS_PER_TASK, Attempt, AttemptKind, DeadLetterSpec, DecodeSpec, Secrets, SparkSettings,
+    Transform,
+)
 from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError
-from airflow_eo.kafka_client import KafkaOffsets
-from airflow_eo.ledger import Ledger, validate_ingest_id
-from airflow_eo.plan_log import PlanLog
+from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.planning import (
-    BatchPlan, OnDataLoss, RunIdentity, StartingPosition, TopicPartition,
+    BatchPlan, CommitCheck, OnDataLoss, RunIdentity, StartingPosition, TopicPartition,
     partitions_without_offsets, plan_batch,
 )
-from airflow_eo.spark_source import DEFAULT_MAX_OFFSETS_PER_TASK
-from airflow_eo.staging import DEFAULT_GRACE_SECONDS, StagingArea, new_attempt_id
-from airflow_eo.storage import TableLocation, normalize_table_uri
-from airflow_eo.transforms import Transform
+from airflow_eo.status import measure_lag
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, commit_dead_letters_of
+from airflow_eo.table.ledger import BatchRecord, Ledger, validate_ingest_id
+from airflow_eo.table.plan_log import PlanLog
+from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, StagingArea, collect_orphans, new_attempt_id
+from airflow_eo.table.storage import TableLocation, normalize_table_uri
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class IngestConfig:
     # optional: also commit the table's offsets to this consumer group for lag tools
     # (airflow_eo.mirror); the Delta log stays the only source of truth
     mirror_consumer_group: str | None = None
-    # optional decoding (airflow_eo.dead_letters): the value parsed as JSON into column
+    # optional decoding (airflow_eo.driver.decode): the value parsed as JSON into column
     # `data`; undecodable records go to dead_letter_table_uri instead of failing the batch
     value_schema: str | None = None  # Spark DDL, e.g. "id INT, name STRING"
     value_format: str = "json"
@@ -87,15 +87,21 @@ class IngestConfig:
             object.__setattr__(self, "dead_letter_table_uri", normalize_table_uri(self.dead_letter_table_uri))
             if self.dead_letter_table_uri == self.table_uri:
                 raise ConfigError("dead_letter_table_uri must be another path than table_uri")
-        self.decode_spec()  # validates the decoding options now, not on Spark
+        # validate every attempt setting now, not on Spark
+        self.attempt(BatchPlan(self.ingest_id, 1, (), RunIdentity(""), attempt_id="0"))
 
-    def decode_spec(self) -> DecodeSpec:
-        return DecodeSpec(self.value_schema, self.value_format, self.max_value_bytes,
-                          self.dead_letter_table_uri, self.max_dead_letters, self.max_dead_letter_fraction)
+    def attempt(self, plan: BatchPlan, kind: AttemptKind = AttemptKind.INGEST, **reprocess) -> Attempt:
+        """The typed value an attempt of ``plan`` runs from (no secrets)."""
+        return Attempt(
+            plan=plan, table_uri=self.table_uri, kind=kind, transform=self.transform,
+            decode=DecodeSpec(self.value_schema, self.value_format, self.max_value_bytes),
+            dead_letters=DeadLetterSpec(self.dead_letter_table_uri, self.max_dead_letters,
+                                        self.max_dead_letter_fraction),
+            spark=SparkSettings(self.max_offsets_per_task), schema_evolution=self.schema_evolution, **reprocess,
+        )
 
-    def job_options(self) -> dict:
-        return {"transform": asdict(self.transform), "max_offsets_per_task": self.max_offsets_per_task,
-                "decode": self.decode_spec().to_dict(), "schema_evolution": self.schema_evolution}
+    def secrets(self) -> Secrets:
+        return Secrets(self.kafka_config, self.storage_options)
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,9 @@ class IngestResult:
 
 
 class Submitter(Protocol):
-    """Starts the Spark job for one logged attempt and waits for it."""
+    """Starts the Spark job of one recorded attempt and waits for it."""
 
-    def submit(self, config: IngestConfig, attempt_id: str) -> None: ...
+    def submit(self, attempt: Attempt, secrets: Secrets) -> None: ...
 
 
 class Ingestion:
@@ -176,7 +182,7 @@ class Ingestion:
         """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key."""
         ledger = self.ledger()
         self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
-        self.collect_orphans(ledger)
+        self.collect_orphans()
         plan = self._replayable_plan(run, ledger)
         if isinstance(plan, IngestResult):
             return self.mirror(plan)
@@ -203,47 +209,45 @@ class Ingestion:
         logged = self.plans.load(run.run_key)
         if logged is None:
             return None
-        committed = ledger.committed_offsets(self.config.ingest_id, logged.ends)
-        if all(committed[tp] is not None and committed[tp] >= end for tp, end in logged.ends.items()) \
-                and ledger.last_batch(self.config.ingest_id) >= logged.batch:
+        state = ledger.state_of(logged)
+        if state is CommitCheck.ALREADY_COMMITTED:
             log.info("run %s: its batch %s is already in the table; starting nothing", run.run_key, logged.batch)
             return self.committed_result(logged, ledger)
-        if committed == logged.expected_committed and ledger.last_batch(self.config.ingest_id) == logged.batch - 1:
+        if state is CommitCheck.READY:
             log.info("run %s: replaying its logged plan of batch %s", run.run_key, logged.batch)
-            return BatchPlan(**{**logged.__dict__, "run": run})
+            return replace(logged, run=run)
         log.info("run %s: its logged plan of batch %s never committed and the table moved on; "
                  "planning anew", run.run_key, logged.batch)
         return None
 
     def execute(self, plan: BatchPlan) -> IngestResult:
         """Run one attempt of a logged plan on Spark and verify the outcome in the log."""
-        attempt = plan.with_attempt(new_attempt_id())
-        log.info("batch %s attempt %s: %s", attempt.batch, attempt.attempt_id,
-                 ", ".join(str(r) for r in attempt.data_ranges) or "offsets only")
-        return self.verify(attempt, self.submit_attempt(attempt, self.config.job_options()))
+        attempt = self.config.attempt(plan.with_attempt(new_attempt_id()))
+        log.info("batch %s attempt %s: %s", plan.batch, attempt.attempt_id,
+                 ", ".join(str(r) for r in plan.data_ranges) or "offsets only")
+        return self.verify(attempt.plan, self.submit_attempt(attempt))
 
-    def submit_attempt(self, attempt: BatchPlan, job: dict) -> BaseException | None:
+    def submit_attempt(self, attempt: Attempt) -> BaseException | None:
         """Record the attempt, run its Spark job, mark it ended; return the job's error if any.
 
         The error is returned, not raised: the job may have committed before it died, and
         only the Delta log can say.
         """
-        self.staging.begin_attempt(attempt, job)
+        self.staging.begin_attempt(attempt)
         started = time.monotonic()
         try:
-            self.submitter.submit(self.config, attempt.attempt_id)
+            self.submitter.submit(attempt, self.config.secrets())
         except BaseException as exc:
             return exc
         finally:
             self.staging.end_attempt(attempt.attempt_id)
-            log.info("spark job for batch %s ended after %.1fs", attempt.batch, time.monotonic() - started)
+            log.info("spark job for batch %s ended after %.1fs", attempt.plan.batch, time.monotonic() - started)
         return None
 
     # -- step 6: verify -------------------------------------------------------------
     def verify(self, attempt: BatchPlan, error: BaseException | None = None) -> IngestResult:
         ledger = self.ledger()
-        committed = ledger.committed_offsets(attempt.ingest_id, attempt.ends)
-        if committed == attempt.ends:
+        if ledger.state_of(attempt) is CommitCheck.ALREADY_COMMITTED:
             if error is not None:  # a job that exited cleanly has committed its dead letters itself
                 self.complete_dead_letters(ledger)
             record = ledger.find_batch(attempt.ingest_id, batch=attempt.batch)
@@ -265,7 +269,8 @@ class Ingestion:
         record = ledger.find_batch(plan.ingest_id, run_key=plan.run.run_key, batch=plan.batch)
         return self._result(ALREADY_COMMITTED, plan, record, ledger)
 
-    def _result(self, status, plan: BatchPlan, record, ledger: Ledger, spark_started=False) -> IngestResult:
+    def _result(self, status: str, plan: BatchPlan, record: BatchRecord | None, ledger: Ledger,
+                spark_started: bool = False) -> IngestResult:
         return IngestResult(
             status=status, ingest_id=plan.ingest_id, table_uri=self.config.table_uri,
             run_key=plan.run.run_key, batch=plan.batch if status != NOTHING_NEW else None,
@@ -281,33 +286,23 @@ class Ingestion:
     def lag(self, ledger: Ledger) -> dict[str, int]:
         """Offsets Kafka holds beyond the table's committed offsets, per partition."""
         try:
-            kafka = self.kafka()
-            bounds = kafka.bounds(kafka.partitions(self.config.topics))
+            return measure_lag(self.config.kafka_config, self.config.topics, ledger, self.config.ingest_id,
+                               self.config.starting_offsets)
         except AirflowEoError as exc:
             log.warning("could not measure lag: %s", exc)
             return {}
-        committed = ledger.committed_offsets(self.config.ingest_id, bounds)
-        return {str(tp): b.end - (committed[tp] if committed[tp] is not None else b.log_start)
-                for tp, b in bounds.items()}
 
     def complete_dead_letters(self, ledger: Ledger) -> None:
         """Finish a dead-letter commit a crashed driver left behind its main commit."""
-        if self.config.dead_letter_table_uri:
-            from airflow_eo.dead_letters import complete_dead_letters
+        if self.config.dead_letter_table_uri and \
+                commit_dead_letters_of(ledger, self.config.ingest_id, self.config.storage_options) == COMMITTED:
+            log.info("rolled forward the dead letters of batch %s", ledger.last_batch(self.config.ingest_id))
 
-            if complete_dead_letters(ledger, self.config.ingest_id, self.config.storage_options) == "committed":
-                log.info("rolled forward the dead letters of batch %s", ledger.last_batch(self.config.ingest_id))
-
-    def collect_orphans(self, ledger: Ledger) -> list[str]:
+    def collect_orphans(self) -> list[str]:
         """Remove staged files of attempts that ended without committing (never a running one)."""
-        referenced = set()
-        if ledger.table is not None:
-            actions = pa.table(ledger.table.get_add_actions(flatten=True))
-            referenced = set(actions.column("path").to_pylist())
-        removed = self.staging.collect_orphans(referenced, self.config.staging_grace_seconds)
+        removed = collect_orphans(self.config.table_uri, self.config.storage_options,
+                                  self.config.staging_grace_seconds)
         if self.config.dead_letter_table_uri:
-            from airflow_eo.dead_letters import collect_orphans
-
             removed += collect_orphans(self.config.dead_letter_table_uri, self.config.storage_options,
                                        self.config.staging_grace_seconds)
         return removed

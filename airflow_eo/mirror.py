@@ -42,7 +42,7 @@ def mirror_offsets(kafka_config: Mapping[str, object], group_id: str,
     from confluent_kafka import Consumer, KafkaException
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eo.kafka_client import client_config
+    from airflow_eo.kafka import client_config
 
     wanted = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items() if off is not None]
     if not wanted:
@@ -86,7 +86,7 @@ def mirror_table(kafka_config: Mapping[str, object], group_id: str, ledger, inge
                  topics: list[str], timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Mirror the table's current committed offsets of ``topics`` (from the Delta log)."""
     try:
-        from airflow_eo.kafka_client import KafkaOffsets
+        from airflow_eo.kafka import KafkaOffsets
 
         partitions = KafkaOffsets(kafka_config, timeout=timeout).partitions(topics)
         return mirror_offsets(kafka_config, group_id, ledger.committed_offsets(ingest_id, partitions), timeout)

@@ -365,6 +365,58 @@ def compare_offsets(plan: BatchPlan, committed: Mapping[TopicPartition, int | No
     return CommitCheck.CONFLICT
 
 
+def batch_state(
+    plan: BatchPlan, committed: Mapping[TopicPartition, int | None], last_batch: int,
+    recorded_ranges: "tuple[OffsetRange, ...] | None" = None,
+) -> CommitCheck:
+    """Is ``plan`` committable, committed, or overtaken? The one answer every step uses.
+
+    READY: the table is at the plan's starts and its last batch is the one before;
+    ALREADY_COMMITTED: the table is at or past the plan's ends, its batch counter reached
+    the plan's batch, and the commit recorded for that batch (when the log still holds
+    it: ``recorded_ranges``) read the plan's ranges; CONFLICT: anything else, e.g. another
+    run's plan took this batch number.
+
+        >>> tp = TopicPartition("t", 0)
+        >>> plan = BatchPlan("i", 2, (OffsetRange("t", 0, 10, 20),), RunIdentity("r"))
+        >>> batch_state(plan, {tp: 10}, last_batch=1).value, batch_state(plan, {tp: 25}, last_batch=3).value
+        ('ready', 'already_committed')
+    """
+    check = compare_offsets(plan, committed)
+    if check is CommitCheck.READY:
+        return CommitCheck.READY if last_batch == plan.batch - 1 else CommitCheck.CONFLICT
+    covered = last_batch >= plan.batch and all(
+        committed.get(tp) is not None and committed[tp] >= end for tp, end in plan.ends.items())
+    if not covered:
+        return CommitCheck.CONFLICT
+    if recorded_ranges is not None and sorted(recorded_ranges) != sorted(plan.ranges):
+        return CommitCheck.CONFLICT
+    return CommitCheck.ALREADY_COMMITTED
+
+
+def backlog(
+    bounds: Mapping[TopicPartition, PartitionBounds], committed: Mapping[TopicPartition, int | None],
+    new_starts: Mapping[TopicPartition, int] | None = None,
+) -> dict[TopicPartition, int]:
+    """Offsets Kafka holds beyond what the table committed: the lag, and the sensor's backlog.
+
+    A partition the table never read counts from where it would start (``new_starts``,
+    default its first retained offset); offsets deleted by retention are not counted.
+    Offsets have gaps, so this is an upper bound on the records waiting.
+
+        >>> tp = TopicPartition("t", 0)
+        >>> backlog({tp: PartitionBounds(tp, log_start=5, end=20)}, {tp: 12})
+        {TopicPartition(topic='t', partition=0): 8}
+    """
+    lag = {}
+    for tp, b in bounds.items():
+        start = committed.get(tp)
+        if start is None:
+            start = (new_starts or {}).get(tp, b.log_start)
+        lag[tp] = max(0, b.end - max(b.log_start, start))
+    return lag
+
+
 def describe_mismatch(plan: BatchPlan, committed: Mapping[TopicPartition, int | None]) -> str:
     """Human-readable list of partitions whose table offset differs from the plan."""
     parts = []

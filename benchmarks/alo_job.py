@@ -2,7 +2,7 @@
 attempt, without ledger read, plan log, attempt marker, stats collection or Delta commit.
 
 Run by ``benchmarks/benchmark.py`` through spark-submit with the same settings as
-:class:`airflow_eo.submit.LocalSparkSubmit`, so both sides pay the same JVM start::
+:class:`airflow_eo.submit.spark_submit.LocalSparkSubmit`, so both sides pay the same JVM start::
 
     AIRFLOW_EO_KAFKA_CONFIG='{"bootstrap.servers": "127.0.0.1:9092"}' \\
     spark-submit benchmarks/alo_job.py --ranges '[{"topic": "t", "partition": 0, "start": 0, "end": 10}]' \\
@@ -16,8 +16,8 @@ import time
 
 from airflow_eo.job import KAFKA_CONFIG_ENV, build_session, secret_from_env
 from airflow_eo.planning import OffsetRange
-from airflow_eo.spark_source import DEFAULT_MAX_OFFSETS_PER_TASK, SOURCE_NAME, register, source_options
-from airflow_eo.transforms import Transform
+from airflow_eo.driver.source import DEFAULT_MAX_OFFSETS_PER_TASK, SOURCE_NAME, register, source_options
+from airflow_eo.attempt import Transform
 
 
 def main(argv: list[str]) -> int:

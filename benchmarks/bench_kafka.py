@@ -3,7 +3,7 @@
 The raw fetch rate is the Kafka client alone (confluent-kafka, read_committed) reading the
 same offset ranges as the Spark runs, one process per partition, no Spark and no Arrow: the
 practical ceiling of any reader built on this client. The same harness also times the
-project's own reader (:func:`airflow_eo.kafka_client.read_range`, which builds Arrow batches)
+project's own reader (:func:`airflow_eo.driver.reader.read_range`, which builds Arrow batches)
 so a gap between the ceiling and Spark can be split into "client + Arrow" and "Spark".
 """
 
@@ -84,7 +84,7 @@ def _consume_bare(config: dict, r: OffsetRange) -> int:
 
 
 def _consume_reader(config: dict, r: OffsetRange) -> int:
-    from airflow_eo.kafka_client import read_range
+    from airflow_eo.driver.reader import read_range
 
     return sum(batch.num_rows for batch in read_range(config, r))
 

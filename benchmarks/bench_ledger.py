@@ -32,11 +32,11 @@ import pyarrow.parquet as pq
 
 from airflow_eo.commit import commit_batch
 from airflow_eo.ingest import IngestConfig, Ingestion
-from airflow_eo.kafka_client import KAFKA_SCHEMA
-from airflow_eo.plan_log import PlanLog
+from airflow_eo.driver.reader import KAFKA_SCHEMA
+from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity, TopicPartition
-from airflow_eo.staging import StagingArea, new_attempt_id
-from airflow_eo.storage import TableLocation
+from airflow_eo.table.staging import StagingArea, new_attempt_id
+from airflow_eo.table.storage import TableLocation
 
 PLANNING_INGEST_ID = "bench_planning"
 

@@ -1,7 +1,7 @@
 """Spark side of the benchmark: the at-least-once baseline, the exactly-once run, peak memory.
 
 Both sides start spark-submit with the same master and settings (those of
-:class:`airflow_eo.submit.LocalSparkSubmit`) plus Spark's event log, so each run also yields
+:class:`airflow_eo.submit.spark_submit.LocalSparkSubmit`) plus Spark's event log, so each run also yields
 its *in-Spark* time from Spark's own events: application start (session ready) to
 application end (``spark.stop()``, after the write, and for exactly-once after the commit).
 JVM start (~15 s here) dominates small runs; the in-Spark time shows the work itself.

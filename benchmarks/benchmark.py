@@ -36,8 +36,8 @@ import psutil  # noqa: E402
 import bench_kafka  # noqa: E402
 import bench_ledger  # noqa: E402
 import bench_spark  # noqa: E402
-from airflow_eo.embedded import EmbeddedBroker  # noqa: E402
-from airflow_eo.submit import LocalSparkSubmit  # noqa: E402
+from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
+from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
 

@@ -17,10 +17,11 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
+from airflow_eo.attempt import Env
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
 
-TABLE_URI = os.environ.get("AIRFLOW_EO_TABLE_URI", "/tmp/airflow-eo-demo/orders")
-TOPIC = os.environ.get("AIRFLOW_EO_TOPIC", "orders")
+TABLE_URI = os.environ.get(Env.EXAMPLE_TABLE_URI, "/tmp/airflow-eo-demo/orders")
+TOPIC = os.environ.get(Env.EXAMPLE_TOPIC, "orders")
 
 with DAG(
     dag_id="kafka_to_delta_reprocess",

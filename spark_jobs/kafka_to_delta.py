@@ -9,11 +9,13 @@ Two ways to run it with plain spark-submit:
   --topics orders --run-key nightly-2026-11-22`` with the Kafka client config in the
   ``AIRFLOW_EO_KAFKA_CONFIG`` environment variable (JSON), e.g.
   ``{"bootstrap.servers": "127.0.0.1:9092"}``.
+
+The job itself is :mod:`airflow_eo.driver.main`; this script only hands it the arguments.
 """
 
 import sys
 
-from airflow_eo.job import main
+from airflow_eo.driver.main import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -1,15 +1,27 @@
-"""Session-wide real parts: one embedded Kafka broker and one local SparkSession.
+"""Session-wide real parts: one embedded Kafka broker, one local SparkSession, and Airflow.
 
-Both are started once per test session (spark-submit costs ~15-20 s of JVM start; the
-broker ~0.2 s) and stopped by whoever started them. Tests isolate themselves by topic
-name and table directory instead.
+The broker and Spark are started once per test session (spark-submit costs ~15-20 s of JVM
+start; the broker ~0.2 s) and stopped by whoever started them. Tests isolate themselves by
+topic name and table directory instead.
+
+Airflow gets a throw-away AIRFLOW_HOME (SQLite). It must be set before anything imports
+airflow (its config is read at import), so it is set when this conftest is imported, which
+is before any test module. The connections are environment variables (AIRFLOW_CONN_*), as a
+deployment would set them: ``kafka_default`` points at the session's embedded broker,
+``spark_default`` at ``local[2]`` so SparkSubmitHook runs the real spark-submit.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import warnings
 
 import pytest
 
@@ -21,10 +33,53 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_BIN = os.path.dirname(sys.executable)
+
+if "airflow" in sys.modules:  # pragma: no cover - a wrong import order would test the user's home
+    warnings.warn("airflow was imported before tests/conftest.py: AIRFLOW_HOME may not be the test one")
+AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-eo-home-")
+atexit.register(shutil.rmtree, AIRFLOW_HOME, True)
+AIRFLOW_ENV = {
+    "AIRFLOW_HOME": AIRFLOW_HOME,
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(REPO, "dags"),
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+    "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
+}
+os.environ.update(AIRFLOW_ENV)
+
+SPARK_CONN = {"conn_type": "spark", "host": "local[2]"}
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+
+
+def kafka_conn(bootstrap: str) -> str:
+    return json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """`airflow db migrate` once per session (~3 s on SQLite)."""
+    subprocess.run([os.path.join(VENV_BIN, "airflow"), "db", "migrate"], check=True, env=os.environ.copy(),
+                   stdout=subprocess.DEVNULL, timeout=300)
+    return AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def airflow_connections(broker):
+    os.environ["AIRFLOW_CONN_KAFKA_DEFAULT"] = kafka_conn(broker.bootstrap_servers)
+    os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(SPARK_CONN)
+    yield {"kafka_default": broker.bootstrap_servers}
+    for name in ("AIRFLOW_CONN_KAFKA_DEFAULT", "AIRFLOW_CONN_SPARK_DEFAULT"):
+        os.environ.pop(name, None)
+
 
 @pytest.fixture(scope="session")
 def broker():
-    from airflow_eo.embedded import EmbeddedBroker
+    from airflow_eo.demo.broker import EmbeddedBroker
 
     with EmbeddedBroker() as b:
         yield b
@@ -37,7 +92,7 @@ def kafka_config(broker) -> dict:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    from airflow_eo.job import build_session
+    from airflow_eo.driver.main import build_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")
     session = build_session("airflow-eo tests", {

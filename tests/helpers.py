@@ -95,7 +95,7 @@ def broker_records(bootstrap: str, topic: str, read_committed: bool = True) -> d
 
 
 def committed_offsets(table_uri: str, ingest_id: str, topic: str, partitions: int) -> dict[int, int | None]:
-    from airflow_eo.ledger import partition_app_id
+    from airflow_eo.table.ledger import partition_app_id
     from airflow_eo.planning import TopicPartition as TP
 
     dt = DeltaTable(table_uri)

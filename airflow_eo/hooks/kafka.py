@@ -22,7 +22,7 @@ from typing import Any
 from airflow.providers.apache.kafka.hooks.base import CALLBACK_CONFIG_KEYS, KafkaBaseHook
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.kafka_client import SECRET_HINTS
+from airflow_eo.kafka import SECRET_HINTS
 
 
 def mask_config(config: dict[str, Any]) -> None:
@@ -67,3 +67,8 @@ class KafkaConfigHook(KafkaBaseHook):
             )
         mask_config(extra)
         return extra
+
+
+def kafka_config_of(conn_id: str) -> dict[str, Any]:
+    """The client config of the ``kafka`` connection ``conn_id`` (secrets masked in logs)."""
+    return KafkaConfigHook(conn_id).client_config()

@@ -2,7 +2,7 @@
 
 The operator is thin: it builds an :class:`~airflow_eo.ingest.IngestConfig` from its
 (templated) arguments and the ``kafka`` / ``spark`` connections, runs
-:class:`~airflow_eo.ingest.Ingestion` with a :class:`~airflow_eo.hooks.spark.SparkJobSubmitter`
+:class:`~airflow_eo.ingest.Ingestion` with a :class:`~airflow_eo.submit.spark_hook.SparkSubmitHookSubmitter`
 and returns the run's summary (XCom), which is also the extra of the table's Asset event
 and what the "Delta batch" extra link shows.
 
@@ -35,12 +35,13 @@ from urllib.parse import urlencode
 
 from airflow.sdk import Asset, BaseOperator, BaseOperatorLink
 
-from airflow_eo.hooks.kafka import KafkaConfigHook
-from airflow_eo.hooks.spark import SparkJobSubmitter
+from airflow_eo.attempt import Transform
+from airflow_eo.hooks.kafka import kafka_config_of
+from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
-from airflow_eo.storage import is_local, normalize_table_uri
-from airflow_eo.transforms import Transform
+from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
+from airflow_eo.table.storage import is_local, normalize_table_uri
 
 
 def run_key_of(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
@@ -186,14 +187,14 @@ class KafkaToDeltaOperator(BaseOperator):
         self.schema_evolution = schema_evolution
         self.mirror_consumer_group = mirror_consumer_group
         self.asset = asset
-        self.submitter: SparkJobSubmitter | None = None
+        self.submitter: SparkSubmitHookSubmitter | None = None
 
     # -- building blocks (each replaceable in tests at its boundary) ------------------
     def ingest_config(self) -> IngestConfig:
         topics = [t.strip() for t in self.topics.split(",")] if isinstance(self.topics, str) else list(self.topics)
         return IngestConfig(
             table_uri=self.table_uri, ingest_id=self.ingest_id or f"{self.dag_id}.{self.task_id}",
-            topics=topics, kafka_config=KafkaConfigHook(self.kafka_conn_id).client_config(),
+            topics=topics, kafka_config=kafka_config_of(self.kafka_conn_id),
             starting_offsets=self.starting_offsets, max_records_per_run=self.max_records_per_run,
             on_data_loss=self.on_data_loss, transform=Transform(sql=self.transform_sql or None,
                                                                 callable=self.transform or None),
@@ -206,18 +207,14 @@ class KafkaToDeltaOperator(BaseOperator):
 
     def resolved_storage_options(self) -> dict[str, str] | None:
         """The ``storage_conn_id`` connection's options, overridden by ``storage_options``."""
-        options: dict[str, str] = {}
-        if self.storage_conn_id:
-            from airflow_eo.storage import storage_options_from_airflow
-
-            options.update(storage_options_from_airflow(self.storage_conn_id))
+        options: dict[str, str] = dict(storage_options_of(self.storage_conn_id) or {})
         options.update(self.storage_options or {})
         return options or None
 
-    def make_submitter(self) -> SparkJobSubmitter:
+    def make_submitter(self) -> SparkSubmitHookSubmitter:
         conf = {k: str(v) for k, v in (self.spark_conf or {}).items()}
         env = {k: str(v) for k, v in (self.spark_env_vars or {}).items() if v not in (None, "")}
-        return SparkJobSubmitter(conn_id=self.spark_conn_id, conf=conf, env_vars=env,
+        return SparkSubmitHookSubmitter(conn_id=self.spark_conn_id, conf=conf, env_vars=env,
                                  name=f"airflow-eo {self.dag_id}.{self.task_id}", hook_kwargs=self.spark_hook_kwargs)
 
     @staticmethod

@@ -19,9 +19,9 @@ from datetime import timedelta
 
 from airflow.sdk import BaseSensorOperator
 
-from airflow_eo.triggers.kafka_backlog import (
-    KafkaBacklogTrigger, kafka_config_of, measure_backlog, storage_options_of,
-)
+from airflow_eo.hooks.kafka import kafka_config_of
+from airflow_eo.hooks.storage import storage_options_of
+from airflow_eo.triggers.kafka_backlog import KafkaBacklogTrigger, measure_backlog
 
 
 class KafkaBacklogSensor(BaseSensorOperator):

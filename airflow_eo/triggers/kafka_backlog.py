@@ -19,39 +19,17 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_eo.kafka_client import KafkaOffsets
-from airflow_eo.ledger import Ledger
-from airflow_eo.planning import StartingPosition, partitions_without_offsets
+from airflow_eo.hooks.kafka import kafka_config_of
+from airflow_eo.hooks.storage import storage_options_of
+from airflow_eo.status import measure_lag
+from airflow_eo.table.ledger import Ledger
 
 
 def measure_backlog(kafka_config: dict, topics: list[str], table_uri: str, ingest_id: str,
                     storage_options: dict | None = None, starting_offsets: object = "earliest") -> dict[str, int]:
-    """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table.
-
-    Partitions the table never read count from where the operator would start them
-    (``starting_offsets``, as the planner resolves it), so ``latest`` waits for new records.
-    """
-    kafka = KafkaOffsets(kafka_config)
-    bounds = kafka.bounds(kafka.partitions(topics))
-    committed = Ledger.open(table_uri, storage_options).committed_offsets(ingest_id, bounds)
-    starts = kafka.resolve_starts(StartingPosition.parse(starting_offsets),
-                                  partitions_without_offsets(committed, bounds), bounds)
-    starts.update({tp: committed[tp] for tp in bounds if tp not in starts})
-    return {str(tp): max(0, b.end - max(b.log_start, starts[tp])) for tp, b in bounds.items()}
-
-
-def kafka_config_of(conn_id: str) -> dict:
-    from airflow_eo.hooks.kafka import KafkaConfigHook
-
-    return KafkaConfigHook(conn_id).client_config()
-
-
-def storage_options_of(conn_id: str | None) -> dict | None:
-    if not conn_id:
-        return None
-    from airflow_eo.storage import storage_options_from_airflow
-
-    return storage_options_from_airflow(conn_id)
+    """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table: the
+    lag as the planner sees it (:func:`airflow_eo.status.measure_lag`)."""
+    return measure_lag(kafka_config, topics, Ledger.open(table_uri, storage_options), ingest_id, starting_offsets)
 
 
 class KafkaBacklogTrigger(BaseTrigger):

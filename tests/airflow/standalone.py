@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import requests
 
-from airflow_eo.embedded import free_port
+from airflow_eo.demo.broker import free_port
 
 VENV_BIN = os.path.dirname(sys.executable)
 TERMINAL_RUN_STATES = {"success", "failed"}
@@ -84,7 +84,7 @@ class StandaloneAirflow:
 
     def _environment(self, extra: dict[str, str]) -> dict[str, str]:
         # start from the test process's environment without any Airflow setting of its own
-        # (tests/airflow/conftest.py points AIRFLOW_HOME and the connections elsewhere)
+        # (tests/conftest.py points AIRFLOW_HOME and the connections elsewhere)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         env.update({
             "AIRFLOW_HOME": self.home,

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.ledger import Ledger
-from tests.airflow.conftest import SPARK_CONF
+from airflow_eo.table.ledger import Ledger
+from tests.conftest import SPARK_CONF
 from tests.airflow.dagtest import run_dag, xcom
 from tests.helpers import broker_records, duplicates, keys_of, new_topic, produce, read_table
 

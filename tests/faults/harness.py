@@ -36,8 +36,8 @@ from airflow_eo.errors import AirflowEoError
 from airflow_eo.faults import ENV as FAILPOINTS_ENV
 from airflow_eo.ingest import IngestConfig, Ingestion, IngestResult
 from airflow_eo.planning import RunIdentity
-from airflow_eo.submit import LocalSparkSubmit
-from airflow_eo.transforms import Transform
+from airflow_eo.submit.spark_submit import LocalSparkSubmit
+from airflow_eo.attempt import Transform
 from tests.helpers import broker_records, committed_offsets, read_table
 
 log = logging.getLogger(__name__)
@@ -188,13 +188,13 @@ class KillingSubmit(LocalSparkSubmit):
         self.killed = False
         self._done = threading.Event()
 
-    def submit(self, config, attempt_id: str) -> None:
+    def submit(self, attempt, secrets) -> None:
         timer = None
         if self.window in TREE_WINDOWS:
             timer = threading.Thread(target=self._killer, daemon=True)
             timer.start()
         try:
-            super().submit(config, attempt_id)
+            super().submit(attempt, secrets)
         finally:
             self._done.set()
             if timer is not None:

@@ -28,7 +28,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from airflow_eo.embedded import EmbeddedBroker  # noqa: E402
+from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from tests.faults.harness import (  # noqa: E402
     WINDOWS, FlowingProducer, Tally, check_table, ingest_config, kill_chain, run_once,
 )

@@ -18,11 +18,11 @@ import time
 
 import pytest
 
-from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED
-from airflow_eo.embedded import EmbeddedBroker
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED
+from airflow_eo.demo.broker import EmbeddedBroker
 from airflow_eo.errors import CommitConflictError, SparkJobError
 from airflow_eo.ingest import NOTHING_NEW, Ingestion
-from airflow_eo.ledger import Ledger
+from airflow_eo.table.ledger import Ledger
 from airflow_eo.planning import RunIdentity
 from tests.faults.harness import (
     WINDOWS, FlowingProducer, KillingSubmit, Tally, check_table, has_python_worker,

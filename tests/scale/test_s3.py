@@ -12,15 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.commit import ALREADY_COMMITTED, COMMITTED, commit_batch
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, CommitKind, StagedBatch, commit
 from airflow_eo.errors import CommitConflictError, ConfigError
 from airflow_eo.ingest import IngestConfig, Ingestion
-from airflow_eo.kafka_client import read_range
+from airflow_eo.driver.reader import read_range
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
 from airflow_eo.planning import RunIdentity
-from airflow_eo.staging import StagingArea, attempt_dir_name, new_attempt_id
-from airflow_eo.storage import TableLocation, check_commit_safety, storage_options_from_connection
-from airflow_eo.submit import LocalSparkSubmit
+from airflow_eo.table.staging import StagingArea, attempt_dir_name, new_attempt_id
+from airflow_eo.table.storage import TableLocation, check_commit_safety, storage_options_from_connection
+from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from tests.helpers import broker_records, duplicates, keys_of, new_topic, produce
 
 
@@ -141,7 +141,7 @@ def test_racing_commits_on_s3_land_once(s3, kafka_config):
 
     def committer(plan, staged):
         files, rows, schema = staged
-        return lambda: commit_batch(uri, plan, files, rows, schema, options)
+        return lambda: commit(CommitKind.BATCH, uri, StagedBatch(plan, tuple(files), rows, schema), options)
 
     first = planned(30, "batch-1")
     assert committer(*first)().status == COMMITTED
@@ -169,7 +169,7 @@ def test_racing_commits_on_s3_land_once(s3, kafka_config):
     assert not duplicates(rows)
     assert rows.num_rows == 30 + committed[0].rows + winner.rows
     # every partition holds exactly its offsets [0, committed offset)
-    from airflow_eo.ledger import partition_app_id
+    from airflow_eo.table.ledger import partition_app_id
     from airflow_eo.planning import TopicPartition
 
     keys = keys_of(rows)

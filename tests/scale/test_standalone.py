@@ -15,9 +15,9 @@ import pytest
 
 from airflow_eo.errors import SparkJobError
 from airflow_eo.ingest import IngestConfig, Ingestion
-from airflow_eo.ledger import Ledger
+from airflow_eo.table.ledger import Ledger
 from airflow_eo.planning import RunIdentity
-from airflow_eo.submit import LocalSparkSubmit
+from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from tests.helpers import broker_records, duplicates, keys_of, new_topic, produce, read_table
 
 CONF = {"spark.executor.memory": "512m", "spark.cores.max": "1"}

@@ -1,0 +1,208 @@
+"""The attempt: one typed value for everything a Spark attempt needs, and its environment.
+
+An :class:`Attempt` is built once by the caller (the ingest loop, for an ingest or a
+reprocess), written beside the table in the attempt's marker before Spark starts, and
+read once by the driver (:mod:`airflow_eo.driver.main`). It holds no secrets: the Kafka
+client config and the storage credentials travel separately as :class:`Secrets`, through
+environment variables whose names are defined here and nowhere else (:class:`Env`).
+
+Example::
+
+    >>> attempt = Attempt(plan=plan.with_attempt("3f2a9c0d1e6b4a52"), table_uri="/data/orders",
+    ...                   transform=Transform(sql="SELECT * FROM source"))     # doctest: +SKIP
+    >>> Attempt.from_json(attempt.to_json()) == attempt                       # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Mapping
+
+from airflow_eo.errors import ConfigError
+from airflow_eo.planning import BatchPlan, RunIdentity
+
+DEFAULT_MAX_OFFSETS_PER_TASK = 1_000_000
+
+# Session settings the commit relies on: microsecond UTC timestamps in Parquet, so the
+# Delta schema is plain `timestamp` (readable by delta-spark), not INT96/nanos.
+SPARK_DEFAULTS = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+class Env:
+    """Names of the environment variables airflow-eo reads (the only place they are spelled)."""
+
+    KAFKA_CONFIG = "AIRFLOW_EO_KAFKA_CONFIG"  # JSON client config: may hold secrets
+    STORAGE_OPTIONS = "AIRFLOW_EO_STORAGE_OPTIONS"  # JSON deltalake storage options: may hold secrets
+    FAILPOINTS = "AIRFLOW_EO_FAILPOINTS"  # tests only: comma-separated failpoints
+    PYSPARK_PYTHON = "PYSPARK_PYTHON"
+    PYSPARK_DRIVER_PYTHON = "PYSPARK_DRIVER_PYTHON"
+    SPARK_LOCAL_IP = "SPARK_LOCAL_IP"
+    EXAMPLE_TABLE_URI = "AIRFLOW_EO_TABLE_URI"  # the example DAGs' table (dags/, the demo)
+    EXAMPLE_TOPIC = "AIRFLOW_EO_TOPIC"  # the example DAGs' topic
+    SECRET = (KAFKA_CONFIG, STORAGE_OPTIONS)
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """What an attempt needs but must never write down: client config and credentials.
+
+    >>> Secrets({"bootstrap.servers": "b:9092", "sasl.password": "x"})
+    Secrets(<hidden>)
+    """
+
+    kafka_config: Mapping[str, object] = field(default_factory=dict)
+    storage_options: Mapping[str, str] | None = None
+
+    def __repr__(self) -> str:
+        return "Secrets(<hidden>)"
+
+    def to_env(self) -> dict[str, str]:
+        env = {Env.KAFKA_CONFIG: json.dumps(dict(self.kafka_config))}
+        if self.storage_options:
+            env[Env.STORAGE_OPTIONS] = json.dumps(dict(self.storage_options))
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Secrets":
+        environ = os.environ if environ is None else environ
+        kafka = environ.get(Env.KAFKA_CONFIG)
+        storage = environ.get(Env.STORAGE_OPTIONS)
+        return cls(json.loads(kafka) if kafka else {}, json.loads(storage) if storage else None)
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How Kafka records become the table's columns: Spark SQL over the view ``source``, or a
+    callable ``"package.module:function"`` (DataFrame → DataFrame), or neither (identity).
+    Applied in the driver by :func:`airflow_eo.driver.transforms.apply_transform`.
+
+    >>> Transform(sql="SELECT topic, partition, offset FROM source").describe()
+    'sql'
+    """
+
+    sql: str | None = None
+    callable: str | None = None
+
+    def __post_init__(self):
+        if self.sql and self.callable:
+            raise ConfigError("give either transform_sql or transform (a 'module:function'), not both")
+        if self.callable and ":" not in self.callable:
+            raise ConfigError(f"transform {self.callable!r} must name a function as 'package.module:function'")
+
+    def describe(self) -> str:
+        return "sql" if self.sql else ("callable " + self.callable if self.callable else "identity")
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How values are decoded before the transform (:mod:`airflow_eo.driver.decode`).
+
+    With ``value_schema`` (Spark DDL) the JSON value is parsed into the column ``data``;
+    values that do not parse, or are larger than ``max_value_bytes``, become dead letters.
+    """
+
+    value_schema: str | None = None
+    value_format: str = "json"
+    max_value_bytes: int | None = None
+
+    def __post_init__(self):
+        if self.value_format != "json":
+            raise ConfigError(f"value_format {self.value_format!r} is not supported: use 'json'")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.value_schema or self.max_value_bytes)
+
+
+@dataclass(frozen=True)
+class DeadLetterSpec:
+    """Where undecodable records go, and how many a batch may have before it fails."""
+
+    table_uri: str | None = None
+    max_count: int | None = None
+    max_fraction: float | None = None
+
+    def __post_init__(self):
+        if self.max_fraction is not None and not 0 <= self.max_fraction <= 1:
+            raise ConfigError("max_dead_letter_fraction must be between 0 and 1, e.g. 0.01 for 1 %")
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """Settings of the attempt's Spark job that are not Spark conf."""
+
+    max_offsets_per_task: int = DEFAULT_MAX_OFFSETS_PER_TASK
+
+    def __post_init__(self):
+        if self.max_offsets_per_task <= 0:
+            raise ConfigError(f"max offsets per Spark task must be positive, got {self.max_offsets_per_task}")
+
+
+class AttemptKind(str, enum.Enum):
+    INGEST = "ingest"  # commit a new batch (compare-and-set on the offsets)
+    REPROCESS = "reprocess"  # replace a committed batch's rows (compare-and-set on its counter)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Everything one Spark attempt of a logged plan needs (no secrets)."""
+
+    plan: BatchPlan  # carries the attempt id
+    table_uri: str
+    kind: AttemptKind = AttemptKind.INGEST
+    transform: Transform = field(default_factory=Transform)
+    decode: DecodeSpec = field(default_factory=DecodeSpec)
+    dead_letters: DeadLetterSpec = field(default_factory=DeadLetterSpec)
+    spark: SparkSettings = field(default_factory=SparkSettings)
+    schema_evolution: bool = False
+    reprocess_from: int | None = None  # REPROCESS: the batch's reprocess counter it was planned at
+    requested_by: RunIdentity | None = None  # REPROCESS: the run that asked for it
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", AttemptKind(self.kind))
+        if not self.plan.attempt_id:
+            raise ConfigError("an attempt needs a plan with an attempt id (plan.with_attempt(...))")
+        if self.decode.enabled and not self.dead_letters.table_uri:
+            raise ConfigError(
+                "value_schema/max_value_bytes need a dead_letter_table_uri: set where undecodable "
+                "records go (a Delta table path other than the main table)"
+            )
+        if self.kind is AttemptKind.REPROCESS and self.reprocess_from is None:
+            raise ConfigError("a reprocess attempt needs the reprocess counter it starts from")
+
+    @property
+    def attempt_id(self) -> str:
+        return self.plan.attempt_id
+
+    def with_kind(self, kind: AttemptKind, **changes) -> "Attempt":
+        return replace(self, kind=kind, **changes)
+
+    def to_json(self) -> str:
+        raw = asdict(self)
+        raw["plan"] = json.loads(self.plan.to_json())
+        raw["kind"] = self.kind.value
+        return json.dumps(raw, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Attempt":
+        raw = json.loads(text)
+        return cls(
+            plan=BatchPlan.from_json(json.dumps(raw["plan"])),
+            table_uri=raw["table_uri"],
+            kind=AttemptKind(raw.get("kind", "ingest")),
+            transform=Transform(**raw.get("transform", {})),
+            decode=DecodeSpec(**raw.get("decode", {})),
+            dead_letters=DeadLetterSpec(**raw.get("dead_letters", {})),
+            spark=SparkSettings(**raw.get("spark", {})),
+            schema_evolution=bool(raw.get("schema_evolution", False)),
+            reprocess_from=raw.get("reprocess_from"),
+            requested_by=RunIdentity(**raw["requested_by"]) if raw.get("requested_by") else None,
+        )

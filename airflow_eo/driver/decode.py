@@ -1,0 +1,143 @@
+"""Decoding values, and sending the records that cannot be decoded to the dead-letter table.
+
+With ``value_schema`` (a Spark DDL string) set, each record's value is parsed as JSON
+into the column ``data`` before the transform sees the view ``source``. A record whose
+value is malformed, has the wrong types, is not a JSON object, is null or is larger
+than ``max_value_bytes`` does not fail the batch: it goes to the dead-letter table
+(``topic, partition, offset, timestamp, key, value, reason, ingest_id, batch``).
+
+The main commit decides; the dead-letter table follows it. The attempt stages its dead
+letters beside the dead-letter table (``b<batch>-…/``) and lists them in the *main*
+commit's metadata (:meth:`DeadLetters.manifest`); only after that commit landed are they
+committed to the dead-letter table (:func:`airflow_eo.table.commit.commit_dead_letters_of`),
+once per batch. A run that loses the main commit's compare-and-set never touches the
+dead-letter table. If the driver dies between the two commits, the next run of the ingest
+(or the retry) rolls the dead-letter commit forward before it plans.
+
+A threshold (``max_dead_letters`` records, or ``max_dead_letter_fraction`` of the batch)
+fails the run before either commit when too many records are bad.
+
+Example::
+
+    >>> dead = DeadLetters.of(source, attempt, storage_options)     # doctest: +SKIP
+    >>> dead is None                   # decoding not configured     # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+
+from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec
+from airflow_eo.errors import ConfigError, DeadLetterThresholdError
+from airflow_eo.planning import BatchPlan
+from airflow_eo.table.commit import ensure_table
+from airflow_eo.table.staging import attempt_dir_name
+from airflow_eo.table.storage import TableLocation
+
+log = logging.getLogger(__name__)
+
+DATA_COLUMN = "data"
+REASON_COLUMN = "_airflow_eo_reason"
+CORRUPT_COLUMN = "_airflow_eo_corrupt"
+DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "reason")
+
+
+def decode(source, spec: DecodeSpec):
+    """Add ``data`` (the parsed value) and the dead-letter reason (null when decodable)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    reason = F.when(F.col("value").isNull(), F.lit("value is null"))
+    if spec.max_value_bytes:
+        size = F.length(F.col("value"))
+        reason = reason.when(size > spec.max_value_bytes, F.concat(
+            F.lit("value of "), size.cast("string"), F.lit(f" bytes exceeds max_value_bytes={spec.max_value_bytes}")))
+    out = source
+    if spec.value_schema:
+        try:
+            schema = StructType.fromDDL(spec.value_schema)
+        except Exception as exc:  # ParseException from the JVM
+            raise ConfigError(f"value_schema {spec.value_schema!r} is not a Spark DDL schema ({exc}); "
+                              "write it like 'id INT, name STRING'") from exc
+        with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
+        parsed = F.from_json(F.col("value").cast("string"), with_corrupt,
+                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN})
+        out = out.withColumn(DATA_COLUMN, parsed)
+        mismatch = F.lit(f"value does not match value_schema ({spec.value_schema}): malformed JSON, "
+                         "wrong types or not a JSON object")
+        reason = reason.when(F.col(DATA_COLUMN).isNull() | F.col(f"{DATA_COLUMN}.{CORRUPT_COLUMN}").isNotNull(),
+                             mismatch)
+        keep = [F.col(f"{DATA_COLUMN}.{f.name}").alias(f.name) for f in schema.fields]
+        out = out.withColumn(REASON_COLUMN, reason).withColumn(DATA_COLUMN, F.struct(*keep))
+    else:
+        out = out.withColumn(REASON_COLUMN, reason)
+    return out
+
+
+def split(decoded, plan: BatchPlan):
+    """(good rows without the reason column, dead letters in the dead-letter table's columns)."""
+    from pyspark.sql import functions as F
+
+    good = decoded.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+    bad = decoded.where(F.col(REASON_COLUMN).isNotNull()).select(
+        *DEAD_LETTER_COLUMNS[:-1], F.col(REASON_COLUMN).alias("reason"),
+        F.lit(plan.ingest_id).alias("ingest_id"), F.lit(plan.batch).cast("long").alias("batch"))
+    return good, bad
+
+
+class DeadLetters:
+    """The dead-letter side of one attempt (used by :func:`airflow_eo.driver.main.run_attempt`)."""
+
+    def __init__(self, decoded, attempt: Attempt, storage_options):
+        from pyspark import StorageLevel
+
+        # Kept for two actions (dead letters, then good rows): read Kafka once.
+        self.decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        self.spec: DeadLetterSpec = attempt.dead_letters
+        self.plan, self.storage_options = attempt.plan, storage_options
+        self.good, self.bad = split(self.decoded, self.plan)
+        self.staged: list = []
+        self.arrow_schema = None
+
+    @classmethod
+    def of(cls, source, attempt: Attempt, storage_options) -> "DeadLetters | None":
+        """None unless the attempt decodes values."""
+        return cls(decode(source, attempt.decode), attempt, storage_options) if attempt.decode.enabled else None
+
+    def stage(self, stage_fn) -> int:
+        """Count, check the threshold, and stage the dead letters; returns how many there are."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        counts = self.decoded.agg(F.count(F.lit(1)).alias("n"),
+                                  F.count(F.col(REASON_COLUMN)).alias("bad")).collect()[0]
+        check_threshold(self.spec, counts["bad"], counts["n"], self.plan)
+        location = TableLocation.of(self.spec.table_uri, self.storage_options)
+        self.arrow_schema = to_arrow_schema(self.bad.schema)
+        target = location.join(attempt_dir_name(self.plan))
+        self.staged = stage_fn(self.bad.coalesce(1), location, target, self.storage_options, self.arrow_schema)
+        ensure_table(self.spec.table_uri, self.arrow_schema, self.storage_options)
+        log.info("batch %s: %s of %s records go to the dead-letter table", self.plan.batch, counts["bad"], counts["n"])
+        return counts["bad"]
+
+    def release(self) -> None:
+        """Drop the cached decoded rows (a warm Spark server must not keep them)."""
+        self.decoded.unpersist()
+
+    def manifest(self) -> dict:
+        """What the main commit records so the dead-letter commit can follow it (no secrets)."""
+        return {"uri": self.spec.table_uri, "files": [asdict(f) for f in self.staged if f.num_records]}
+
+
+def check_threshold(spec: DeadLetterSpec, bad: int, total: int, plan: BatchPlan) -> None:
+    too_many = (spec.max_count is not None and bad > spec.max_count) or (
+        spec.max_fraction is not None and total and bad / total > spec.max_fraction)
+    if too_many:
+        raise DeadLetterThresholdError(
+            f"batch {plan.batch} of {plan.ingest_id}: {bad} of {total} records could not be decoded, "
+            f"more than allowed (max_dead_letters={spec.max_count}, max_dead_letter_fraction="
+            f"{spec.max_fraction}). Nothing was committed; fix the producer or value_schema, "
+            "or raise the threshold"
+        )

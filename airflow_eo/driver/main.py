@@ -1,0 +1,164 @@
+"""The attempt's main: read the planned ranges, decode, transform, stage Parquet, commit.
+
+Runs where the Spark driver runs: inside ``spark-submit`` (``spark_jobs/kafka_to_delta.py``)
+or, with :class:`InProcessSubmitter`, in the calling process (a local SparkSession, or a
+Spark Connect session whose server does the reading and writing). The plan was logged and
+the attempt recorded before it starts; this code only executes it:
+
+1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed);
+2. **decode** values, undecodable records to the dead-letter table (:mod:`airflow_eo.driver.decode`);
+3. **transform** them into the table's columns (:mod:`airflow_eo.driver.transforms`);
+4. **stage** Parquet files into the attempt's own directory (:mod:`airflow_eo.driver.writer`);
+5. **compare-and-set commit** the files with the offsets in one Delta commit, then
+   **verify** it in the log (:func:`airflow_eo.table.commit.commit`).
+
+Secrets (Kafka client config, storage credentials) arrive as :class:`airflow_eo.attempt.Secrets`
+(through environment variables under spark-submit), never as command-line arguments.
+
+Example::
+
+    >>> run_attempt(spark, attempt, Secrets({"bootstrap.servers": "127.0.0.1:9092"}))  # doctest: +SKIP
+    CommitOutcome(status='committed', batch=3, version=7, rows=1000, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from airflow_eo.attempt import SPARK_DEFAULTS, Attempt, AttemptKind, Secrets
+from airflow_eo.driver.decode import DeadLetters
+from airflow_eo.driver.source import read_plan
+from airflow_eo.driver.transforms import apply_transform
+from airflow_eo.driver.writer import stage
+from airflow_eo.faults import failpoint
+from airflow_eo.table.commit import (
+    ALREADY_COMMITTED, COMMITTED, CommitKind, CommitOutcome, StagedBatch, commit, commit_dead_letters_of,
+)
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.storage import TableLocation
+
+log = logging.getLogger(__name__)
+
+RESULT_PREFIX = "AIRFLOW_EO_RESULT "
+
+
+def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
+    """Execute a recorded attempt: read, decode, transform, stage, compare-and-set commit."""
+    started = time.monotonic()
+    plan, storage_options = attempt.plan, secrets.storage_options
+    location = TableLocation.of(attempt.table_uri, storage_options)
+    staging = StagingArea(location)
+    failpoint("before_read")
+    source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task)
+    dead = DeadLetters.of(source, attempt, storage_options)  # None unless decoding
+    try:
+        if dead is not None:
+            dead.stage(stage)  # undecodable records: staged beside the dead-letter table, threshold checked
+            source = dead.good
+        out = apply_transform(attempt.transform, source)
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        arrow_schema = to_arrow_schema(out.schema)
+        planned = time.monotonic()
+        files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema)
+    finally:
+        if dead is not None:
+            dead.release()
+    rows = staging.rows_per_partition(files)
+    staged = time.monotonic()
+    # phase timings: where a run's time goes (README "Performance")
+    log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
+             "in %.2fs", plan.batch, planned - started, sum(rows.values()), len(files), staged - planned)
+    failpoint("after_stage")
+    failpoint("before_commit")
+    batch = StagedBatch(plan, tuple(files), rows, arrow_schema)
+    if attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
+        outcome = commit(CommitKind.REPROCESS, location.uri, batch, storage_options,
+                         reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by)
+    else:
+        extra = {"dead_letters": dead.manifest()} if dead is not None else None
+        outcome = commit(CommitKind.BATCH, location.uri, batch, storage_options,
+                         schema_evolution=attempt.schema_evolution, extra_metadata=extra)
+        if dead is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
+            commit_dead_letters_of(Ledger.open(location.uri, storage_options), plan.ingest_id, storage_options)
+    staging.end_attempt(attempt.attempt_id, committed=outcome.status == COMMITTED)
+    log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
+             time.monotonic() - staged)
+    failpoint("after_commit")
+    if outcome.status == ALREADY_COMMITTED:
+        log.info("batch %s was already committed by an earlier attempt", plan.batch)
+    return outcome
+
+
+def run_recorded_attempt(spark, table_uri: str, attempt_id: str, secrets: Secrets) -> CommitOutcome:
+    """Run the attempt recorded beside the table under ``attempt_id`` (what spark-submit runs)."""
+    attempt = StagingArea(TableLocation.of(table_uri, secrets.storage_options)).read_attempt(attempt_id)
+    return run_attempt(spark, attempt, secrets)
+
+
+class InProcessSubmitter:
+    """Runs attempts in a SparkSession of this process: a local one (tests, the standalone
+    job) or a Spark Connect session (the warm path)."""
+
+    def __init__(self, spark):
+        self.spark = spark
+
+    def submit(self, attempt: Attempt, secrets: Secrets) -> None:
+        run_attempt(self.spark, attempt, secrets)
+
+
+def build_session(app_name: str, extra_conf: dict | None = None):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in {**SPARK_DEFAULTS, **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def main(argv: list[str]) -> int:
+    """``spark_jobs/kafka_to_delta.py``: run a recorded attempt, or plan and run one batch."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kafka_to_delta.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--table-uri", required=True)
+    parser.add_argument("--attempt-id", help="execute an attempt logged by airflow-eo ingest / the operator")
+    parser.add_argument("--ingest-id", help="standalone: the ingest's stable id")
+    parser.add_argument("--topics", help="standalone: comma-separated topics")
+    parser.add_argument("--run-key", default="", help="standalone: stable key that makes reruns replay")
+    parser.add_argument("--starting-offsets", default="earliest")
+    parser.add_argument("--max-records-per-run", type=int)
+    parser.add_argument("--on-data-loss", default="fail", choices=["fail", "skip"])
+    parser.add_argument("--transform-sql")
+    parser.add_argument("--transform")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.attempt_id and not (args.ingest_id and args.topics):
+        parser.error("give --attempt-id, or --ingest-id and --topics for a standalone run")
+    secrets = Secrets.from_env()
+    spark = build_session("airflow-eo kafka_to_delta")
+    try:
+        if args.attempt_id:
+            outcome = run_recorded_attempt(spark, args.table_uri, args.attempt_id, secrets)
+            print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
+            return 0
+        # Standalone: this driver plans too, running the same loop as `airflow-eo ingest`.
+        from airflow_eo.attempt import Transform
+        from airflow_eo.ingest import IngestConfig, Ingestion
+        from airflow_eo.planning import RunIdentity
+
+        config = IngestConfig(
+            table_uri=args.table_uri, ingest_id=args.ingest_id, topics=args.topics.split(","),
+            kafka_config=dict(secrets.kafka_config), starting_offsets=args.starting_offsets,
+            max_records_per_run=args.max_records_per_run, on_data_loss=args.on_data_loss,
+            transform=Transform(sql=args.transform_sql, callable=args.transform),
+            storage_options=secrets.storage_options,
+        )
+        result = Ingestion(config, InProcessSubmitter(spark)).run(RunIdentity(run_key=args.run_key))
+        print(RESULT_PREFIX + json.dumps(result.to_dict()), flush=True)
+        return 0
+    finally:
+        spark.stop()

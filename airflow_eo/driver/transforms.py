@@ -1,0 +1,71 @@
+"""Applying a transform: how Kafka records become the table's columns, in the driver.
+
+A transform (:class:`airflow_eo.attempt.Transform`) is either a Spark SQL statement over
+the view ``source`` (the Kafka columns ``topic, partition, offset, timestamp,
+timestampType, key, value, headers``) or a Python callable named
+``"package.module:function"`` that takes and returns a DataFrame. Either way the output
+must keep ``topic``, ``partition`` and ``offset``: the table is keyed by source offset,
+which is what makes replays and reprocessing exact.
+
+Example::
+
+    >>> out = apply_transform(Transform(sql="SELECT topic, partition, offset, "
+    ...                       "CAST(value AS STRING) AS body FROM source"), df)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from airflow_eo.attempt import Transform
+from airflow_eo.errors import ConfigError
+
+SOURCE_VIEW = "source"
+KEY_COLUMNS = ("topic", "partition", "offset")
+
+
+def load_callable(transform: Transform):
+    module_name, _, func_name = transform.callable.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"transform {transform.callable!r} cannot be imported ({exc}): make the module importable "
+            "on the Spark driver and executors (e.g. --py-files) and check the name"
+        ) from exc
+
+
+def apply_transform(transform: Transform, df):
+    """Apply to the source DataFrame and check the key columns survived."""
+    if transform.sql:
+        df.createOrReplaceTempView(SOURCE_VIEW)
+        try:
+            out = df.sparkSession.sql(transform.sql)
+            out.columns  # analysis errors surface here on Spark Connect, which analyses lazily
+        except Exception as exc:  # AnalysisException, ParseException: user's SQL
+            raise ConfigError(
+                f"transform_sql failed: {_first_line(exc)}. Fix the SQL (it reads the view "
+                f"'{SOURCE_VIEW}'); nothing was committed"
+            ) from exc
+    elif transform.callable:
+        func = load_callable(transform)
+        try:
+            out = func(df)
+        except Exception as exc:  # the user's function: name it, and say nothing landed
+            raise ConfigError(
+                f"transform {transform.callable!r} raised {exc.__class__.__name__}: {_first_line(exc)}. "
+                "Fix the function (it takes and returns a DataFrame); nothing was committed"
+            ) from exc
+    else:
+        out = df
+    missing = [c for c in KEY_COLUMNS if c not in out.columns]
+    if missing:
+        raise ConfigError(
+            f"the transform's output lacks the key column(s) {missing}: keep topic, partition "
+            "and offset in the output (the table is keyed by source offset); nothing was committed"
+        )
+    return out
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]

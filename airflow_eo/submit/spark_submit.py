@@ -1,0 +1,109 @@
+"""The spark-submit job: its script, arguments and environment, and a local submitter.
+
+Every path that starts the job as its own process (:class:`LocalSparkSubmit` here, the
+operator's :class:`airflow_eo.submit.spark_hook.SparkSubmitHookSubmitter`) passes the same
+arguments (:func:`job_arguments`: the table and the attempt id, nothing secret) and the same
+environment (:func:`job_environment`: the secrets), and reads a failure back the same way
+(:func:`job_failure`).
+
+Example::
+
+    >>> LocalSparkSubmit(master="local[2]", conf={"spark.ui.enabled": "false"})  # doctest: +ELLIPSIS
+    <airflow_eo.submit.spark_submit.LocalSparkSubmit object at ...>
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from airflow_eo import errors
+from airflow_eo.attempt import SPARK_DEFAULTS, Attempt, Env, Secrets
+from airflow_eo.errors import SparkJobError
+
+log = logging.getLogger(__name__)
+
+JOB_MODULE = "spark_jobs.kafka_to_delta"
+
+
+def job_script() -> str:
+    """Path of the spark-submit entry script (found, not imported: it is a program)."""
+    spec = importlib.util.find_spec(JOB_MODULE)
+    if spec is None or not spec.origin:
+        raise SparkJobError(f"{JOB_MODULE} is not installed beside airflow_eo: reinstall airflow-eo")
+    return spec.origin
+
+
+def job_arguments(attempt: Attempt) -> list[str]:
+    return ["--table-uri", attempt.table_uri, "--attempt-id", attempt.attempt_id]
+
+
+def job_environment(secrets: Secrets, python: bool = True) -> dict[str, str]:
+    """Secrets for the driver, by environment: never on the command line. With ``python``,
+    also this interpreter for the driver and workers (local and client mode)."""
+    env = secrets.to_env()
+    if python:
+        env[Env.PYSPARK_PYTHON] = os.environ.get(Env.PYSPARK_PYTHON, sys.executable)
+        env[Env.PYSPARK_DRIVER_PYTHON] = os.environ.get(Env.PYSPARK_DRIVER_PYTHON, sys.executable)
+    return env
+
+
+def spark_submit_binary() -> str:
+    found = shutil.which("spark-submit", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if not found:
+        raise SparkJobError("spark-submit is not on PATH: install pyspark into this environment")
+    return found
+
+
+_JOB_ERROR = re.compile(r"airflow_eo\.errors\.(\w+): (.*)")
+
+
+def job_failure(code: int | None, output: list[str]) -> Exception:
+    """The error a failed job reported (its own airflow-eo error if it raised one)."""
+    for line in reversed(output):
+        match = _JOB_ERROR.search(line)
+        if match and isinstance(getattr(errors, match.group(1), None), type):
+            return getattr(errors, match.group(1))(match.group(2))
+    return SparkJobError(f"spark-submit exited with code {code}; last output:\n" + "\n".join(output[-15:]))
+
+
+class LocalSparkSubmit:
+    """Run ``spark-submit --master local[N]`` (or any master) as a child process and wait."""
+
+    def __init__(self, master: str = "local[*]", conf: dict | None = None, extra_env: dict | None = None,
+                 timeout: float | None = None):
+        self.master = master
+        self.conf = {**SPARK_DEFAULTS, "spark.ui.enabled": "false", **(conf or {})}
+        self.extra_env = extra_env or {}
+        self.timeout = timeout
+        self.process: subprocess.Popen | None = None
+        self.launches = 0
+
+    def command(self, attempt: Attempt) -> list[str]:
+        cmd = [spark_submit_binary(), "--master", self.master]
+        for key, value in self.conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        return cmd + [job_script(), *job_arguments(attempt)]
+
+    def submit(self, attempt: Attempt, secrets: Secrets) -> None:
+        env = {**os.environ, Env.SPARK_LOCAL_IP: os.environ.get(Env.SPARK_LOCAL_IP, "127.0.0.1"),
+               **job_environment(secrets), **self.extra_env}
+        self.launches += 1
+        self.process = subprocess.Popen(self.command(attempt), env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        tail: list[str] = []
+        for line in self.process.stdout:
+            tail = (tail + [line.rstrip()])[-40:]
+            log.debug("spark: %s", line.rstrip())
+        code = self.process.wait(self.timeout)
+        if code != 0:
+            raise job_failure(code, tail)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()

@@ -1,0 +1,355 @@
+"""Compare-and-set commit: one Delta commit holds a batch's files, its ``txn`` versions and its lineage.
+
+One function, :func:`commit`, does every commit airflow-eo makes; its kind decides what
+is compared and what is set:
+
+* ``BATCH`` (a new batch): the table's offsets must be at the plan's starts; the commit
+  adds the staged files and sets the offsets to the plan's ends and the batch counter to
+  the plan's batch;
+* ``REPROCESS`` (replace a committed batch's rows): the batch's reprocess counter must
+  be where the request found it; the commit removes the batch's files, adds the new ones
+  and moves the counter on by one; offsets do not move;
+* ``DEAD_LETTERS`` (the dead-letter table, after the main commit decided): the dead-letter
+  table's ``dlq`` counter must be below the batch; the commit adds the batch's dead
+  letters and sets the counter to it, so a replay never writes them twice.
+
+Readers see a commit whole or not at all. What deltalake's conflict detection adds
+(verified in ``tests/table/test_commit.py::test_deltalake_conflict_detection_on_txn_app_ids``):
+two commits carrying a ``txn`` for the same appId from the same snapshot conflict, and the
+second fails with ``CommitFailedError``; commits with disjoint appIds are rebased and both
+land. Every batch of one ingest writes the ``txn`` of every partition it planned and the
+batch counter, so two batches of one ingest always conflict. delta-rs does not refuse a
+``txn`` version that is already committed (delta-rs #2580, #3821): the compare is ours,
+made on the snapshot the commit is made from.
+
+Example::
+
+    >>> outcome = commit(CommitKind.BATCH, table_uri, StagedBatch(plan, files, rows, schema))  # doctest: +SKIP
+    >>> outcome.status, outcome.version
+    ('committed', 12)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import (
+    AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions,
+)
+
+from airflow_eo.errors import CommitConflictError, TableError
+from airflow_eo.faults import failpoint
+from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity, describe_mismatch
+from airflow_eo.table.ledger import (
+    METADATA_KEY, Ledger, batch_app_id, dlq_app_id, partition_app_id, reprocess_app_id,
+)
+from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
+from airflow_eo.table.staging import StagedFile, attempt_dir_of
+
+log = logging.getLogger(__name__)
+
+COMMITTED = "committed"
+ALREADY_COMMITTED = "already_committed"
+
+
+class CommitKind(str, enum.Enum):
+    BATCH = "ingest"
+    REPROCESS = "reprocess"
+    DEAD_LETTERS = "dead_letters"
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    """What an attempt staged for one commit: its plan, files and row counts."""
+
+    plan: BatchPlan
+    files: tuple[StagedFile, ...]
+    rows_per_partition: dict[str, int] = field(default_factory=dict)
+    arrow_schema: pa.Schema | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(self.rows_per_partition.values())
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    status: str
+    batch: int
+    version: int | None
+    rows: int = 0
+    rows_per_partition: dict[str, int] = field(default_factory=dict)
+
+
+def batch_metadata(plan: BatchPlan, rows_per_partition: dict[str, int], operation: str = "ingest") -> dict:
+    """commitInfo metadata of a batch: lineage only, never credentials or client config."""
+    return {
+        "ingest_id": plan.ingest_id,
+        "batch": plan.batch,
+        "attempt_id": plan.attempt_id,
+        "operation": operation,
+        "run": asdict(plan.run),
+        "planned_at": plan.planned_at,
+        "ranges": [asdict(r) for r in plan.ranges],
+        "rows": sum(rows_per_partition.values()),
+        "rows_per_partition": rows_per_partition,
+        "skipped": [asdict(s) for s in plan.skipped],
+    }
+
+
+def add_actions(files) -> list[AddAction]:
+    return [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
+
+
+class _Batch:
+    """``BATCH``: compare the offsets, set them to the plan's ends."""
+
+    kind = CommitKind.BATCH
+    creates_table = True
+
+    def __init__(self, staged: StagedBatch, schema_evolution: bool = False, extra_metadata: dict | None = None,
+                 **_):
+        self.staged, self.plan = staged, staged.plan
+        self.schema_evolution, self.extra_metadata = schema_evolution, extra_metadata or {}
+
+    def open(self, table_uri: str, storage_options) -> Ledger:
+        ledger = Ledger.open(table_uri, storage_options)
+        ledger.check_owner(self.plan.ingest_id)
+        return ledger
+
+    def check(self, ledger: Ledger) -> CommitCheck:
+        state = ledger.state_of(self.plan)
+        if state is CommitCheck.CONFLICT:
+            plan = self.plan
+            committed = ledger.committed_offsets(plan.ingest_id, plan.starts)
+            raise CommitConflictError(
+                f"batch {plan.batch} of {plan.ingest_id} was planned from offsets the table no longer "
+                f"has ({describe_mismatch(plan, committed)}; last batch in table "
+                f"{ledger.last_batch(plan.ingest_id)}): another run committed in between. Nothing was "
+                "committed; run again to plan from the table's current offsets"
+            )
+        return state
+
+    def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        schema = delta_schema_of(self.staged.arrow_schema)
+        new_columns = check_schema(ledger, schema, self.schema_evolution)
+        if not new_columns:
+            return ledger
+        add_columns(ledger, schema, new_columns, self.plan)
+        ledger = self.open(table_uri, storage_options)
+        self.check(ledger)  # the offsets are compared again on the snapshot the data commit uses
+        return ledger
+
+    def actions(self, ledger: Ledger) -> list:
+        return add_actions(self.staged.files)
+
+    def transactions(self) -> list[Transaction]:
+        txns = [Transaction(partition_app_id(self.plan.ingest_id, r.tp), r.end) for r in self.plan.ranges]
+        return [*txns, Transaction(batch_app_id(self.plan.ingest_id), self.plan.batch)]
+
+    def metadata(self) -> dict:
+        return {**batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value), **self.extra_metadata}
+
+    def lost_race(self, exc: Exception) -> CommitConflictError:
+        return CommitConflictError(
+            f"batch {self.plan.batch} of {self.plan.ingest_id} lost a race with another commit "
+            f"({exc.__class__.__name__}: {exc}); nothing of this batch was committed and its files stay "
+            "invisible. Run again: the next run plans from the new offsets"
+        )
+
+    def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
+        """Re-read the log: the plan's batch is in the table, and the commit is this attempt's."""
+        ledger = Ledger.open(table_uri, storage_options)
+        if ledger.state_of(self.plan) is not CommitCheck.ALREADY_COMMITTED:
+            raise CommitConflictError(
+                f"after committing batch {self.plan.batch} the table's offsets are "
+                f"{ledger.committed_offsets(self.plan.ingest_id, self.plan.ends)}, not the plan's ends "
+                f"{self.plan.ends}: another writer changed the table. Inspect it with `airflow-eo status`"
+            )
+        record = ledger.find_batch(self.plan.ingest_id, attempt_id=self.plan.attempt_id,
+                                   since_version=(read_version or -1) + 1)
+        return self.outcome(COMMITTED, record.version if record else ledger.version)
+
+    def outcome(self, status: str, version: int | None) -> CommitOutcome:
+        return CommitOutcome(status, self.plan.batch, version, self.staged.rows, self.staged.rows_per_partition)
+
+
+class _Reprocess(_Batch):
+    """``REPROCESS``: compare the batch's reprocess counter, replace its files."""
+
+    kind = CommitKind.REPROCESS
+    creates_table = False
+
+    def __init__(self, staged: StagedBatch, reprocess_from: int, requested_by: RunIdentity | None = None, **_):
+        super().__init__(staged)
+        self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
+        self.removed = 0
+
+    def check(self, ledger: Ledger) -> CommitCheck:
+        counter = ledger.reprocess_count(self.plan.ingest_id, self.plan.batch)
+        if counter == self.reprocess_from:
+            return CommitCheck.READY
+        if counter == self.reprocess_from + 1 and ledger.find_batch(self.plan.ingest_id,
+                                                                    attempt_id=self.plan.attempt_id):
+            return CommitCheck.ALREADY_COMMITTED
+        raise CommitConflictError(
+            f"batch {self.plan.batch} was reprocessed by another run meanwhile (reprocess counter {counter}, "
+            f"expected {self.reprocess_from}); this reprocess committed nothing. Its rows are already "
+            "replaced: check the table history before reprocessing again"
+        )
+
+    def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        check_schema(ledger, delta_schema_of(self.staged.arrow_schema))
+        return ledger
+
+    def actions(self, ledger: Ledger) -> list:
+        new_dir = attempt_dir_of(self.staged.files[0].path) if self.staged.files else None
+        now_ms = int(time.time() * 1000)
+        removes = [RemoveAction(path, True, now_ms, size, {})
+                   for path, size in ledger.batch_files(self.plan.batch).items() if attempt_dir_of(path) != new_dir]
+        self.removed = len(removes)
+        return [*removes, *add_actions(self.staged.files)]
+
+    def transactions(self) -> list[Transaction]:
+        return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
+
+    def metadata(self) -> dict:
+        meta = batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value)
+        meta["reprocess"] = {"from_version": self.reprocess_from, "removed_files": self.removed,
+                             "requested_by": asdict(self.requested_by) if self.requested_by else {}}
+        return meta
+
+    def lost_race(self, exc: Exception) -> CommitConflictError:
+        return CommitConflictError(
+            f"the reprocess of batch {self.plan.batch} lost a race with another commit ({exc}); the "
+            "batch's rows are unchanged. Retry the task"
+        )
+
+    def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
+        ledger = Ledger.open(table_uri, storage_options)
+        record = ledger.find_batch(self.plan.ingest_id, attempt_id=self.plan.attempt_id)
+        version = record.version if record else ledger.version
+        log.info("reprocessed batch %s: removed %d files, added %d, version %s", self.plan.batch, self.removed,
+                 len(self.staged.files), version)
+        return self.outcome(COMMITTED, version)
+
+
+class _DeadLetters(_Batch):
+    """``DEAD_LETTERS``: on the dead-letter table, once per batch, after the main commit."""
+
+    kind = CommitKind.DEAD_LETTERS
+    creates_table = False
+
+    def open(self, table_uri: str, storage_options) -> Ledger:
+        ledger = Ledger.open(table_uri, storage_options)
+        if not ledger.exists:
+            raise TableError(f"the dead-letter table {table_uri} does not exist: it is created when a batch "
+                             "stages dead letters; nothing was committed")
+        return ledger
+
+    def check(self, ledger: Ledger) -> CommitCheck:
+        if ledger.transaction(dlq_app_id(self.plan.ingest_id)) >= self.plan.batch:
+            return CommitCheck.ALREADY_COMMITTED
+        missing = [f.path for f in self.staged.files if not ledger.location().exists(f.path)]
+        if missing:
+            raise TableError(
+                f"the dead letters of committed batch {self.plan.batch} of {self.plan.ingest_id} cannot be "
+                f"committed to {ledger.table_uri}: their staged files are gone ({', '.join(missing[:3])}), "
+                "deleted by hand or by a VACUUM of the dead-letter table. Reprocess that batch to rebuild "
+                "them, or accept the loss"
+            )
+        return CommitCheck.READY
+
+    def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        return ledger
+
+    def transactions(self) -> list[Transaction]:
+        return [Transaction(dlq_app_id(self.plan.ingest_id), self.plan.batch)]
+
+    def metadata(self) -> dict:
+        return {"ingest_id": self.plan.ingest_id, "batch": self.plan.batch, "operation": self.kind.value,
+                "files": len(self.staged.files)}
+
+    def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
+        log.info("batch %s: %s dead-letter file(s) committed to %s", self.plan.batch, len(self.staged.files),
+                 table_uri)
+        return self.outcome(COMMITTED, Ledger.open(table_uri, storage_options).version)
+
+
+_RULES = {CommitKind.BATCH: _Batch, CommitKind.REPROCESS: _Reprocess, CommitKind.DEAD_LETTERS: _DeadLetters}
+
+
+def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_options: dict | None = None,
+           **options) -> CommitOutcome:
+    """Commit ``staged`` to the table if the table is where the attempt found it (see module doc).
+
+    ``options``: ``schema_evolution`` and ``extra_metadata`` (BATCH; the latter is merged into
+    the commit's metadata, e.g. the dead-letter files that follow it), ``reprocess_from`` and
+    ``requested_by`` (REPROCESS). Returns ``committed`` or ``already_committed`` (an earlier
+    attempt landed it); raises :class:`CommitConflictError` when another run moved the table.
+    """
+    rule = _RULES[CommitKind(kind)](staged, **options)
+    ledger = rule.open(table_uri, storage_options)
+    if rule.check(ledger) is CommitCheck.ALREADY_COMMITTED:
+        log.info("batch %s was committed before (%s): committing nothing", staged.plan.batch, rule.kind.value)
+        return rule.outcome(ALREADY_COMMITTED, ledger.version)
+    ledger = rule.prepare(ledger, table_uri, storage_options)
+    properties = CommitProperties(custom_metadata={METADATA_KEY: json.dumps(rule.metadata())},
+                                  app_transactions=rule.transactions())
+    read_version = ledger.version
+    failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
+    try:
+        if ledger.table is None and rule.creates_table:
+            create_table_with_add_actions(ledger.table_uri, delta_schema_of(staged.arrow_schema),
+                                          rule.actions(ledger), mode="error", storage_options=storage_options,
+                                          commit_properties=properties)
+        else:
+            ledger.table.create_write_transaction(rule.actions(ledger), mode="append", schema=ledger.table.schema(),
+                                                  commit_properties=properties)
+    except (CommitFailedError, DeltaError) as exc:
+        if not (isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()):
+            raise TableError(f"committing batch {staged.plan.batch} to {ledger.table_uri} failed: {exc}. Nothing "
+                             "was committed; fix the cause and retry the run") from exc
+        # Lost a race (or the table appeared meanwhile): decide from the table, not the error.
+        if rule.check(rule.open(table_uri, storage_options)) is CommitCheck.ALREADY_COMMITTED:
+            return rule.outcome(ALREADY_COMMITTED, Ledger.open(table_uri, storage_options).version)
+        raise rule.lost_race(exc) from exc
+    outcome = rule.verify(table_uri, storage_options, read_version)
+    log.info("committed batch %s (%s) as table version %s", staged.plan.batch, rule.kind.value, outcome.version)
+    return outcome
+
+
+def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict | None = None) -> str | None:
+    """Roll the dead-letter commit of the table's last batch forward if it is missing.
+
+    The main commit records its staged dead-letter files (``dead_letters`` in its metadata);
+    this commits them to the dead-letter table. Earlier batches are always complete: every run
+    does this before it plans. Returns the outcome's status, or None when the last batch has
+    no dead letters.
+    """
+    last = ledger.last_batch(ingest_id)
+    record = ledger.find_batch(ingest_id, batch=last, operation="ingest") if last else None
+    manifest = (record.raw.get("dead_letters") if record else None) or {}
+    if not manifest.get("files"):
+        return None
+    plan = BatchPlan(ingest_id, last, record.ranges,
+                     RunIdentity(record.run_key), attempt_id=record.attempt_id)
+    files = tuple(StagedFile(**f) for f in manifest["files"])
+    return commit(CommitKind.DEAD_LETTERS, manifest["uri"], StagedBatch(plan, files), storage_options).status
+
+
+def ensure_table(table_uri: str, arrow_schema: pa.Schema, storage_options: dict | None = None) -> None:
+    """Create an empty table (the dead-letter table) if there is none; safe when runs race."""
+    from deltalake import DeltaTable
+
+    try:
+        DeltaTable.create(table_uri, delta_schema_of(arrow_schema), mode="ignore", storage_options=storage_options)
+    except DeltaError as exc:  # another run created it between our check and our commit
+        if "already exists" not in str(exc).lower():
+            raise

@@ -1,0 +1,274 @@
+"""The ledger: what a table has consumed, read from its own Delta log.
+
+Consumed offsets live in Delta ``txn`` (SetTransaction) actions, one per topic-partition,
+``appId = airflow-eo:<ingest_id>:<topic>:<partition>`` and ``version = next offset``.
+Further ``txn`` actions hold the last batch number (``airflow-eo:<ingest_id>:batch``),
+each batch's reprocess counter (``…:reprocess:<batch>``) and, on a dead-letter table, the
+last batch whose dead letters landed (``…:dlq``). ``txn`` actions survive checkpoints and
+log cleanup; the batch details in commitInfo (custom metadata under :data:`METADATA_KEY`)
+are lineage for recent batches and may be cleaned with the log.
+
+"Is this plan's batch committed?" is answered here and only here (:meth:`Ledger.state_of`).
+
+Example::
+
+    >>> from airflow_eo.table.ledger import Ledger
+    >>> ledger = Ledger.open("/data/orders")          # doctest: +SKIP
+    >>> ledger.committed_offsets("orders_raw", [TopicPartition("orders", 0)])  # doctest: +SKIP
+    {TopicPartition(topic='orders', partition=0): 1500}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from airflow_eo.errors import ConfigError, TableError
+from airflow_eo.planning import (
+    BatchPlan, CommitCheck, OffsetRange, SkippedRange, TopicPartition, batch_state,
+)
+from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
+
+APP_PREFIX = "airflow-eo"
+# The commitInfo key of every commit airflow-eo makes; ``operation`` in it names the kind.
+METADATA_KEY = "airflow_eo.batch"
+# Commits that hold a batch's rows (the others: dead letters, schema changes).
+DATA_OPERATIONS = ("ingest", "reprocess")
+_INGEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def validate_ingest_id(ingest_id: str) -> str:
+    if not isinstance(ingest_id, str) or not _INGEST_ID.match(ingest_id):
+        raise ConfigError(
+            f"ingest_id {ingest_id!r} is not valid: use 1-128 letters, digits, '.', '_' or '-' "
+            "(it names the table's offsets in the Delta log, so keep it stable)"
+        )
+    return ingest_id
+
+
+def partition_app_id(ingest_id: str, tp: TopicPartition) -> str:
+    return f"{APP_PREFIX}:{ingest_id}:{tp.topic}:{tp.partition}"
+
+
+def batch_app_id(ingest_id: str) -> str:
+    return f"{APP_PREFIX}:{ingest_id}:batch"
+
+
+def reprocess_app_id(ingest_id: str, batch: int) -> str:
+    return f"{APP_PREFIX}:{ingest_id}:reprocess:{batch}"
+
+
+def dlq_app_id(ingest_id: str) -> str:
+    return f"{APP_PREFIX}:{ingest_id}:dlq"
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One committed batch as recorded in the commit's metadata."""
+
+    version: int
+    ingest_id: str
+    batch: int
+    attempt_id: str
+    run_key: str
+    ranges: tuple[OffsetRange, ...]
+    rows: int
+    rows_per_partition: dict[str, int]
+    skipped: tuple[SkippedRange, ...]
+    operation: str
+    timestamp_ms: int | None
+    raw: dict
+
+    @classmethod
+    def from_commit_info(cls, info: dict) -> "BatchRecord | None":
+        text = info.get(METADATA_KEY)
+        if not text:
+            return None
+        meta = json.loads(text) if isinstance(text, str) else text
+        return cls(
+            version=int(info.get("version", -1)),
+            ingest_id=meta["ingest_id"],
+            batch=int(meta["batch"]),
+            attempt_id=meta.get("attempt_id", ""),
+            run_key=meta.get("run", {}).get("run_key", ""),
+            ranges=tuple(OffsetRange(**r) for r in meta.get("ranges", [])),
+            rows=int(meta.get("rows", 0)),
+            rows_per_partition=dict(meta.get("rows_per_partition", {})),
+            skipped=tuple(SkippedRange(**s) for s in meta.get("skipped", [])),
+            operation=meta.get("operation", "ingest"),
+            timestamp_ms=info.get("timestamp"),
+            raw=meta,
+        )
+
+
+_OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")
+_ATTEMPT_DIR = re.compile(r"^b(\d{8})-[0-9a-f]+$")
+
+
+def _refuse_foreign_directory(uri: str) -> None:
+    """No Delta log, but other files: a plain Parquet/CSV folder, not a table to create."""
+    if not is_local(uri) or not os.path.isdir(uri):
+        return
+    foreign = sorted(n for n in os.listdir(uri) if not _OWN_ENTRIES.match(n))
+    if foreign:
+        raise TableError(
+            f"{uri} is not a Delta table (no _delta_log) but holds other files ({', '.join(foreign[:3])}"
+            f"{', …' if len(foreign) > 3 else ''}): point table_uri at a Delta table or an empty/new "
+            "directory; nothing was changed"
+        )
+
+
+class Ledger:
+    """Read side of a table's ledger, pinned to one snapshot of the Delta log.
+
+    A compare-and-set commit must check offsets and commit from the *same* snapshot:
+    keep one ``Ledger`` for both and do not refresh it in between.
+    """
+
+    def __init__(self, table: DeltaTable | None, table_uri: str, storage_options: dict[str, str] | None = None):
+        self.table = table
+        self.table_uri = table_uri
+        self.storage_options = storage_options
+
+    @classmethod
+    def open(cls, table_uri: str, storage_options: dict[str, str] | None = None) -> "Ledger":
+        uri = normalize_table_uri(table_uri)
+        try:
+            table = DeltaTable(uri, storage_options=storage_options)
+        except TableNotFoundError:
+            _refuse_foreign_directory(uri)
+            return cls(None, uri, storage_options)
+        except DeltaError as exc:  # a _delta_log that cannot be read
+            raise TableError(
+                f"{uri} has a Delta log that cannot be read ({str(exc).splitlines()[0]}): it is not a "
+                "usable Delta table. Point table_uri at the right table or repair/move the log; "
+                "nothing was changed"
+            ) from exc
+        return cls(table, uri, storage_options)
+
+    def location(self) -> TableLocation:
+        return TableLocation.of(self.table_uri, self.storage_options)
+
+    @property
+    def exists(self) -> bool:
+        return self.table is not None
+
+    @property
+    def version(self) -> int | None:
+        return self.table.version() if self.table is not None else None
+
+    def check_owner(self, ingest_id: str) -> None:
+        """Refuse a path that holds a Delta table this ingest never wrote.
+
+        Ownership is the ingest's batch counter in the log (a ``txn`` action, which
+        survives log cleanup), so no table property is needed.
+        """
+        if self.table is None or self.table.transaction_version(batch_app_id(ingest_id)) is not None:
+            return
+        raise TableError(
+            f"the Delta table at {self.table_uri} was not written by ingest_id {ingest_id!r} "
+            "(another ingest id, or a table created elsewhere): use the ingest_id that created "
+            "it, or another table path; nothing was changed"
+        )
+
+    def committed_offsets(
+        self, ingest_id: str, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        """Next offset to read per partition; ``None`` for partitions never committed."""
+        if self.table is None:
+            return {tp: None for tp in partitions}
+        return {tp: self.table.transaction_version(partition_app_id(ingest_id, tp)) for tp in partitions}
+
+    def last_batch(self, ingest_id: str) -> int:
+        return self.transaction(batch_app_id(ingest_id))
+
+    def reprocess_count(self, ingest_id: str, batch: int) -> int:
+        return self.transaction(reprocess_app_id(ingest_id, batch))
+
+    def transaction(self, app_id: str) -> int:
+        """The committed version of a ``txn`` app id; 0 when never committed."""
+        if self.table is None:
+            return 0
+        return self.table.transaction_version(app_id) or 0
+
+    def file_paths(self) -> set[str]:
+        """Paths (relative to the root) of the files in this snapshot."""
+        if self.table is None:
+            return set()
+        import pyarrow as pa
+
+        return set(pa.table(self.table.get_add_actions(flatten=True)).column("path").to_pylist())
+
+    def batch_files(self, batch: int) -> dict[str, int]:
+        """Paths (and sizes) of the files holding ``batch``'s rows, by attempt directory.
+
+        Raises when the table holds files outside attempt directories: a compaction or another
+        writer may have mixed batches in one file, and removing it would drop other rows.
+        """
+        import pyarrow as pa
+
+        actions = pa.table(self.table.get_add_actions(flatten=True))
+        found, foreign = {}, []
+        for path, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()):
+            match = _ATTEMPT_DIR.match(path.split("/", 1)[0]) if "/" in path else None
+            if match is None:
+                foreign.append(path)
+            elif int(match.group(1)) == batch:
+                found[path] = size
+        if foreign:
+            raise TableError(
+                f"{self.table_uri} holds files outside airflow-eo attempt directories (e.g. {foreign[0]}; "
+                "rewritten by OPTIMIZE or another writer): they may mix batches, so a reprocess cannot "
+                "replace one batch's rows without touching others. Nothing was changed"
+            )
+        return found
+
+    def state_of(self, plan: BatchPlan) -> CommitCheck:
+        """Is ``plan`` committable (READY), in the table (ALREADY_COMMITTED), or overtaken
+        (CONFLICT)? Read from this snapshot (:func:`airflow_eo.planning.batch_state`)."""
+        committed = self.committed_offsets(plan.ingest_id, plan.starts)
+        last = self.last_batch(plan.ingest_id)
+        state = batch_state(plan, committed, last)
+        if state is CommitCheck.ALREADY_COMMITTED:  # only then is the history worth reading
+            record = self.find_batch(plan.ingest_id, batch=plan.batch, operation="ingest")
+            state = batch_state(plan, committed, last, record.ranges if record else None)
+        return state
+
+    def batches(self, ingest_id: str, limit: int | None = 20) -> list[BatchRecord]:
+        """Recent data commits of ``ingest_id``, newest first (as far as the log still holds)."""
+        if self.table is None:
+            return []
+        found = []
+        for info in self.table.history(limit):
+            record = BatchRecord.from_commit_info(info)
+            if record is not None and record.ingest_id == ingest_id and record.operation in DATA_OPERATIONS:
+                found.append(record)
+        return found
+
+    def find_batch(
+        self, ingest_id: str, *, attempt_id: str | None = None, run_key: str | None = None,
+        batch: int | None = None, since_version: int = 0, operation: str | None = None,
+    ) -> BatchRecord | None:
+        """The newest commit that matches the given attempt, run or batch number."""
+        if self.table is None:
+            return None
+        span = max(self.table.version() - since_version + 1, 1)
+        # Recent commits first: the batch a retry or rerun looks for is almost always among
+        # the newest, and reading the whole history costs a file per commit.
+        window, searched = 16, 0
+        while searched < span:
+            window = min(window, span)
+            for record in self.batches(ingest_id, limit=window):
+                if (attempt_id is None or record.attempt_id == attempt_id) and \
+                        (run_key is None or record.run_key == run_key) and \
+                        (batch is None or record.batch == batch) and \
+                        (operation is None or record.operation == operation):
+                    return record
+            searched, window = window, window * 16
+        return None

@@ -1,0 +1,244 @@
+"""Staged files: Parquet written by Spark beside the table, invisible until committed.
+
+Each attempt writes into its own directory ``<table>/b<batch>-<attempt_id>/`` and keeps a
+marker ``<table>/_airflow_eo/attempts/<attempt_id>.json`` that says when it started and
+whether it has ended. A file becomes part of the table only when the Delta commit adds
+it; the files of an attempt that never committed are orphans.
+
+The directories are not hidden (no leading ``_``) on purpose: Delta's own VACUUM
+then also sees and removes them, and committed files live in a normal data path.
+
+Example::
+
+    >>> stage = StagingArea(TableLocation.of("/data/orders"))          # doctest: +SKIP
+    >>> stage.begin_attempt(attempt)                                   # doctest: +SKIP
+    '/data/orders/b00000007-3f2a9c0d1e6b4a52'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from airflow_eo.attempt import Attempt
+from airflow_eo.planning import BatchPlan
+from airflow_eo.table.storage import TableLocation
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS_DIR = "_airflow_eo/attempts"
+KEY_COLUMNS = ("topic", "partition", "offset")
+DEFAULT_GRACE_SECONDS = 24 * 3600
+
+
+def new_attempt_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def attempt_dir_name(plan: BatchPlan) -> str:
+    return f"b{plan.batch:08d}-{plan.attempt_id}"
+
+
+def attempt_dir_of(path: str) -> str:
+    """The attempt directory a staged file's relative path lies in."""
+    return path.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One Parquet file an attempt staged, with what its Delta add action needs."""
+
+    path: str  # relative to the table root
+    size: int
+    modification_time: int  # epoch ms
+    num_records: int
+    stats: str  # Delta stats JSON
+
+
+@dataclass(frozen=True)
+class AttemptMarker:
+    attempt_id: str
+    batch: int
+    run_key: str
+    started_at: float
+    ended_at: float | None = None
+    committed: bool = False
+    host: str = ""
+    pid: int = 0
+    attempt: str = ""  # Attempt JSON: what this attempt reads and commits, never secrets
+
+    @classmethod
+    def from_json(cls, text: str) -> "AttemptMarker | None":
+        try:
+            raw = json.loads(text)
+            return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
+        except (ValueError, TypeError):
+            return None  # torn or foreign: treated as no marker (age decides)
+
+
+class StagingArea:
+    """Attempt directories and markers of one table."""
+
+    def __init__(self, location: TableLocation):
+        self.loc = location
+
+    def attempt_path(self, plan: BatchPlan) -> str:
+        return self.loc.join(attempt_dir_name(plan))
+
+    def marker_path(self, attempt_id: str) -> str:
+        return self.loc.join(ATTEMPTS_DIR, f"{attempt_id}.json")
+
+    def begin_attempt(self, attempt: Attempt) -> str:
+        """Record that an attempt starts (before it writes a byte) and return its directory."""
+        plan = attempt.plan
+        marker = AttemptMarker(
+            plan.attempt_id, plan.batch, plan.run.run_key, time.time(),
+            host=socket.gethostname(), pid=os.getpid(), attempt=attempt.to_json(),
+        )
+        self._write_marker(marker)
+        return self.attempt_path(plan)
+
+    def end_attempt(self, attempt_id: str, committed: bool = False) -> None:
+        """Mark an attempt over: its files may be collected unless it committed."""
+        marker = self.read_marker(attempt_id)
+        if marker is None or marker.ended_at is not None and marker.committed >= committed:
+            return
+        self._write_marker(
+            AttemptMarker(**{**marker.__dict__, "ended_at": time.time(), "committed": committed})
+        )
+
+    def read_attempt(self, attempt_id: str) -> Attempt:
+        """The attempt as its caller recorded it before starting Spark."""
+        marker = self.read_marker(attempt_id)
+        if marker is None or not marker.attempt:
+            raise FileNotFoundError(
+                f"attempt {attempt_id} has no marker under {self.loc.join(ATTEMPTS_DIR)}: start the "
+                "job through `airflow-eo ingest` or the operator, which log the plan first"
+            )
+        return Attempt.from_json(marker.attempt)
+
+    def read_marker(self, attempt_id: str) -> AttemptMarker | None:
+        text = self.loc.read_text(self.marker_path(attempt_id))
+        return None if text is None else AttemptMarker.from_json(text)
+
+    def _write_marker(self, marker: AttemptMarker) -> None:
+        self.loc.write_text(self.marker_path(marker.attempt_id), json.dumps(marker.__dict__))
+
+    def staged_files(self, attempt_path: str, only: set[str] | None = None) -> list[StagedFile]:
+        """Every Parquet data file an attempt wrote, with Delta stats from the footers.
+
+        ``only``: full paths to keep (the files successful tasks reported), so that files
+        of failed task attempts in the same directory are never staged."""
+        staged = []
+        for info in self.loc.list_files(attempt_path):
+            name = info.base_name
+            if name.startswith(("_", ".")) or not name.endswith(".parquet"):
+                continue
+            if only is not None and info.path not in only:
+                continue
+            meta = pq.read_metadata(info.path, filesystem=self.loc.fs)
+            staged.append(
+                StagedFile(
+                    path=self.loc.relative(info.path),
+                    size=info.size,
+                    modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
+                    num_records=meta.num_rows,
+                    stats=json.dumps(file_stats(meta)),
+                )
+            )
+        return sorted(staged, key=lambda f: f.path)
+
+    def rows_per_partition(self, files: list[StagedFile]) -> dict[str, int]:
+        """Rows staged per ``topic[partition]``, read from two columns of the files."""
+        if not files:
+            return {}
+        paths = [self.loc.join(f.path) for f in files]
+        table = pads.dataset(paths, format="parquet", filesystem=self.loc.fs).to_table(
+            columns=["topic", "partition"]
+        )
+        counts = table.group_by(["topic", "partition"]).aggregate([([], "count_all")])
+        return {
+            f"{t}[{p}]": n
+            for t, p, n in zip(
+                counts["topic"].to_pylist(), counts["partition"].to_pylist(), counts["count_all"].to_pylist()
+            )
+        }
+
+    def collect_orphans(
+        self, referenced: set[str], grace_seconds: float = DEFAULT_GRACE_SECONDS, now: float | None = None
+    ) -> list[str]:
+        """Delete attempt directories that never committed and can no longer be running.
+
+        An attempt's files are deleted only when none of them is in the table and the
+        attempt is known to have ended (its marker says so: written by the job itself or
+        by whoever watched spark-submit exit) or it started longer than ``grace_seconds``
+        ago, the bound on how long one attempt may run. A running attempt has no end mark
+        and a recent start, so it is never touched.
+        """
+        now = time.time() if now is None else now
+        removed = []
+        referenced_dirs = {p.split("/", 1)[0] for p in referenced}
+        for info in self.loc.list_dirs(self.loc.root):
+            name = info.base_name
+            if not name.startswith("b") or "-" not in name or name in referenced_dirs:
+                continue
+            attempt_id = name.split("-", 1)[1]
+            marker = self.read_marker(attempt_id)
+            if marker is not None and marker.committed:
+                continue
+            started = marker.started_at if marker else (info.mtime.timestamp() if info.mtime else now)
+            ended = marker is not None and marker.ended_at is not None
+            if not ended and now - started < grace_seconds:
+                continue
+            self.loc.fs.delete_dir(info.path)
+            if marker is not None:
+                self.loc.fs.delete_file(self.marker_path(attempt_id))
+            removed.append(name)
+            log.info("removed orphaned staged files of attempt %s", name)
+        return removed
+
+
+def collect_orphans(table_uri: str, storage_options: dict | None, grace_seconds: float) -> list[str]:
+    """Remove the staged files of dead attempts under ``table_uri`` (main or dead-letter table).
+
+    A dead-letter table's attempts keep their markers beside the main table, so there the
+    attempt's age is the only safe test (see :meth:`StagingArea.collect_orphans`).
+    """
+    from airflow_eo.table.ledger import Ledger
+
+    location = TableLocation.of(table_uri, storage_options)
+    if location.fs.get_file_info(location.root).type.name != "Directory":
+        return []
+    referenced = Ledger.open(table_uri, storage_options).file_paths()
+    return StagingArea(location).collect_orphans(referenced, grace_seconds)
+
+
+def file_stats(meta: pq.FileMetaData) -> dict:
+    """Delta per-file stats (numRecords, min/max/nullCount of the key columns)."""
+    stats: dict = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    for column in KEY_COLUMNS:
+        if column not in names:
+            continue
+        idx = names.index(column)
+        lows, highs, nulls = [], [], 0
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(idx).statistics
+            if st is None or not st.has_min_max:
+                return {"numRecords": meta.num_rows}
+            lows.append(st.min)
+            highs.append(st.max)
+            nulls += st.null_count or 0
+        if lows:
+            stats["minValues"][column] = min(lows)
+            stats["maxValues"][column] = max(highs)
+            stats["nullCount"][column] = nulls
+    return stats

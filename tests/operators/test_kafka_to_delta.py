@@ -1,0 +1,194 @@
+"""KafkaToDeltaOperator without a metadata DB: real broker, real Delta, real planning.
+
+The one boundary replaced is SparkSubmitHook: a stand-in that runs the very job
+(``run_attempt``) in the session's SparkSession instead of spawning spark-submit, and
+records what the operator handed to the hook (env vars vs. command-line arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+from deltalake import DeltaTable
+
+from airflow_eo.attempt import Env, Secrets
+from airflow_eo.driver.main import run_recorded_attempt
+from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator, run_key_of, summary_link
+from airflow_eo.planning import BatchPlan, RunIdentity
+from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
+from tests.helpers import duplicates, new_topic, produce, read_table
+
+SECRET = "s3cr3t-value-never-logged"
+
+
+class InProcessHook:
+    """Stands in for SparkSubmitHook: same constructor keywords, runs the job in-process."""
+
+    made: list["InProcessHook"] = []
+    spark = None
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.killed = False
+        InProcessHook.made.append(self)
+
+    def submit(self, application):
+        assert application.endswith("kafka_to_delta.py")
+        args = self.kwargs["application_args"]
+        env = self.kwargs["env_vars"]
+        run_recorded_attempt(self.spark, args[args.index("--table-uri") + 1], args[args.index("--attempt-id") + 1],
+                             Secrets.from_env(env))
+
+    def on_kill(self):
+        self.killed = True
+
+
+@pytest.fixture
+def hooks(spark, monkeypatch):
+    InProcessHook.made = []
+    InProcessHook.spark = spark
+    monkeypatch.setattr("airflow_eo.submit.spark_hook._default_hook_factory", InProcessHook)
+    monkeypatch.setattr(SparkSubmitHookSubmitter.__init__, "__defaults__",
+                        SparkSubmitHookSubmitter.__init__.__defaults__[:-1] + (InProcessHook,))
+    return InProcessHook.made
+
+
+@pytest.fixture
+def kafka_env(broker, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_UNIT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap_servers, "sasl.password": SECRET}}))
+    return "kafka_unit"
+
+
+def make_operator(dag_id, table_uri, topic, conn_id, **kwargs):
+    from airflow.sdk import DAG
+
+    with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1)):
+        return KafkaToDeltaOperator(task_id="ingest", topics=[topic], table_uri=table_uri, kafka_conn_id=conn_id,
+                                    transform_sql="SELECT topic, partition, offset, CAST(value AS STRING) AS body "
+                                                  "FROM source", **kwargs)
+
+
+class OutletEvents(dict):
+    def __missing__(self, key):
+        self[key] = SimpleNamespace(extra=None)
+        return self[key]
+
+
+def context_for(op, run_id, try_number=1, params=None):
+    ti = SimpleNamespace(dag_id=op.dag_id, run_id=run_id, task_id=op.task_id, map_index=-1, try_number=try_number)
+    return {"ti": ti, "params": params or {}, "outlet_events": OutletEvents()}
+
+
+def test_operator_ingests_and_reports_summary_asset_and_link(hooks, kafka_env, kafka_config, table_uri):
+    topic = new_topic(kafka_config)
+    produce(kafka_config, topic, 15)
+    op = make_operator("unit_dag", table_uri, topic, kafka_env)
+    assert op.max_active_tis_per_dag == 1 and op.outlets[0].uri == f"file://{table_uri}"
+    ctx = context_for(op, "manual__1")
+    summary = op.execute(ctx)
+
+    assert summary["status"] == "committed" and summary["batch"] == 1 and summary["rows"] == 15
+    assert summary["run_key"] == run_key_of("unit_dag", "manual__1", "ingest", -1) == "unit_dag/manual__1/ingest/-1"
+    assert summary["version"] == DeltaTable(table_uri).version()
+    meta = json.loads(DeltaTable(table_uri).history(1)[0]["airflow_eo.batch"])
+    assert meta["run"]["run_id"] == "manual__1" and meta["rows"] == 15
+    assert ctx["outlet_events"][op.asset].extra == summary
+    assert f"version={summary['version']}" in summary_link(summary) and "batch=1" in summary_link(summary)
+    table = read_table(table_uri)
+    assert table.num_rows == 15 and duplicates(table) == {}
+    # the hook got the Kafka config as an env var only, never on the command line
+    (hook,) = hooks
+    assert json.loads(hook.kwargs["env_vars"][Env.KAFKA_CONFIG])["bootstrap.servers"] == kafka_config["bootstrap.servers"]
+    assert all(SECRET not in str(a) for a in hook.kwargs["application_args"])
+    assert SECRET not in json.dumps(hook.kwargs["conf"])
+    # and nowhere in XCom, commit metadata or the files beside the table
+    assert SECRET not in json.dumps(summary)
+    for root, _, files in os.walk(table_uri):
+        for name in files:
+            if name.endswith((".json", ".crc")) or root.endswith("_delta_log"):
+                assert SECRET not in open(os.path.join(root, name), errors="ignore").read(), name
+
+    # on_kill reaches the hook of the running job (spark-submit / YARN app / driver pod)
+    op.on_kill()
+    assert hooks[0].killed
+
+    # a retry / clear of the same run: reports the batch, starts no Spark job
+    again = op.execute(context_for(op, "manual__1", try_number=2))
+    assert again["status"] == "already_committed" and again["batch"] == 1 and not again["spark_started"]
+    assert len(hooks) == 1
+
+
+def test_reprocess_flag_from_params_or_argument(kafka_env, table_uri):
+    op = make_operator("unit_dag2", table_uri, "t", kafka_env)
+    run = op.run_identity(context_for(op, "scheduled__x"))
+    assert op.reprocess_target(context_for(op, "scheduled__x"), run) is None
+    assert op.reprocess_target(context_for(op, "r", params={"reprocess": True}), run) == "unit_dag2/scheduled__x/ingest/-1"
+    assert op.reprocess_target(context_for(op, "r", params={"reprocess": "true", "reprocess_run_id": "old"}), run) \
+        == "unit_dag2/old/ingest/-1"
+    op2 = make_operator("unit_dag3", table_uri, "t", kafka_env, reprocess=True, reprocess_dag_id="other",
+                        reprocess_run_id="r7")
+    assert op2.reprocess_target(context_for(op2, "x", params={"reprocess": False}), run) == "other/r7/ingest/-1"
+
+
+def test_templated_table_uri_needs_explicit_asset(kafka_env):
+    op = make_operator("unit_dag4", "{{ params.table }}", "t", kafka_env)
+    assert op.asset is None and "table_uri" in op.template_fields
+
+
+def test_kafka_connection_without_bootstrap_is_refused(monkeypatch):
+    from airflow_eo.errors import ConfigError
+    from airflow_eo.hooks.kafka import KafkaConfigHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EMPTY", json.dumps({"conn_type": "kafka", "extra": {}}))
+    with pytest.raises(ConfigError, match="bootstrap.servers"):
+        KafkaConfigHook("kafka_empty").client_config()
+
+
+def test_secret_env_of_yarn_master_is_masked_and_redacted(monkeypatch):
+    from airflow_eo.ingest import IngestConfig
+
+    masked = []
+    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda value, name=None: masked.append(value))
+    made = []
+
+    def factory(**kwargs):
+        hook = SimpleNamespace(_connection={"master": "yarn"}, _conf=kwargs["conf"], kwargs=kwargs)
+        made.append(hook)
+        return hook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    config = IngestConfig(table_uri="/tmp/x", ingest_id="i", topics=["t"],
+                          kafka_config={"bootstrap.servers": "b:9092", "sasl.password": SECRET})
+    attempt = config.attempt(BatchPlan("i", 1, (), RunIdentity("r"), attempt_id="a1"))
+    hook = SparkSubmitHookSubmitter(conn_id="spark_yarn", hook_factory=factory).build_hook(attempt, config.secrets())
+    assert any(SECRET in m for m in masked)
+    assert "AIRFLOW_EO_" in hook._conf["spark.redaction.regex"]
+    assert "PYSPARK_PYTHON" not in hook.kwargs["env_vars"]
+    assert Secrets.from_env(hook.kwargs["env_vars"]).kafka_config["sasl.password"] == SECRET  # what the job reads
+
+
+def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_CONN_S3_UNIT", json.dumps({
+        "conn_type": "aws", "login": "AKIDUNIT", "password": SECRET,
+        "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1", "conditional_put": "etag"}}))
+    op = make_operator("unit_dag5", "s3://bucket/orders", "t", kafka_env, storage_conn_id="s3_unit",
+                       storage_options={"AWS_S3_ADDRESSING_STYLE": "path"}, value_schema="id INT, name STRING",
+                       dead_letter_table_uri="s3://bucket/orders_dead", max_dead_letters=5,
+                       schema_evolution=True, mirror_consumer_group="orders-lag")
+    config = op.ingest_config()
+    assert config.storage_options == {
+        "AWS_ACCESS_KEY_ID": "AKIDUNIT", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "eu-west-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ALLOW_HTTP": "true", "conditional_put": "etag",
+        "AWS_S3_ADDRESSING_STYLE": "path"}
+    assert SECRET not in repr(config)  # storage options and Kafka config are kept out of reprs
+    attempt = config.attempt(BatchPlan(config.ingest_id, 1, (), RunIdentity("r"), attempt_id="a1"))
+    assert attempt.dead_letters.table_uri == "s3://bucket/orders_dead" and attempt.dead_letters.max_count == 5
+    assert SECRET not in attempt.to_json()  # what is written beside the table holds no secret
+    assert config.value_schema == "id INT, name STRING" and config.max_dead_letters == 5
+    assert config.schema_evolution and config.mirror_consumer_group == "orders-lag"
+    assert "dead_letter_table_uri" in op.template_fields

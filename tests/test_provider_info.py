@@ -1,0 +1,69 @@
+"""Provider registration: `airflow providers list` shows airflow-eo, installed as a package.
+
+The fresh-environment test builds the package and pip-installs it (``--no-deps``) into a
+new venv that sees the project's dependencies through a ``.pth`` file instead of
+downloading them, then asks that venv's ``airflow providers list``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+
+from airflow_eo.provider_info import provider_info
+from tests.conftest import REPO
+
+PROVIDER_KEYS = ("hooks", "operators", "sensors", "triggers", "extra-links")
+
+
+def providers_json(airflow_bin: str, env: dict) -> list[dict]:
+    out = subprocess.run([airflow_bin, "providers", "list", "-o", "json"], env=env, check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    return json.loads(out[out.index("["):])
+
+
+def test_provider_info_declares_every_component_and_reuses_kafka_connection():
+    import importlib
+
+    info = provider_info()
+    assert info["package-name"] == "airflow-eo"
+    for key in ("hooks", "operators", "sensors", "triggers"):
+        for module in info[key][0]["python-modules"]:
+            importlib.import_module(module)
+    module, _, cls = info["extra-links"][0].rpartition(".")
+    assert getattr(importlib.import_module(module), cls).name == "Delta batch"
+    assert "connection-types" not in info  # the `kafka` type belongs to the Kafka provider
+
+
+def test_airflow_providers_list_shows_it(airflow_db):
+    listed = {p["package_name"]: p for p in providers_json(os.path.join(os.path.dirname(sys.executable), "airflow"),
+                                                           os.environ.copy())}
+    assert listed["airflow-eo"]["version"] == provider_info()["versions"][0]
+
+
+def test_fresh_environment_install_lists_provider(tmp_path, airflow_db):
+    """Build the wheel (pip, isolated build), install it --no-deps into a fresh venv."""
+    wheels, venv = tmp_path / "wheels", tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), REPO],
+                   check=True, timeout=300, capture_output=True)
+    (wheel,) = wheels.glob("airflow_eo-*.whl")
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin/python")
+    fresh_site = subprocess.run([python, "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+                                check=True, capture_output=True, text=True).stdout.strip()
+    # dependencies come from the dev venv (appended after the fresh site-packages), the
+    # project itself only from the wheel
+    with open(os.path.join(fresh_site, "deps.pth"), "w") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True, env=env, timeout=300)
+    where = subprocess.run([python, "-c", "import airflow_eo;print(airflow_eo.__file__)"],
+                           check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout
+    assert where.startswith(fresh_site), where
+    out = subprocess.run([python, "-m", "airflow", "providers", "list", "-o", "json"],
+                         env=env, check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path).stdout
+    listed = {p["package_name"]: p for p in json.loads(out[out.index("["):])}
+    assert listed["airflow-eo"]["version"] == provider_info()["versions"][0]

@@ -1,0 +1,112 @@
+"""Reprocess of a past run (airflow_eo.reprocess) against the real broker, Spark and Delta.
+
+Runs in the session's in-process SparkSession (InProcessSubmitter): the Spark job code is
+the same as under spark-submit; the Airflow-driven reprocess is in test_dag_runs.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from deltalake import DeltaTable
+
+from airflow_eo.errors import ConfigError, DataLossError
+from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.planning import RunIdentity
+from airflow_eo.reprocess import ALREADY_REPROCESSED, REPROCESSED, Reprocessor
+from airflow_eo.driver.main import InProcessSubmitter
+from airflow_eo.attempt import Transform
+from tests.helpers import committed_offsets, duplicates, keys_of, new_topic, produce, read_table
+
+UPPER = "SELECT topic, partition, offset, upper(CAST(value AS STRING)) AS body FROM source"
+PLAIN = "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source"
+
+
+class CountingSubmitter(InProcessSubmitter):
+    def __init__(self, spark):
+        super().__init__(spark)
+        self.calls = 0
+
+    def submit(self, attempt, secrets):
+        self.calls += 1
+        super().submit(attempt, secrets)
+
+
+def ingestion(spark, kafka_config, table_uri, topic, sql=PLAIN):
+    config = IngestConfig(table_uri=table_uri, ingest_id="orders", topics=[topic], kafka_config=kafka_config,
+                          transform=Transform(sql=sql))
+    return Ingestion(config, CountingSubmitter(spark))
+
+
+def bodies(table_uri):
+    t = read_table(table_uri)
+    return dict(zip(keys_of(t), t["body"].to_pylist()))
+
+
+def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark, kafka_config, table_uri):
+    topic = new_topic(kafka_config)
+    produce(kafka_config, topic, 30)
+    first = ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    produce(kafka_config, topic, 12, start=30)
+    second = ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/run2/t/-1"))
+    offsets_before = committed_offsets(table_uri, "orders", topic, 3)
+    version_before = DeltaTable(table_uri).version()
+
+    ing = ingestion(spark, kafka_config, table_uri, topic, sql=UPPER)
+    result = Reprocessor(ing).run(RunIdentity("dag/run1/t/-1"))
+
+    assert result.status == REPROCESSED and result.batch == first.batch and result.spark_started
+    assert result.version == version_before + 1 and result.rows == 30
+    table = read_table(table_uri)
+    assert duplicates(table) == {} and table.num_rows == 42
+    after = bodies(table_uri)
+    in_run1 = {k for k in after if any(r["partition"] == k[1] and r["start"] <= k[2] < r["end"]
+                                       for r in first.to_dict()["ranges"])}
+    assert len(in_run1) == 30
+    assert all(after[k].startswith("V") for k in in_run1)  # run 1's rows, replaced
+    assert all(after[k].startswith("v") for k in set(after) - in_run1)  # run 2's rows, untouched
+    assert committed_offsets(table_uri, "orders", topic, 3) == offsets_before
+    history = DeltaTable(table_uri).history(1)[0]  # the one reprocess commit
+    assert '"operation": "reprocess"' in history["airflow_eo.batch"]
+    assert ing.ledger().reprocess_count("orders", first.batch) == 1
+    assert second.batch == first.batch + 1
+
+    # a retry of the same reprocess request: reports it, starts nothing, replaces nothing
+    retry_ing = ingestion(spark, kafka_config, table_uri, topic, sql=UPPER)
+    # pretend the first try died before recording "done"
+    log = Reprocessor(retry_ing).requests
+    pending = log.load("dag/run1/t/-1")
+    log.record(type(pending)(**{**pending.__dict__, "done": False}))
+    again = Reprocessor(retry_ing).run(RunIdentity("dag/run1/t/-1"))
+    assert again.status == ALREADY_REPROCESSED and not again.spark_started
+    assert retry_ing.submitter.calls == 0
+    assert DeltaTable(table_uri).version() == version_before + 1
+
+    # a plain clear of run 1 afterwards: a no-op that reports the batch
+    clear = ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    assert clear.status == "already_committed" and not clear.spark_started
+
+
+def test_reprocess_refuses_unknown_run_and_lost_ranges(spark, kafka_config, table_uri):
+    from confluent_kafka.admin import AdminClient
+
+    topic = new_topic(kafka_config, partitions=1)
+    produce(kafka_config, topic, 10, partitions=1)
+    ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/r1/t/-1"))
+    with pytest.raises(ConfigError, match="nothing to reprocess"):
+        Reprocessor(ingestion(spark, kafka_config, table_uri, topic)).run(RunIdentity("dag/never/t/-1"))
+
+    # recreate the topic with fewer records: Kafka no longer holds run 1's range
+    admin = AdminClient(kafka_config)
+    for f in admin.delete_topics([topic]).values():
+        f.result()
+    time.sleep(1)
+    new_topic(kafka_config, partitions=1, name=topic)
+    produce(kafka_config, topic, 3, partitions=1)
+    version = DeltaTable(table_uri).version()
+    ing = ingestion(spark, kafka_config, table_uri, topic)
+    with pytest.raises(DataLossError, match="no longer holds"):
+        Reprocessor(ing).run(RunIdentity("dag/r1/t/-1"))
+    assert ing.submitter.calls == 0 and DeltaTable(table_uri).version() == version
+    assert read_table(table_uri).num_rows == 10
