@@ -1,0 +1,77 @@
+"""Offsets: the small value objects of Kafka positions (partitions, ranges, bounds, gaps).
+
+Offsets follow Kafka: a range ``[start, end)`` holds the offsets ``start .. end-1``; a
+committed offset is the *next* offset to read.
+
+    >>> str(OffsetRange("orders", 0, 10, 25)), OffsetRange("orders", 0, 10, 25).size
+    ('orders[0] 10..25', 15)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EARLIEST = -2
+LATEST = -1
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Half-open offset range ``[start, end)`` of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    @property
+    def size(self) -> int:
+        """Offsets spanned; records may be fewer (gaps)."""
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] {self.start}..{self.end}"
+
+
+@dataclass(frozen=True)
+class PartitionBounds:
+    """What Kafka holds for a partition: first offset retained, last stable offset."""
+
+    tp: TopicPartition
+    log_start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SkippedRange:
+    """Offsets the table will never hold, recorded in the commit that skips them."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Who asked for a batch. ``run_key`` is stable across retries and clears of one run."""
+
+    run_key: str
+    dag_id: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    try_number: int | None = None
