@@ -14,10 +14,11 @@ import json
 import sys
 import time
 
-from airflow_eo.job import KAFKA_CONFIG_ENV, build_session, secret_from_env
+from airflow_eo.attempt import DEFAULT_MAX_OFFSETS_PER_TASK, Secrets, Transform
+from airflow_eo.driver.main import build_session
+from airflow_eo.driver.source import read_plan
+from airflow_eo.driver.transforms import apply_transform
 from airflow_eo.planning import OffsetRange
-from airflow_eo.driver.source import DEFAULT_MAX_OFFSETS_PER_TASK, SOURCE_NAME, register, source_options
-from airflow_eo.attempt import Transform
 
 
 def main(argv: list[str]) -> int:
@@ -30,10 +31,8 @@ def main(argv: list[str]) -> int:
     spark = build_session("airflow-eo benchmark at-least-once")
     try:
         ready = time.time()
-        register(spark)
-        options = source_options(ranges, secret_from_env(KAFKA_CONFIG_ENV), args.max_offsets_per_task)
-        source = spark.read.format(SOURCE_NAME).options(**options).load()
-        Transform().apply(source).write.mode("errorifexists").parquet(f"file://{args.out}")
+        source = read_plan(spark, ranges, dict(Secrets.from_env().kafka_config), args.max_offsets_per_task)
+        apply_transform(Transform(), source).write.mode("errorifexists").parquet(f"file://{args.out}")
         print("AIRFLOW_EO_BENCH " + json.dumps({"session_ready": ready, "write_done": time.time()}), flush=True)
     finally:
         spark.stop()

@@ -1,5 +1,5 @@
 """Planning-latency fixtures: a Delta table with many commits, built with the project's own
-commit path (``airflow_eo.commit.commit_batch``), no Spark.
+commit path (``airflow_eo.table.commit.commit``), no Spark.
 
 Each commit is one batch of an ingest over a ``partitions``-partition topic with one tiny
 Parquet file written with pyarrow into the batch's attempt directory. Offsets advance by one
@@ -30,7 +30,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_eo.commit import commit_batch
+from airflow_eo.table.commit import CommitKind, StagedBatch, commit
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.table.plan_log import PlanLog
@@ -68,7 +68,7 @@ def commit_one(table_uri: str, staging: StagingArea, plan: BatchPlan) -> None:
     _tiny_file(os.path.join(staging.attempt_path(plan), "part-00000.parquet"), moving.topic,
                moving.partition, moving.start)
     files = staging.staged_files(staging.attempt_path(plan))
-    commit_batch(table_uri, plan, files, staging.rows_per_partition(files), KAFKA_SCHEMA)
+    commit(CommitKind.BATCH, table_uri, StagedBatch(plan, tuple(files), staging.rows_per_partition(files), KAFKA_SCHEMA))
 
 
 def build_table(table_uri: str, topic: str, partitions: int, commits: int, rerun_key: str,

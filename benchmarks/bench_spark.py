@@ -21,7 +21,8 @@ import psutil
 
 from airflow_eo.ingest import IngestConfig, Ingestion, IngestResult
 from airflow_eo.planning import OffsetRange, RunIdentity
-from airflow_eo.submit import LocalSparkSubmit, job_environment, spark_submit_binary
+from airflow_eo.attempt import Secrets
+from airflow_eo.submit.spark_submit import LocalSparkSubmit, job_environment, spark_submit_binary
 
 ALO_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "alo_job.py")
 
@@ -122,7 +123,7 @@ def run_alo(submitter: LocalSparkSubmit, kafka_config: dict, ranges: list[Offset
         cmd += ["--conf", f"{key}={value}"]
     cmd += [ALO_JOB, "--ranges", json.dumps([r.__dict__ for r in ranges]), "--out", out_dir]
     env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-           **job_environment(_ConfigOnly(kafka_config))}
+           **job_environment(Secrets(kafka_config))}
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - started
@@ -130,13 +131,6 @@ def run_alo(submitter: LocalSparkSubmit, kafka_config: dict, ranges: list[Offset
         raise RuntimeError("the at-least-once job failed:\n" + "\n".join(done.stdout.splitlines()[-30:]))
     phases = spark_phases(events_dir)
     return {"seconds": seconds, "in_spark_seconds": phases["in_spark"], "spark_jobs_seconds": phases["jobs"]}
-
-
-class _ConfigOnly:
-    """What :func:`job_environment` reads from an ingest config."""
-
-    def __init__(self, kafka_config: dict):
-        self.kafka_config, self.storage_options = kafka_config, None
 
 
 def eo_config(table_uri: str, topic: str, kafka_config: dict, records: int) -> IngestConfig:

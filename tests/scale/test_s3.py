@@ -19,7 +19,8 @@ from airflow_eo.driver.reader import read_range
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
 from airflow_eo.planning import RunIdentity
 from airflow_eo.table.staging import StagingArea, attempt_dir_name, new_attempt_id
-from airflow_eo.table.storage import TableLocation, check_commit_safety, storage_options_from_connection
+from airflow_eo.hooks.storage import storage_options_from_connection
+from airflow_eo.table.storage import TableLocation, check_commit_safety
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from tests.helpers import broker_records, duplicates, keys_of, new_topic, produce
 
