@@ -67,7 +67,13 @@ def cmd_ingest(args) -> int:
     )
     conf = dict(kv.split("=", 1) for kv in args.conf or [])
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
-    result = Ingestion(config, LocalSparkSubmit(master=args.master, conf=conf)).run(RunIdentity(run_key))
+    if args.remote:  # the warm path: each batch on a long-lived Spark Connect server
+        from airflow_eo.submit.connect import ConnectSubmitter
+
+        submitter = ConnectSubmitter(args.remote, conf=conf)
+    else:
+        submitter = LocalSparkSubmit(master=args.master, conf=conf)
+    result = Ingestion(config, submitter).run(RunIdentity(run_key))
     _print(result.to_dict(), args.json)
     return 0
 
@@ -131,6 +137,8 @@ def parser() -> argparse.ArgumentParser:
     ing.add_argument("--transform-sql", help="Spark SQL over the view `source`")
     ing.add_argument("--transform", help="a Python callable 'package.module:function' (DataFrame → DataFrame)")
     ing.add_argument("--master", default="local[*]", help="Spark master for spark-submit")
+    ing.add_argument("--remote", help="run the batch on this Spark Connect server (sc://host:port) instead of "
+                     "starting spark-submit; see `airflow-eo connect-server`")
     ing.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
     ing.add_argument("--run-key", help="stable key: re-running with the same key replays, never duplicates")
     _storage_args(ing)

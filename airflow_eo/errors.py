@@ -46,3 +46,7 @@ class DeadLetterThresholdError(AirflowEoError):
 
 class SparkJobError(AirflowEoError):
     """spark-submit ended without committing the batch."""
+
+
+class SparkUnavailableError(AirflowEoError):
+    """The Spark Connect server could not be reached, or went away mid-batch (retryable)."""

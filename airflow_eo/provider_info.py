@@ -31,7 +31,7 @@ def provider_info() -> dict:
         ],
         "hooks": [
             {"integration-name": "airflow-eo",
-             "python-modules": ["airflow_eo.hooks.kafka", "airflow_eo.hooks.storage"]},
+             "python-modules": ["airflow_eo.hooks.kafka", "airflow_eo.hooks.spark", "airflow_eo.hooks.storage"]},
         ],
         "operators": [
             {"integration-name": "airflow-eo", "python-modules": ["airflow_eo.operators.kafka_to_delta"]},

@@ -123,3 +123,26 @@ def test_compare_offsets_skipped_gap_expects_gap_start():
     assert compare_offsets(plan, {A: 2}) is CommitCheck.READY
     assert compare_offsets(plan, {A: 9}) is CommitCheck.ALREADY_COMMITTED
     assert compare_offsets(plan, {A: 7}) is CommitCheck.CONFLICT
+
+
+def test_batch_state_is_the_one_answer_to_is_it_committed():
+    from airflow_eo.planning import batch_state
+
+    plan = BatchPlan("i", 2, (OffsetRange("t", 0, 10, 20),), RunIdentity("r"))
+    assert batch_state(plan, {A: 10}, last_batch=1) is CommitCheck.READY
+    assert batch_state(plan, {A: 10}, last_batch=2) is CommitCheck.CONFLICT  # counter moved without offsets
+    assert batch_state(plan, {A: 20}, last_batch=2) is CommitCheck.ALREADY_COMMITTED
+    assert batch_state(plan, {A: 30}, last_batch=3) is CommitCheck.ALREADY_COMMITTED  # and a later batch
+    assert batch_state(plan, {A: 15}, last_batch=2) is CommitCheck.CONFLICT
+    # another plan took batch 2 (its recorded ranges differ): this one never landed
+    other = (OffsetRange("t", 0, 10, 25),)
+    assert batch_state(plan, {A: 25}, last_batch=2, recorded_ranges=other) is CommitCheck.CONFLICT
+    assert batch_state(plan, {A: 20}, last_batch=2, recorded_ranges=plan.ranges) is CommitCheck.ALREADY_COMMITTED
+
+
+def test_backlog_counts_from_the_committed_offset_or_where_a_new_partition_starts():
+    from airflow_eo.planning import backlog
+
+    bounds = {A: PartitionBounds(A, 5, 50), B: PartitionBounds(B, 0, 30)}
+    assert backlog(bounds, {A: 40, B: None}) == {A: 10, B: 30}
+    assert backlog(bounds, {A: 2, B: None}, {B: 30}) == {A: 45, B: 0}  # below log start: deleted, not waiting

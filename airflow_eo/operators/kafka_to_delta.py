@@ -37,10 +37,10 @@ from airflow.sdk import Asset, BaseOperator, BaseOperatorLink
 
 from airflow_eo.attempt import Transform
 from airflow_eo.hooks.kafka import kafka_config_of
+from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
-from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
 from airflow_eo.table.storage import is_local, normalize_table_uri
 
 
@@ -85,7 +85,9 @@ class KafkaToDeltaOperator(BaseOperator):
     :param table_uri: the Delta table, a local path or ``s3://…`` (templated).
     :param ingest_id: stable id of this ingest in the table's log (default ``<dag_id>.<task_id>``).
     :param kafka_conn_id: a ``kafka`` connection (apache-airflow-providers-apache-kafka's type).
-    :param spark_conn_id: a ``spark`` connection as used by SparkSubmitHook.
+    :param spark_conn_id: a ``spark`` connection (spark-submit through SparkSubmitHook: ``local[*]``,
+        ``spark://…``, ``yarn``, ``k8s://…``) or a ``spark_connect`` connection (each batch runs on
+        that warm Spark Connect server; URL, token and TLS from SparkConnectHook).
     :param starting_offsets: where partitions never read start: ``earliest``, ``latest``,
         ``{"timestamp": ms}`` or ``{"topic": {"0": 42}}`` (templated).
     :param max_records_per_run: cap on offsets per run, split fairly over partitions.
@@ -187,7 +189,7 @@ class KafkaToDeltaOperator(BaseOperator):
         self.schema_evolution = schema_evolution
         self.mirror_consumer_group = mirror_consumer_group
         self.asset = asset
-        self.submitter: SparkSubmitHookSubmitter | None = None
+        self.submitter = None
 
     # -- building blocks (each replaceable in tests at its boundary) ------------------
     def ingest_config(self) -> IngestConfig:
@@ -211,11 +213,13 @@ class KafkaToDeltaOperator(BaseOperator):
         options.update(self.storage_options or {})
         return options or None
 
-    def make_submitter(self) -> SparkSubmitHookSubmitter:
+    def make_submitter(self):
+        """spark-submit through SparkSubmitHook for a ``spark`` connection; the warm Spark
+        Connect path for a ``spark_connect`` connection (:mod:`airflow_eo.hooks.spark`)."""
         conf = {k: str(v) for k, v in (self.spark_conf or {}).items()}
         env = {k: str(v) for k, v in (self.spark_env_vars or {}).items() if v not in (None, "")}
-        return SparkSubmitHookSubmitter(conn_id=self.spark_conn_id, conf=conf, env_vars=env,
-                                 name=f"airflow-eo {self.dag_id}.{self.task_id}", hook_kwargs=self.spark_hook_kwargs)
+        return submitter_for(self.spark_conn_id, conf=conf, env_vars=env,
+                             name=f"airflow-eo {self.dag_id}.{self.task_id}", hook_kwargs=self.spark_hook_kwargs)
 
     @staticmethod
     def run_identity(context) -> RunIdentity:
