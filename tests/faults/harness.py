@@ -181,7 +181,9 @@ class KillingSubmit(LocalSparkSubmit):
     windows are failpoints inside the driver.
     """
 
-    def __init__(self, window: str | None, rng: random.Random | None = None, max_delay: float = 22.0):
+    # A random kill lands within the first 8 s: an idle 2-core machine runs a small job in
+    # ~8-9 s (JVM start included), a loaded one slower, so the kill lands mid-job either way.
+    def __init__(self, window: str | None, rng: random.Random | None = None, max_delay: float = 8.0):
         env = {FAILPOINTS_ENV: FAILPOINT_WINDOWS[window]} if window in FAILPOINT_WINDOWS else {}
         super().__init__(master="local[2]", conf=SPARK_CONF, extra_env=env, timeout=300)
         self.window, self.rng, self.max_delay = window, rng or random.Random(), max_delay

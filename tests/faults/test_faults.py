@@ -67,7 +67,7 @@ def test_kills_in_every_window_lose_and_double_nothing(flow):
     rng = random.Random(20261122)
     tally = Tally()
     chains = 0
-    while tally.total_kills < CI_KILLS and chains < CI_KILLS // 4 + 2:
+    while tally.total_kills < CI_KILLS and chains < CI_KILLS // 4 + 4:
         middle = [w for w in WINDOWS if w != "after_commit"]
         rng.shuffle(middle)
         chains += 1
