@@ -1,4 +1,4 @@
-"""The ``airflow-eo`` command: ``ingest``, ``status`` and ``demo``.
+"""The ``airflow-eo`` command: ``ingest``, ``status``, ``connect-server`` and ``demo``.
 
 ``airflow-eo ingest`` runs one batch through the same loop the Airflow operator uses
 (plan, log the plan, spark-submit, verify); ``airflow-eo status`` reads a table's ledger
@@ -95,6 +95,12 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_connect_server(args) -> int:
+    from airflow_eo.submit.connect_server import serve
+
+    return serve(args.port, args.master, dict(kv.split("=", 1) for kv in args.conf or []), args.log_level)
+
+
 def cmd_demo(args) -> int:
     try:
         from airflow_eo.demo import run_demo  # a development extra: loaded only for this command
@@ -159,6 +165,13 @@ def parser() -> argparse.ArgumentParser:
     _storage_args(st)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+    srv = sub.add_parser("connect-server", help="run a local Spark Connect server (127.0.0.1) for --remote / "
+                         "spark_connect connections; prints its sc:// URL, stops on SIGTERM")
+    srv.add_argument("--port", type=int, default=15002)
+    srv.add_argument("--master", default="local[*]", help="Spark master of the server (local[*], spark://…)")
+    srv.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
+    srv.add_argument("--log-level", default="WARN", help="Spark's own log level (default WARN)")
+    srv.set_defaults(func=cmd_connect_server)
     demo = sub.add_parser("demo", help="embedded broker + sample data + ingestion through Airflow + show the table")
     demo.add_argument("--dir", default="demo-data", help="where the demo table and Airflow home go")
     demo.add_argument("--records", type=int, default=10_000)

@@ -109,3 +109,55 @@ def spark(tmp_path_factory):
 @pytest.fixture
 def table_uri(tmp_path) -> str:
     return str(tmp_path / "table")
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """One warm Spark Connect server per test session (the path of ``--remote`` / ``spark_connect``)."""
+    from airflow_eo.submit.connect_server import ConnectServer
+
+    log = tmp_path_factory.mktemp("connect-server") / "server.log"
+    with ConnectServer(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}, log_file=str(log)) as server:
+        yield server
+
+
+class SparkPath:
+    """One way to run attempts: the session's local SparkSession, or the warm Connect server."""
+
+    def __init__(self, name: str, spark=None, url: str | None = None):
+        self.name, self.spark, self.url = name, spark, url
+        self._sessions: list = []
+
+    def submitter(self):
+        from airflow_eo.driver.main import InProcessSubmitter
+        from airflow_eo.submit.connect import ConnectSubmitter
+
+        return InProcessSubmitter(self.spark) if self.url is None else ConnectSubmitter(self.url)
+
+    def session(self):
+        """A session to run the driver with directly (a Connect session of its own per test)."""
+        if self.url is None:
+            return self.spark
+        from pyspark.sql import SparkSession
+
+        from airflow_eo.attempt import SPARK_DEFAULTS
+
+        builder = SparkSession.builder.remote(self.url)
+        for key, value in SPARK_DEFAULTS.items():
+            builder = builder.config(key, value)
+        session = builder.create()
+        self._sessions.append(session)
+        return session
+
+    def close(self):
+        for session in self._sessions:
+            session.stop()
+
+
+@pytest.fixture(params=["local", "connect"])
+def spark_path(request, spark):
+    """The exactly-once core on both paths: in-process local Spark and Spark Connect."""
+    url = request.getfixturevalue("connect_server").url if request.param == "connect" else None
+    path = SparkPath(request.param, spark, url)
+    yield path
+    path.close()

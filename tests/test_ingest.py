@@ -1,8 +1,9 @@
 """The exactly-once protocol end to end on real parts: broker, Spark, Delta table.
 
-Most batches run in the session's SparkSession (InProcessSubmitter: the same job code,
-without paying a JVM start per batch); the tests about process crashes go through
-real spark-submit, because a crash is a process dying.
+Most tests run on both in-process paths (fixture ``spark_path``): the session's local
+SparkSession, and the warm Spark Connect server (the ``--remote`` / ``spark_connect`` path,
+reading and writing on the server, committing here). The tests about process crashes go
+through real spark-submit, because a crash is a process dying.
 """
 
 import threading
@@ -61,11 +62,11 @@ def assert_exactly_once(table_uri, bootstrap, topics, ingest_id="test"):
     return len(got)
 
 
-def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark, table_uri):
+def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark_path, table_uri):
     t1, t2 = new_topic(kafka_config, 3), new_topic(kafka_config, 2)
     produce(kafka_config, t1, 900, partitions=3)
     produce(kafka_config, t2, 400, partitions=2)
-    ing = ingestion(table_uri, [t1, t2], kafka_config, InProcessSubmitter(spark), max_records_per_run=500)
+    ing = ingestion(table_uri, [t1, t2], kafka_config, spark_path.submitter(), max_records_per_run=500)
     statuses = [run(ing).status for _ in range(4)]
     assert statuses == ["committed", "committed", "committed", "nothing_new"]
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [t1, t2]) == 1300
@@ -76,10 +77,10 @@ def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark, t
     assert sum(b.rows for b in history) == 1300
 
 
-def test_new_records_between_runs_and_nothing_new_commits_nothing(broker, kafka_config, spark, table_uri):
+def test_new_records_between_runs_and_nothing_new_commits_nothing(broker, kafka_config, spark_path, table_uri):
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 100, partitions=2)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
     assert run(ing).rows == 100
     version = DeltaTable(table_uri).version()
     nothing = run(ing)
@@ -121,27 +122,28 @@ def test_crash_after_commit_before_caller_learns(broker, kafka_config, table_uri
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 120
 
 
-def test_replayed_attempt_commits_nothing_twice(broker, kafka_config, spark, table_uri):
+def test_replayed_attempt_commits_nothing_twice(broker, kafka_config, spark_path, table_uri):
     """The same attempt executed twice (a duplicated Spark job): the second commits nothing."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 30, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
     plan = ing.plan(RunIdentity("dup"))
     ing.plans.record(plan)
     attempt = plan.with_attempt("a" * 16)
     ing.staging.begin_attempt(ing.config.attempt(attempt))
-    first = run_recorded_attempt(spark, table_uri, attempt.attempt_id, Secrets(kafka_config))
-    second = run_recorded_attempt(spark, table_uri, attempt.attempt_id.replace("a", "b"), Secrets(kafka_config)) \
+    session = spark_path.session()
+    first = run_recorded_attempt(session, table_uri, attempt.attempt_id, Secrets(kafka_config))
+    second = run_recorded_attempt(session, table_uri, attempt.attempt_id.replace("a", "b"), Secrets(kafka_config)) \
         if ing.staging.begin_attempt(ing.config.attempt(plan.with_attempt("b" * 16))) else None
     assert (first.status, second.status) == ("committed", "already_committed")
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 30
 
 
-def test_racing_commits_of_same_range(broker, kafka_config, spark, table_uri):
+def test_racing_commits_of_same_range(broker, kafka_config, spark_path, table_uri):
     """Two attempts of one plan commit at once: one lands, the other commits nothing."""
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 60, partitions=2)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
     run(ing)  # the table exists: racing appends, not racing creates
     produce(kafka_config, topic, 60, partitions=2, start=60)
     plan = ing.plan(RunIdentity("race"))
@@ -149,11 +151,13 @@ def test_racing_commits_of_same_range(broker, kafka_config, spark, table_uri):
     for attempt_id in ids:
         ing.staging.begin_attempt(ing.config.attempt(plan.with_attempt(attempt_id)))
     barrier, outcomes = threading.Barrier(2), {}
+    sessions = {i: spark_path.session() for i in ids}  # on Connect: two clients racing through one server
 
     def go(attempt_id):
+        session = sessions[attempt_id]
         barrier.wait()
         try:
-            outcomes[attempt_id] = run_recorded_attempt(spark, table_uri, attempt_id, Secrets(kafka_config)).status
+            outcomes[attempt_id] = run_recorded_attempt(session, table_uri, attempt_id, Secrets(kafka_config)).status
         except CommitConflictError as exc:
             outcomes[attempt_id] = f"conflict: {exc}"
 
@@ -166,22 +170,23 @@ def test_racing_commits_of_same_range(broker, kafka_config, spark, table_uri):
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 120
 
 
-def test_stale_plan_conflicts_instead_of_duplicating(broker, kafka_config, spark, table_uri):
+def test_stale_plan_conflicts_instead_of_duplicating(broker, kafka_config, spark_path, table_uri):
     """A plan made before another run committed fails its compare-and-set."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 40, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark), max_records_per_run=10)
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), max_records_per_run=10)
     run(ing)
     stale = ing.plan(RunIdentity("slow"))
-    bigger = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark), max_records_per_run=15)
+    bigger = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), max_records_per_run=15)
     run(bigger)  # another run commits a different range from the same start first
     ing.staging.begin_attempt(ing.config.attempt(stale.with_attempt("e" * 16)))
+    session = spark_path.session()
     with pytest.raises(CommitConflictError, match="another run committed in between"):
-        run_recorded_attempt(spark, table_uri, "e" * 16, Secrets(kafka_config))
+        run_recorded_attempt(session, table_uri, "e" * 16, Secrets(kafka_config))
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 25
 
 
-def test_transactions_only_committed_records_land_open_waits(broker, kafka_config, spark, table_uri):
+def test_transactions_only_committed_records_land_open_waits(broker, kafka_config, spark_path, table_uri):
     topic = new_topic(kafka_config, 1)
     tx = transactional_producer(kafka_config)
     tx.begin_transaction()
@@ -197,7 +202,7 @@ def test_transactions_only_committed_records_land_open_waits(broker, kafka_confi
     tx2.produce(topic, value=b"open0", partition=0)
     tx2.flush()
     produce(kafka_config, topic, 3, partitions=1, prefix="plain")
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
     run(ing)
     values = set(read_table(table_uri, ["value"])["value"].to_pylist())
     assert values == {b"committed%d" % i for i in range(5)}, "aborted and open records must not land"
@@ -208,10 +213,10 @@ def test_transactions_only_committed_records_land_open_waits(broker, kafka_confi
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 9
 
 
-def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark, table_uri):
+def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark_path, table_uri):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
     run(ing)
     produce(kafka_config, topic, 10, partitions=1, start=10)
     admin = AdminClient(kafka_config)  # keep the client alive until the futures resolve
@@ -221,17 +226,17 @@ def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark,
     with pytest.raises(DataLossError, match=rf"{topic}\[0\].*next offset is 10.*starts at 15"):
         run(ing)
     assert DeltaTable(table_uri).version() == version
-    skipping = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark), on_data_loss="skip")
+    skipping = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), on_data_loss="skip")
     result = run(skipping)
     assert result.rows == 5
     latest = Ledger.open(table_uri).batches("test", limit=1)[0]
     assert [(s.start, s.end) for s in latest.skipped] == [(10, 15)]
 
 
-def test_topic_recreated_is_refused(broker, kafka_config, spark, table_uri):
+def test_topic_recreated_is_refused(broker, kafka_config, spark_path, table_uri):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
     run(ing)
     admin = AdminClient(kafka_config)
     for f in admin.delete_topics([topic]).values():
@@ -242,10 +247,10 @@ def test_topic_recreated_is_refused(broker, kafka_config, spark, table_uri):
         run(ing)
 
 
-def test_new_partition_picked_up_from_starting_position(broker, kafka_config, spark, table_uri):
+def test_new_partition_picked_up_from_starting_position(broker, kafka_config, spark_path, table_uri):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark))
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
     run(ing)
     add_partitions(kafka_config, topic, 2)
     produce(kafka_config, topic, 10, partitions=2, start=10)
@@ -254,18 +259,18 @@ def test_new_partition_picked_up_from_starting_position(broker, kafka_config, sp
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 20
 
 
-def test_latest_start_of_an_empty_new_partition_is_committed(broker, kafka_config, spark, table_uri):
+def test_latest_start_of_an_empty_new_partition_is_committed(broker, kafka_config, spark_path, table_uri):
     """'latest' is resolved once: records produced after the first run are not skipped."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark), starting_offsets="latest")
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), starting_offsets="latest")
     first = run(ing)
     assert first.status == "committed" and first.rows == 0
     produce(kafka_config, topic, 4, partitions=1, start=10)
     assert run(ing).rows == 4
 
 
-def test_cap_is_honoured_and_fair(broker, kafka_config, spark, table_uri):
+def test_cap_is_honoured_and_fair(broker, kafka_config, spark_path, table_uri):
     topic = new_topic(kafka_config, 3)
     producer_counts = {0: 10, 1: 300, 2: 300}
     from confluent_kafka import Producer
@@ -275,16 +280,16 @@ def test_cap_is_honoured_and_fair(broker, kafka_config, spark, table_uri):
         for i in range(n):
             p.produce(topic, value=b"x", partition=part)
     p.flush()
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark), max_records_per_run=100)
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), max_records_per_run=100)
     result = run(ing)
     assert result.rows == 100
     assert result.rows_per_partition == {f"{topic}[0]": 10, f"{topic}[1]": 45, f"{topic}[2]": 45}
 
 
-def test_sql_transform_keeps_key_columns(broker, kafka_config, spark, table_uri):
+def test_sql_transform_keeps_key_columns(broker, kafka_config, spark_path, table_uri):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 5, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, InProcessSubmitter(spark), transform=Transform(
+    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), transform=Transform(
         sql="SELECT topic, partition, offset, timestamp, CAST(value AS STRING) AS body FROM source"))
     run(ing)
     table = read_table(table_uri)

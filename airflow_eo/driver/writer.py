@@ -91,6 +91,6 @@ def stage(df, location: TableLocation, target: str, storage_options: dict | None
     Spark's Parquet writer for local tables, the executors' pyarrow writer for object stores
     (Spark here has no ``hadoop-aws`` jar to write ``s3a://``)."""
     if is_local(location.uri):
-        df.write.mode("errorifexists").parquet(f"file://{target}")
+        df.write.mode("error").parquet(f"file://{target}")
         return StagingArea(location).staged_files(target)
     return stage_with_arrow(df, location, target, storage_options, arrow_schema)

@@ -1,0 +1,164 @@
+"""A local Spark Connect server: the warm Spark that ``--remote`` and ``spark_connect`` connections use.
+
+``airflow-eo connect-server`` starts the server that ships with pyspark (no download),
+bound to 127.0.0.1, with this environment's Python on its workers (they import airflow_eo
+to read Kafka) and Spark's own log at WARN; it prints the ``sc://`` URL once a session can
+be opened, and stops the server (by PID, its whole process group) on SIGTERM or Ctrl-C.
+
+Example::
+
+    >>> with ConnectServer(port=15002, master="local[2]") as server:   # doctest: +SKIP
+    ...     Ingestion(config, ConnectSubmitter(server.url)).run(run)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from airflow_eo import __version__
+from airflow_eo.attempt import SPARK_DEFAULTS, Env
+from airflow_eo.errors import SparkUnavailableError
+from airflow_eo.submit.spark_submit import spark_submit_binary
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+DEFAULT_PORT = 15002
+_LOG4J = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n
+logger.connect.name = org.apache.spark.sql.connect.service.SparkConnectServer
+logger.connect.level = info
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ConnectServer:
+    """A Spark Connect server process on 127.0.0.1, started and stopped by this object."""
+
+    def __init__(self, port: int | None = None, master: str = "local[*]", conf: dict | None = None,
+                 log_level: str = "WARN", log_file: str | None = None):
+        self.port = port or free_port()
+        self.master = master
+        self.conf = dict(conf or {})
+        self.log_level = log_level
+        self.log_file = log_file
+        self.process: subprocess.Popen | None = None
+        self._dir = tempfile.mkdtemp(prefix="airflow-eo-connect-")
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        log4j = os.path.join(self._dir, "log4j2.properties")
+        with open(log4j, "w") as f:
+            f.write(_LOG4J.format(level=self.log_level.lower()))
+        conf = {
+            **SPARK_DEFAULTS, "spark.connect.grpc.binding.port": str(self.port),
+            "spark.connect.grpc.binding.address": "127.0.0.1", "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false",
+            "spark.sql.warehouse.dir": os.path.join(self._dir, "warehouse"),
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+            "spark.airflow_eo.version": __version__, **self.conf,
+        }
+        cmd = [spark_submit_binary(), "--class", SERVER_CLASS, "--master", self.master]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        return cmd + ["--name", "airflow-eo connect server"]
+
+    def start(self, timeout: float = 120.0) -> "ConnectServer":
+        env = {**os.environ, Env.SPARK_LOCAL_IP: "127.0.0.1",
+               Env.PYSPARK_PYTHON: os.environ.get(Env.PYSPARK_PYTHON, sys.executable)}
+        out = open(self.log_file, "ab") if self.log_file else None  # None: this process's stderr
+        self.process = subprocess.Popen(self.command(), env=env, stdout=out or sys.stderr, stderr=subprocess.STDOUT,
+                                        start_new_session=True)  # its own process group: stopped whole
+        if out is not None:
+            out.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SparkUnavailableError(f"the Spark Connect server exited with code {self.process.returncode} "
+                                            f"before it served (see {self.log_file or 'its output'})")
+            if self._serves():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise SparkUnavailableError(f"the Spark Connect server did not serve on {self.url} within {timeout:.0f}s")
+
+    def _serves(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+        except OSError:
+            return False
+        from pyspark.sql import SparkSession
+
+        try:
+            spark = SparkSession.builder.remote(self.url).create()
+            try:
+                spark.range(1).count()
+            finally:
+                spark.stop()
+            return True
+        except Exception:
+            return False
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group (JVM and Python workers), SIGKILL if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (a crash, for tests)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> "ConnectServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(port: int | None = None, master: str = "local[*]", conf: dict | None = None, log_level: str = "WARN") -> int:
+    """``airflow-eo connect-server``: run a server until SIGTERM/SIGINT, then stop it."""
+    stopping = []
+
+    def on_signal(signum, _frame):
+        stopping.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    server = ConnectServer(port=port or DEFAULT_PORT, master=master, conf=conf, log_level=log_level)
+    try:
+        server.start()
+        print(server.url, flush=True)
+        while not stopping and server.process.poll() is None:
+            time.sleep(0.5)
+        return 0 if stopping else (server.process.returncode or 1)
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
