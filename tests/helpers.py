@@ -100,3 +100,18 @@ def committed_offsets(table_uri: str, ingest_id: str, topic: str, partitions: in
 
     dt = DeltaTable(table_uri)
     return {p: dt.transaction_version(partition_app_id(ingest_id, TP(topic, p))) for p in range(partitions)}
+
+
+def assert_exactly_once(table_uri, bootstrap, topics, ingest_id="test"):
+    """Table == broker up to the committed offsets: nothing lost, nothing doubled, values intact."""
+    table = read_table(table_uri, ["topic", "partition", "offset", "value"])
+    assert duplicates(table) == {}
+    got = dict(zip(keys_of(table), table["value"].to_pylist()))
+    expected = {}
+    for topic in topics:
+        records = broker_records(bootstrap, topic)
+        parts = {p for (_, p, _) in records} | {0}
+        committed = committed_offsets(table_uri, ingest_id, topic, max(parts) + 1)
+        expected.update({k: v for k, v in records.items() if committed.get(k[1]) is not None and k[2] < committed[k[1]]})
+    assert got == expected
+    return len(got)

@@ -21,11 +21,12 @@ from airflow_eo.planning import RunIdentity
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
 from airflow_eo.attempt import Secrets
-from airflow_eo.driver.main import InProcessSubmitter, run_recorded_attempt
+from airflow_eo.driver.main import run_recorded_attempt
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from airflow_eo.attempt import Transform
 from tests.helpers import (
-    add_partitions, broker_records, committed_offsets, duplicates, keys_of, new_topic, produce,
+    assert_exactly_once,
+    add_partitions, committed_offsets, new_topic, produce,
     read_table, transactional_producer,
 )
 
@@ -45,21 +46,6 @@ def ingestion(table_uri, topics, kafka_config, submitter, **kw):
 
 def run(ing, key=None):
     return ing.run(RunIdentity(key or uuid.uuid4().hex))
-
-
-def assert_exactly_once(table_uri, bootstrap, topics, ingest_id="test"):
-    """Table == broker up to the committed offsets: nothing lost, nothing doubled, values intact."""
-    table = read_table(table_uri, ["topic", "partition", "offset", "value"])
-    assert duplicates(table) == {}
-    got = dict(zip(keys_of(table), table["value"].to_pylist()))
-    expected = {}
-    for topic in topics:
-        records = broker_records(bootstrap, topic)
-        parts = {p for (_, p, _) in records} | {0}
-        committed = committed_offsets(table_uri, ingest_id, topic, max(parts) + 1)
-        expected.update({k: v for k, v in records.items() if committed.get(k[1]) is not None and k[2] < committed[k[1]]})
-    assert got == expected
-    return len(got)
 
 
 def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark_path, table_uri):

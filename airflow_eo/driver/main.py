@@ -51,6 +51,7 @@ def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
     plan, storage_options = attempt.plan, secrets.storage_options
     location = TableLocation.of(attempt.table_uri, storage_options)
     staging = StagingArea(location)
+    staging.driver_started(attempt.attempt_id)  # from here on, this process commits or nobody does
     failpoint("before_read")
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task)
     dead = DeadLetters.of(source, attempt, storage_options)  # None unless decoding

@@ -29,6 +29,7 @@ from airflow_eo.errors import ConfigError, SparkUnavailableError
 log = logging.getLogger(__name__)
 
 TAG_PREFIX = "airflow-eo-"
+RETRIES = 4  # ~3 s of backoff before "the server went away" is reported
 VERSION_CONF = "spark.airflow_eo.version"  # set by `airflow-eo connect-server`
 _verified: set[str] = set()  # servers whose airflow-eo version matched, per process
 
@@ -85,14 +86,20 @@ class ConnectSubmitter:
         self.submissions = 0
 
     def session(self):
+        """A new session of its own, which gives up within seconds when the server is gone."""
         from pyspark.sql import SparkSession
+        from pyspark.sql.connect.client.retries import DefaultPolicy
 
         from airflow_eo.attempt import SPARK_DEFAULTS
 
-        builder = SparkSession.builder.remote(self.url)
+        spark = SparkSession.builder.remote(self.url).create()
+        # pyspark's default retries for up to 10 minutes; a task retry is the better place
+        # to wait for a server that went away, so fail within a few seconds instead.
+        spark.client.set_retry_policies([DefaultPolicy(max_retries=RETRIES, initial_backoff=200,
+                                                       backoff_multiplier=2.0, max_backoff=2000)])
         for key, value in {**SPARK_DEFAULTS, **self.conf}.items():
-            builder = builder.config(key, value)
-        return builder.create()
+            spark.conf.set(key, value)
+        return spark
 
     def submit(self, attempt: Attempt, secrets: Secrets) -> None:
         tag = TAG_PREFIX + attempt.attempt_id

@@ -74,6 +74,8 @@ class AttemptMarker:
     host: str = ""
     pid: int = 0
     attempt: str = ""  # Attempt JSON: what this attempt reads and commits, never secrets
+    driver_host: str = ""  # where the attempt's driver runs (it commits), once it has started
+    driver_pid: int = 0
 
     @classmethod
     def from_json(cls, text: str) -> "AttemptMarker | None":
@@ -105,6 +107,13 @@ class StagingArea:
         )
         self._write_marker(marker)
         return self.attempt_path(plan)
+
+    def driver_started(self, attempt_id: str) -> None:
+        """Record the process that will commit the attempt: once it is gone, the attempt is over."""
+        marker = self.read_marker(attempt_id)
+        if marker is not None and marker.ended_at is None:
+            self._write_marker(AttemptMarker(**{**marker.__dict__, "driver_host": socket.gethostname(),
+                                                "driver_pid": os.getpid()}))
 
     def end_attempt(self, attempt_id: str, committed: bool = False) -> None:
         """Mark an attempt over: its files may be collected unless it committed."""
@@ -181,7 +190,9 @@ class StagingArea:
         attempt is known to have ended (its marker says so: written by the job itself or
         by whoever watched spark-submit exit) or it started longer than ``grace_seconds``
         ago, the bound on how long one attempt may run. A running attempt has no end mark
-        and a recent start, so it is never touched.
+        and a recent start, so it is never touched. An attempt whose driver (the process that
+        would commit it) ran on this host and is gone is over too: a killed CLI or Airflow
+        worker on the Spark Connect path, a killed spark-submit driver in local mode.
         """
         now = time.time() if now is None else now
         removed = []
@@ -195,15 +206,30 @@ class StagingArea:
             if marker is not None and marker.committed:
                 continue
             started = marker.started_at if marker else (info.mtime.timestamp() if info.mtime else now)
-            ended = marker is not None and marker.ended_at is not None
+            ended = marker is not None and (marker.ended_at is not None or _driver_gone(marker))
             if not ended and now - started < grace_seconds:
                 continue
             self.loc.fs.delete_dir(info.path)
-            if marker is not None:
+            if marker is not None and marker.ended_at is not None:
+                # A driver that died without ending its attempt may leave Spark tasks writing
+                # for a while (a Connect server finishes them): keep its marker, so files
+                # written after this pass are known as that dead attempt's and go next time.
                 self.loc.fs.delete_file(self.marker_path(attempt_id))
             removed.append(name)
             log.info("removed orphaned staged files of attempt %s", name)
         return removed
+
+
+def _driver_gone(marker: AttemptMarker) -> bool:
+    if not marker.driver_pid or marker.driver_host != socket.gethostname():
+        return False  # not started yet, or elsewhere (cluster mode): the grace period decides
+    try:
+        os.kill(marker.driver_pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def collect_orphans(table_uri: str, storage_options: dict | None, grace_seconds: float) -> list[str]:

@@ -1,0 +1,163 @@
+"""The warm path's faults: the client killed mid-batch, the server killed mid-batch, two clients
+racing, a server on another version, and `airflow-eo connect-server` itself (real broker, real
+Spark Connect servers, real Delta tables)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from airflow_eo.attempt import Env
+from airflow_eo.errors import ConfigError, SparkUnavailableError
+from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.planning import RunIdentity
+from airflow_eo.submit.connect import ConnectSubmitter, check_version
+from airflow_eo.submit.connect_server import ConnectServer, free_port
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.storage import TableLocation
+from tests.helpers import assert_exactly_once, duplicates, new_topic, produce, read_table
+
+AIRFLOW_EO = os.path.join(os.path.dirname(sys.executable), "airflow-eo")
+SQL = "SELECT topic, partition, offset, value FROM source"
+
+
+def cli_ingest(url: str, table_uri: str, topic: str, kafka_config: dict, run_key: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [AIRFLOW_EO, "ingest", "--table", table_uri, "--ingest-id", "warm", "--topics", topic,
+         "--remote", url, "--run-key", run_key, "--transform-sql", SQL, "--json"],
+        env={**os.environ, Env.KAFKA_CONFIG: f'{{"bootstrap.servers": "{kafka_config["bootstrap.servers"]}"}}'},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def staged_dirs(table_uri: str) -> set[str]:
+    loc = TableLocation.of(table_uri)
+    return {d.base_name for d in loc.list_dirs(table_uri) if d.base_name.startswith("b")}
+
+
+def test_client_killed_mid_batch_ten_times_under_live_produce(broker, kafka_config, connect_server, table_uri):
+    topic = new_topic(kafka_config, 3)
+    stop, produced = threading.Event(), []
+
+    def keep_producing():
+        n = 0
+        while not stop.is_set():
+            produce(kafka_config, topic, 300, partitions=3, start=n)
+            n += 300
+            produced.append(n)
+            time.sleep(0.2)
+
+    producer = threading.Thread(target=keep_producing, daemon=True)
+    producer.start()
+    rng, kills = random.Random(7), 0
+    try:
+        for i in range(10):
+            proc = cli_ingest(connect_server.url, table_uri, topic, kafka_config, f"warm-{i}")
+            time.sleep(rng.uniform(1.0, 5.0))
+            if proc.poll() is None:
+                proc.kill()  # kill -9 of the client: the attempt's driver
+                kills += 1
+            proc.wait()
+            again = cli_ingest(connect_server.url, table_uri, topic, kafka_config, f"warm-{i}")  # the retry
+            out, err = again.communicate(timeout=300)
+            assert again.returncode == 0, err[-2000:]
+    finally:
+        stop.set()
+        producer.join()
+    assert kills >= 5, f"only {kills} of 10 clients were still running when killed: the test did not test"
+    table = read_table(table_uri, ["topic", "partition", "offset", "value"])
+    assert duplicates(table) == {}
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic], ingest_id="warm") == table.num_rows
+    # the killed clients' staged files are gone: only directories the table references remain
+    final = cli_ingest(connect_server.url, table_uri, topic, kafka_config, "warm-final")
+    final.communicate(timeout=300)
+    assert final.returncode == 0
+    referenced = {path.split("/", 1)[0] for path in Ledger.open(table_uri).file_paths()}
+    assert staged_dirs(table_uri) <= referenced
+
+
+def test_server_killed_mid_batch_fails_fast_and_the_retry_commits_once(broker, kafka_config, tmp_path):
+    topic = new_topic(kafka_config, 2)
+    for start in range(0, 200_000, 50_000):  # in chunks: the producer's local queue holds 100k
+        produce(kafka_config, topic, 50_000, partitions=2, start=start)
+    port, table_uri = free_port(), str(tmp_path / "table")
+    config = IngestConfig(table_uri=table_uri, ingest_id="warm", topics=[topic], kafka_config=kafka_config,
+                          max_offsets_per_task=20_000)
+    server = ConnectServer(port=port, master="local[2]", log_file=str(tmp_path / "server1.log")).start()
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            Ingestion(config, ConnectSubmitter(server.url)).run(RunIdentity("server-dies"))
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(4.0)  # the read is running on the server
+    killed_at = time.monotonic()
+    server.kill()
+    worker.join(120)
+    assert not worker.is_alive(), "the client hung after the server died"
+    took = time.monotonic() - killed_at
+    assert len(errors) == 1 and isinstance(errors[0], SparkUnavailableError), errors
+    assert took < 30, f"the server's death surfaced only after {took:.0f}s"
+    assert "Retry when the server is back" in str(errors[0])
+    assert not os.path.exists(os.path.join(table_uri, "_delta_log")), "nothing may be committed"
+
+    with ConnectServer(port=port, master="local[2]", log_file=str(tmp_path / "server2.log")) as again:
+        result = Ingestion(config, ConnectSubmitter(again.url)).run(RunIdentity("server-dies"))
+        assert result.status == "committed" and result.rows == 200_000
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic], ingest_id="warm") == 200_000
+
+
+def test_a_server_on_another_version_is_refused_before_anything_runs(connect_server):
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(connect_server.url).create()
+    try:
+        check_version(spark, connect_server.url + "/;other")  # this server: the same version, accepted
+        spark.conf.set("spark.airflow_eo.version", "0.0.1")  # as a server of another release declares it
+        with pytest.raises(ConfigError, match="runs airflow-eo 0.0.1, this client runs"):
+            check_version(spark, connect_server.url + "/;older")
+    finally:
+        spark.stop()
+
+
+def test_an_unreachable_server_is_a_retryable_error_within_seconds(kafka_config, tmp_path):
+    topic = new_topic(kafka_config, 1)
+    produce(kafka_config, topic, 10, partitions=1)
+    config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="warm", topics=[topic], kafka_config=kafka_config)
+    started = time.monotonic()
+    with pytest.raises(SparkUnavailableError, match="Spark Connect server sc://127.0.0.1"):
+        Ingestion(config, ConnectSubmitter(f"sc://127.0.0.1:{free_port()}")).run(RunIdentity("nobody-home"))
+    assert time.monotonic() - started < 30
+
+
+def test_connect_server_command_binds_loopback_and_stops_on_sigterm(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([AIRFLOW_EO, "connect-server", "--port", str(port), "--master", "local[1]"],
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "w"), text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == f"sc://127.0.0.1:{port}"
+        tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        listening = [c for pid in tree for c in psutil.Process(pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert any(c.laddr.port == port for c in listening)
+        assert all(c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for c in listening), listening
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        time.sleep(1)
+        assert [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"] == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
