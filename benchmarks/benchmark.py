@@ -8,13 +8,17 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * exactly-once run (``Ingestion(config, LocalSparkSubmit()).run``), at 1x, 2x, 4x records;
 * planning latency against tables with 1,000 and 10,000 commits over 100 partitions;
 * committed rerun (already-committed run key: no Spark);
-* peak memory (PSS) of the Spark process tree for a run ``--memory-multiplier`` times larger.
+* peak memory (PSS) of the Spark process tree for a run ``--memory-multiplier`` times larger;
+* the warm path (``bench_warm``): a batch on a long-lived Spark Connect server against a cold
+  spark-submit, one plain consumer's fetch time, the exactly-once overhead there, where the
+  time goes, and the server's memory after many batches.
 
 Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
 
     .venv/bin/python benchmarks/benchmark.py                       # full default run
     .venv/bin/python benchmarks/benchmark.py --records 5000 --repetitions 1 \\
         --planning-commits 200 --memory-multiplier 0                # smoke run
+    .venv/bin/python benchmarks/benchmark.py --only warm            # the warm-path part alone
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ import psutil  # noqa: E402
 import bench_kafka  # noqa: E402
 import bench_ledger  # noqa: E402
 import bench_spark  # noqa: E402
+import bench_warm  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
+from airflow_eo.planning import OffsetRange  # noqa: E402
+from airflow_eo.submit.connect_server import ConnectServer  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
@@ -72,6 +79,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="all-partition commits added past the last checkpoint (99 = the worst case)")
     p.add_argument("--memory-multiplier", type=int, default=10, help="0 skips the large run")
     p.add_argument("--master", default="local[*]")
+    p.add_argument("--small-records", type=int, default=1000, help="the small batch of the warm/cold comparison")
+    p.add_argument("--server-batches", type=int, default=500, help="small batches for the server memory check")
+    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm"], action="append",
+                   help="run only these parts (repeatable; default: all)")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -205,8 +216,45 @@ class Bench:
         self.stop_broker()
 
 
+    # -- 8: the warm path (Spark Connect) ---------------------------------------------
+    def warm(self) -> None:
+        a = self.args
+        self.start_broker(DATA_TOPIC, a.records)
+        ranges = [OffsetRange(DATA_TOPIC, p, 0, a.records // a.partitions) for p in range(a.partitions)]
+        with ConnectServer(master=a.master, log_file=os.path.join(self.work, "connect.log")) as server:
+            steps = ["warm_small", "cold_small", "raw_single_consumer", "warm_full", "warm_full_in_process",
+                     "warm_at_least_once"]
+            phases: dict[str, list[dict]] = {}
+            for rep, side in interleaved(steps, a.repetitions):
+                say(f"rep {rep + 1}/{a.repetitions}: {side}")
+                if side == "raw_single_consumer":
+                    out = bench_warm.raw_single_consumer(self.kafka_config, ranges)
+                elif side == "warm_at_least_once":
+                    out = bench_warm.warm_at_least_once(server.url, self.kafka_config, ranges, self.fresh("alo"))
+                elif side == "warm_full_in_process":
+                    out = bench_warm.warm_exactly_once_in_process(server.url, self.fresh("eo"), DATA_TOPIC,
+                                                                  self.kafka_config, a.records)
+                else:
+                    records = a.small_records if side.endswith("small") else a.records
+                    out = bench_warm.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records,
+                                                remote=None if side.startswith("cold") else server.url,
+                                                master=a.master)
+                    phases.setdefault(side, []).append(out["phases"])
+                self.record(f"warm.{side}", out["seconds"])
+                say(f"  {out['seconds']:.2f}s")
+            self.results["warm_phases"] = {side: {k: statistics.median(p[k] for p in runs if k in p)
+                                                  for k in runs[0]} for side, runs in phases.items()}
+            if a.server_batches:
+                say(f"server memory: {a.server_batches} small batches on one server")
+                self.results["warm_server_rss_mb"] = bench_warm.server_memory(
+                    server.url, server.process.pid, self.work, DATA_TOPIC, self.kafka_config, a.server_batches)
+        self.stop_broker()
+
+
 def ratios(times: dict, a: argparse.Namespace) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
+    if "exactly_once.x1" not in med:
+        return warm_ratios(med)
     eo, alo, raw = med["exactly_once.x1"], med["at_least_once"], med["raw_fetch"]
     out = {
         "eo_over_alo": eo / alo,
@@ -228,7 +276,20 @@ def ratios(times: dict, a: argparse.Namespace) -> dict:
     out["reader_rate_over_raw_rate"] = raw / med["reader_fetch"]
     scales = sorted(int(k.split(".x")[1]) for k in med if k.startswith("exactly_once.x") and k.count(".") == 1)
     out["scaling_seconds_per_million"] = {f"x{s}": med[f"exactly_once.x{s}"] / (a.records * s) * 1e6 for s in scales}
-    return out
+    return {**out, **warm_ratios(med)}
+
+
+def warm_ratios(med: dict) -> dict:
+    if "warm.warm_small" not in med:
+        return {}
+    return {
+        "warm_small_batch_seconds": med["warm.warm_small"],
+        "cold_small_batch_seconds": med["warm.cold_small"],
+        "warm_raw_single_consumer_over_ingest": med["warm.raw_single_consumer"] / med["warm.warm_full"],
+        "warm_raw_single_consumer_over_ingest_in_process": med["warm.raw_single_consumer"]
+        / med["warm.warm_full_in_process"],
+        "warm_eo_over_alo": med["warm.warm_full_in_process"] / med["warm.warm_at_least_once"],
+    }
 
 
 def targets(r: dict, times: dict, results: dict) -> dict:
@@ -236,7 +297,18 @@ def targets(r: dict, times: dict, results: dict) -> dict:
     plan10k = max((v for k, v in med.items() if k.startswith("planning.10000.")), default=None)
     reruns = [v for k, v in med.items() if k.startswith("committed_rerun.")]
     mem = results.get("memory")
+    warm = {} if "warm_small_batch_seconds" not in r else {
+        "warm_small_batch<=5s": r["warm_small_batch_seconds"] <= 5.0,
+        "cold_small_batch<=12s": r["cold_small_batch_seconds"] <= 12.0,
+        "warm_raw/ingest>=0.35": r["warm_raw_single_consumer_over_ingest"] >= 0.35,
+        "warm_eo_over_alo<=1.03": r["warm_eo_over_alo"] <= 1.03,
+        "warm_server_memory_flat(after_N/after_10<=1.1)": None if "warm_server_rss_mb" not in results else (
+            max(results["warm_server_rss_mb"].values()) / results["warm_server_rss_mb"]["after_10"] <= 1.1),
+    }
+    if "eo_over_alo" not in r:
+        return warm
     return {
+        **warm,
         "eo_over_alo<=1.03": r["eo_over_alo"] <= 1.03,
         "eo_rate/raw>=0.70": r["eo_rate_over_raw_rate"] >= 0.70,
         "planning_10k<=1s": None if plan10k is None else plan10k <= 1.0,
@@ -274,9 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        bench.throughput()
-        bench.planning()
-        bench.memory()
+        for part in args.only or ["throughput", "planning", "memory", "warm"]:
+            getattr(bench, part)()
     finally:
         bench.stop_broker()
         shutil.rmtree(work, ignore_errors=True)
