@@ -48,6 +48,9 @@ class Env:
     EXAMPLE_TABLE_URI = "AIRFLOW_EO_TABLE_URI"  # the example DAGs' table (dags/, the demo)
     EXAMPLE_TOPIC = "AIRFLOW_EO_TOPIC"  # the example DAGs' topic
     SECRET = (KAFKA_CONFIG, STORAGE_OPTIONS)
+    # set by pyspark in a process that opened a Spark Connect session; a spark-submit job
+    # started from such a process must not inherit them (it runs classic Spark)
+    CONNECT_CLIENT = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 
 
 @dataclass(frozen=True)

@@ -92,9 +92,10 @@ def warm_at_least_once(url: str, kafka_config: dict, ranges: list[OffsetRange], 
     spark = submitter.session()
     try:
         source = read_plan(spark, ranges, dict(kafka_config), 1_000_000)
-        apply_transform(Transform(sql=SQL), source).write.mode("error").parquet(f"file://{out_dir}")
+        apply_transform(Transform(sql=SQL), source, "source_alo").write.mode("error").parquet(f"file://{out_dir}")
+        spark.catalog.dropTempView("source_alo")
     finally:
-        spark.stop()
+        spark.client.close()  # the shared session stays
     return {"seconds": time.perf_counter() - started}
 
 

@@ -105,7 +105,7 @@ def env_read_by(source: str) -> set[str]:
 
 def test_the_example_dag_finds_everything_it_reads(resolved):
     services = resolved["services"]
-    for name in (*AIRFLOW_SERVICES, "kafka", "spark-master", "spark-worker", "postgres"):
+    for name in (*AIRFLOW_SERVICES, "kafka", "spark-master", "spark-worker", "spark-connect", "postgres"):
         assert name in services, f"service {name} missing"
     source = dag_sources()
     assert "KafkaToDeltaOperator" in source
@@ -133,6 +133,24 @@ def test_the_example_dag_finds_everything_it_reads(resolved):
     assert TABLES_VOLUME in resolved["volumes"]
     # the executors' interpreter is the same path on the driver and the workers
     assert scheduler["PYSPARK_PYTHON"] == services["spark-worker"]["environment"]["PYSPARK_PYTHON"]
+
+
+def test_the_spark_connect_service_serves_the_warm_path(resolved, monkeypatch):
+    """The spark_connect connection points at the spark-connect service, which runs the server
+    class against the compose master and declares this airflow-eo version."""
+    import airflow_eo
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    service = resolved["services"]["spark-connect"]
+    command = service["command"]
+    assert "org.apache.spark.sql.connect.service.SparkConnectServer" in command
+    assert command[command.index("--master") + 1] == "spark://spark-master:7077"
+    assert f"spark.airflow_eo.version={airflow_eo.__version__}" in command
+    port = next(c.split("=")[1] for c in command if c.startswith("spark.connect.grpc.binding.port="))
+    env = resolved["services"]["airflow-scheduler"]["environment"]
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert SparkConnectHook("spark_connect_default").get_connection_url().startswith(f"sc://spark-connect:{port}")
+    assert any(v.startswith(f"{TABLES_VOLUME}:") for v in service["volumes"])
 
 
 def test_the_spark_connection_resolves_to_the_compose_master(resolved, monkeypatch):

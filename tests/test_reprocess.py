@@ -1,7 +1,8 @@
 """Reprocess of a past run (airflow_eo.reprocess) against the real broker, Spark and Delta.
 
-Runs in the session's in-process SparkSession (InProcessSubmitter): the Spark job code is
-the same as under spark-submit; the Airflow-driven reprocess is in test_dag_runs.py.
+Runs on both in-process paths (local Spark and the warm Spark Connect server, fixture
+``spark_path``): the job code is the same as under spark-submit; the Airflow-driven
+reprocess is in tests/airflow/test_dag_runs.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from airflow_eo.errors import ConfigError, DataLossError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
 from airflow_eo.reprocess import ALREADY_REPROCESSED, REPROCESSED, Reprocessor
-from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.attempt import Transform
 from tests.helpers import committed_offsets, duplicates, keys_of, new_topic, produce, read_table
 
@@ -23,20 +23,22 @@ UPPER = "SELECT topic, partition, offset, upper(CAST(value AS STRING)) AS body F
 PLAIN = "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source"
 
 
-class CountingSubmitter(InProcessSubmitter):
-    def __init__(self, spark):
-        super().__init__(spark)
+class CountingSubmitter:
+    """The path's own submitter (local Spark or the warm server), counting its Spark jobs."""
+
+    def __init__(self, spark_path):
+        self.inner = spark_path.submitter()
         self.calls = 0
 
     def submit(self, attempt, secrets):
         self.calls += 1
-        super().submit(attempt, secrets)
+        self.inner.submit(attempt, secrets)
 
 
-def ingestion(spark, kafka_config, table_uri, topic, sql=PLAIN):
+def ingestion(spark_path, kafka_config, table_uri, topic, sql=PLAIN):
     config = IngestConfig(table_uri=table_uri, ingest_id="orders", topics=[topic], kafka_config=kafka_config,
                           transform=Transform(sql=sql))
-    return Ingestion(config, CountingSubmitter(spark))
+    return Ingestion(config, CountingSubmitter(spark_path))
 
 
 def bodies(table_uri):
@@ -44,16 +46,16 @@ def bodies(table_uri):
     return dict(zip(keys_of(t), t["body"].to_pylist()))
 
 
-def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark, kafka_config, table_uri):
+def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafka_config, table_uri):
     topic = new_topic(kafka_config)
     produce(kafka_config, topic, 30)
-    first = ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    first = ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
     produce(kafka_config, topic, 12, start=30)
-    second = ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/run2/t/-1"))
+    second = ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/run2/t/-1"))
     offsets_before = committed_offsets(table_uri, "orders", topic, 3)
     version_before = DeltaTable(table_uri).version()
 
-    ing = ingestion(spark, kafka_config, table_uri, topic, sql=UPPER)
+    ing = ingestion(spark_path, kafka_config, table_uri, topic, sql=UPPER)
     result = Reprocessor(ing).run(RunIdentity("dag/run1/t/-1"))
 
     assert result.status == REPROCESSED and result.batch == first.batch and result.spark_started
@@ -73,7 +75,7 @@ def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark, kafka_con
     assert second.batch == first.batch + 1
 
     # a retry of the same reprocess request: reports it, starts nothing, replaces nothing
-    retry_ing = ingestion(spark, kafka_config, table_uri, topic, sql=UPPER)
+    retry_ing = ingestion(spark_path, kafka_config, table_uri, topic, sql=UPPER)
     # pretend the first try died before recording "done"
     log = Reprocessor(retry_ing).requests
     pending = log.load("dag/run1/t/-1")
@@ -84,18 +86,18 @@ def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark, kafka_con
     assert DeltaTable(table_uri).version() == version_before + 1
 
     # a plain clear of run 1 afterwards: a no-op that reports the batch
-    clear = ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    clear = ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
     assert clear.status == "already_committed" and not clear.spark_started
 
 
-def test_reprocess_refuses_unknown_run_and_lost_ranges(spark, kafka_config, table_uri):
+def test_reprocess_refuses_unknown_run_and_lost_ranges(spark_path, kafka_config, table_uri):
     from confluent_kafka.admin import AdminClient
 
     topic = new_topic(kafka_config, partitions=1)
     produce(kafka_config, topic, 10, partitions=1)
-    ingestion(spark, kafka_config, table_uri, topic).run(RunIdentity("dag/r1/t/-1"))
+    ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/r1/t/-1"))
     with pytest.raises(ConfigError, match="nothing to reprocess"):
-        Reprocessor(ingestion(spark, kafka_config, table_uri, topic)).run(RunIdentity("dag/never/t/-1"))
+        Reprocessor(ingestion(spark_path, kafka_config, table_uri, topic)).run(RunIdentity("dag/never/t/-1"))
 
     # recreate the topic with fewer records: Kafka no longer holds run 1's range
     admin = AdminClient(kafka_config)
@@ -105,7 +107,7 @@ def test_reprocess_refuses_unknown_run_and_lost_ranges(spark, kafka_config, tabl
     new_topic(kafka_config, partitions=1, name=topic)
     produce(kafka_config, topic, 3, partitions=1)
     version = DeltaTable(table_uri).version()
-    ing = ingestion(spark, kafka_config, table_uri, topic)
+    ing = ingestion(spark_path, kafka_config, table_uri, topic)
     with pytest.raises(DataLossError, match="no longer holds"):
         Reprocessor(ing).run(RunIdentity("dag/r1/t/-1"))
     assert ing.submitter.calls == 0 and DeltaTable(table_uri).version() == version

@@ -26,10 +26,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from dataclasses import asdict
 
-from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec
+from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec, Env
 from airflow_eo.errors import ConfigError, DeadLetterThresholdError
 from airflow_eo.planning import BatchPlan
 from airflow_eo.table.commit import ensure_table
@@ -44,10 +46,40 @@ CORRUPT_COLUMN = "_airflow_eo_corrupt"
 DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "reason")
 
 
+@contextlib.contextmanager
+def functions_for(df):
+    """``pyspark.sql.functions`` building columns for ``df``'s kind of session.
+
+    pyspark picks classic or Spark Connect columns by a process-wide environment mark that
+    any Spark Connect session sets; a process that holds both kinds (the test suite, a
+    worker that ran a warm batch before a local one) must build each DataFrame's columns
+    for its own kind.
+    """
+    from pyspark.sql import functions
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+
+    mark = Env.CONNECT_CLIENT[0]
+    saved = os.environ.get(mark)
+    if isinstance(df, ConnectDataFrame):
+        os.environ[mark] = "1"
+    else:
+        os.environ.pop(mark, None)
+    try:
+        yield functions
+    finally:
+        if saved is None:
+            os.environ.pop(mark, None)
+        else:
+            os.environ[mark] = saved
+
+
 def decode(source, spec: DecodeSpec):
     """Add ``data`` (the parsed value) and the dead-letter reason (null when decodable)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
+    with functions_for(source) as F:
+        return _decode(source, spec, F)
+
+
+def _decode(source, spec: DecodeSpec, F):
 
     reason = F.when(F.col("value").isNull(), F.lit("value is null"))
     if spec.max_value_bytes:
@@ -56,20 +88,21 @@ def decode(source, spec: DecodeSpec):
             F.lit("value of "), size.cast("string"), F.lit(f" bytes exceeds max_value_bytes={spec.max_value_bytes}")))
     out = source
     if spec.value_schema:
-        try:
-            schema = StructType.fromDDL(spec.value_schema)
-        except Exception as exc:  # ParseException from the JVM
-            raise ConfigError(f"value_schema {spec.value_schema!r} is not a Spark DDL schema ({exc}); "
-                              "write it like 'id INT, name STRING'") from exc
-        with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
+        # The DDL is parsed by the DataFrame's own session (classic or Spark Connect alike).
+        with_corrupt = f"{spec.value_schema}, {CORRUPT_COLUMN} STRING"
         parsed = F.from_json(F.col("value").cast("string"), with_corrupt,
                              {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN})
         out = out.withColumn(DATA_COLUMN, parsed)
+        try:
+            fields = [c for c in out.select(f"{DATA_COLUMN}.*").columns if c != CORRUPT_COLUMN]
+        except Exception as exc:  # ParseException from Spark
+            raise ConfigError(f"value_schema {spec.value_schema!r} is not a Spark DDL schema "
+                              f"({str(exc).strip().splitlines()[0]}); write it like 'id INT, name STRING'") from exc
         mismatch = F.lit(f"value does not match value_schema ({spec.value_schema}): malformed JSON, "
                          "wrong types or not a JSON object")
         reason = reason.when(F.col(DATA_COLUMN).isNull() | F.col(f"{DATA_COLUMN}.{CORRUPT_COLUMN}").isNotNull(),
                              mismatch)
-        keep = [F.col(f"{DATA_COLUMN}.{f.name}").alias(f.name) for f in schema.fields]
+        keep = [F.col(f"{DATA_COLUMN}.`{name}`").alias(name) for name in fields]
         out = out.withColumn(REASON_COLUMN, reason).withColumn(DATA_COLUMN, F.struct(*keep))
     else:
         out = out.withColumn(REASON_COLUMN, reason)
@@ -78,8 +111,11 @@ def decode(source, spec: DecodeSpec):
 
 def split(decoded, plan: BatchPlan):
     """(good rows without the reason column, dead letters in the dead-letter table's columns)."""
-    from pyspark.sql import functions as F
+    with functions_for(decoded) as F:
+        return _split(decoded, plan, F)
 
+
+def _split(decoded, plan: BatchPlan, F):
     good = decoded.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
     bad = decoded.where(F.col(REASON_COLUMN).isNotNull()).select(
         *DEAD_LETTER_COLUMNS[:-1], F.col(REASON_COLUMN).alias("reason"),
@@ -108,11 +144,11 @@ class DeadLetters:
 
     def stage(self, stage_fn) -> int:
         """Count, check the threshold, and stage the dead letters; returns how many there are."""
-        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        counts = self.decoded.agg(F.count(F.lit(1)).alias("n"),
-                                  F.count(F.col(REASON_COLUMN)).alias("bad")).collect()[0]
+        with functions_for(self.decoded) as F:
+            counts = self.decoded.agg(F.count(F.lit(1)).alias("n"),
+                                      F.count(F.col(REASON_COLUMN)).alias("bad")).collect()[0]
         check_threshold(self.spec, counts["bad"], counts["n"], self.plan)
         location = TableLocation.of(self.spec.table_uri, self.storage_options)
         self.arrow_schema = to_arrow_schema(self.bad.schema)

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
-from airflow_eo.attempt import SPARK_DEFAULTS, Attempt, AttemptKind, Secrets
+from airflow_eo.attempt import SPARK_DEFAULTS, Attempt, AttemptKind, Env, Secrets
 from airflow_eo.driver.decode import DeadLetters
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform
@@ -55,19 +56,22 @@ def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
     failpoint("before_read")
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task)
     dead = DeadLetters.of(source, attempt, storage_options)  # None unless decoding
+    view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     try:
         if dead is not None:
             dead.stage(stage)  # undecodable records: staged beside the dead-letter table, threshold checked
             source = dead.good
-        out = apply_transform(attempt.transform, source)
+        out = apply_transform(attempt.transform, source, view)
         from pyspark.sql.pandas.types import to_arrow_schema
 
         arrow_schema = to_arrow_schema(out.schema)
         planned = time.monotonic()
         files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema)
-    finally:
+    finally:  # leave nothing behind in the session: no view, no cached rows
         if dead is not None:
             dead.release()
+        if attempt.transform.sql:
+            spark.catalog.dropTempView(view)
     rows = staging.rows_per_partition(files)
     staged = time.monotonic()
     # phase timings: where a run's time goes (README "Performance")
@@ -112,12 +116,19 @@ class InProcessSubmitter:
 
 
 def build_session(app_name: str, extra_conf: dict | None = None):
+    """A classic SparkSession with the settings the commit relies on (:data:`SPARK_DEFAULTS`)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     for key, value in {**SPARK_DEFAULTS, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    # pyspark marks a process that opened a Spark Connect session as a Connect client (and a
+    # spark-submit job inherits the mark from such a parent): this session is classic
+    marks = {name: os.environ.pop(name) for name in Env.CONNECT_CLIENT if name in os.environ}
+    try:
+        return builder.getOrCreate()
+    finally:
+        os.environ.update(marks)
 
 
 def main(argv: list[str]) -> int:

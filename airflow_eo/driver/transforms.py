@@ -35,12 +35,20 @@ def load_callable(transform: Transform):
         ) from exc
 
 
-def apply_transform(transform: Transform, df):
-    """Apply to the source DataFrame and check the key columns survived."""
+def apply_transform(transform: Transform, df, view: str = SOURCE_VIEW):
+    """Apply to the source DataFrame and check the key columns survived.
+
+    The SQL reads ``source``; the DataFrame is registered under ``view`` and named ``source``
+    in a CTE around the query, so attempts sharing one Spark session (the warm path) never
+    see each other's records. The caller drops ``view`` once the output is written.
+    """
     if transform.sql:
-        df.createOrReplaceTempView(SOURCE_VIEW)
+        df.createOrReplaceTempView(view)
+        query = transform.sql.strip().rstrip(";")
+        if view != SOURCE_VIEW:
+            query = f"WITH {SOURCE_VIEW} AS (SELECT * FROM {view}) SELECT * FROM ({query})"
         try:
-            out = df.sparkSession.sql(transform.sql)
+            out = df.sparkSession.sql(query)
             out.columns  # analysis errors surface here on Spark Connect, which analyses lazily
         except Exception as exc:  # AnalysisException, ParseException: user's SQL
             raise ConfigError(

@@ -5,11 +5,15 @@ Airflow worker or the CLI, as a Spark Connect client: the server reads the plann
 and writes the staged Parquet; the compare-and-set Delta commit happens here, as it does in
 a spark-submit driver. A batch then costs seconds instead of a JVM start.
 
-Every attempt gets a Spark Connect session of its own, tagged with the attempt id and
-released when the attempt ends, so nothing (temp views, cached data, registered sources)
-is left on the server between runs; :meth:`ConnectSubmitter.kill` interrupts the attempt's
-operations on the server (``interruptTag``), so a killed task stops using the cluster.
-A server on another airflow-eo version than the client is refused before anything runs.
+All clients of one airflow-eo version attach to one shared server-side session (a
+well-known session id, :func:`shared_session_id`): the server keeps Python worker daemons
+per session and does not reap them when a session is released (measured: ~7 processes and
+~180 MB per released session), so a session per batch would grow without bound. Within the
+shared session each attempt leaves nothing behind (its own temp view, dropped; cached rows
+unpersisted), and its operations carry a tag with the attempt id:
+:meth:`ConnectSubmitter.kill` interrupts exactly those (``interruptTag``), so a killed task
+stops using the cluster. A server on another airflow-eo version is refused before anything
+runs.
 
 Example::
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 
 from airflow_eo import __version__
 from airflow_eo.attempt import Attempt, Secrets
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TAG_PREFIX = "airflow-eo-"
 RETRIES = 4  # ~3 s of backoff before "the server went away" is reported
+SESSION_SLOTS = 20  # shared session ids to try when the server has closed earlier ones
 VERSION_CONF = "spark.airflow_eo.version"  # set by `airflow-eo connect-server`
 _verified: set[str] = set()  # servers whose airflow-eo version matched, per process
 
@@ -59,6 +65,16 @@ def check_version(spark, url: str) -> None:
     _verified.add(url)
 
 
+def shared_session_id(slot: int = 0) -> str:
+    """The server-side session every client of this airflow-eo version attaches to. A server
+    remembers closed sessions (e.g. expired after its idle timeout): then the next slot."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"airflow-eo/{__version__}/{slot}"))
+
+
+def with_session_id(url: str, session_id: str) -> str:
+    return f"{url};session_id={session_id}" if ";" in url else f"{url.rstrip('/')}/;session_id={session_id}"
+
+
 def redact_url(url: str) -> str:
     """An ``sc://`` URL without its parameters (they may hold a token)."""
     return url.split(";", 1)[0].split("/;", 1)[0]
@@ -86,20 +102,30 @@ class ConnectSubmitter:
         self.submissions = 0
 
     def session(self):
-        """A new session of its own, which gives up within seconds when the server is gone."""
+        """A client attached to the shared session, which gives up within seconds when the
+        server is gone (pyspark's default retries for up to 10 minutes; a task retry is the
+        better place to wait for a server that went away)."""
         from pyspark.sql import SparkSession
         from pyspark.sql.connect.client.retries import DefaultPolicy
 
         from airflow_eo.attempt import SPARK_DEFAULTS
 
-        spark = SparkSession.builder.remote(self.url).create()
-        # pyspark's default retries for up to 10 minutes; a task retry is the better place
-        # to wait for a server that went away, so fail within a few seconds instead.
-        spark.client.set_retry_policies([DefaultPolicy(max_retries=RETRIES, initial_backoff=200,
-                                                       backoff_multiplier=2.0, max_backoff=2000)])
-        for key, value in {**SPARK_DEFAULTS, **self.conf}.items():
-            spark.conf.set(key, value)
-        return spark
+        last: Exception | None = None
+        for slot in range(SESSION_SLOTS):
+            spark = SparkSession.builder.remote(with_session_id(self.url, shared_session_id(slot))).create()
+            spark.client.set_retry_policies([DefaultPolicy(max_retries=RETRIES, initial_backoff=200,
+                                                           backoff_multiplier=2.0, max_backoff=2000)])
+            try:
+                for key, value in {**SPARK_DEFAULTS, **self.conf}.items():
+                    spark.conf.set(key, value)
+                return spark
+            except Exception as exc:
+                spark.client.close()
+                if "SESSION_CLOSED" not in str(exc):
+                    raise
+                last = exc
+        raise SparkUnavailableError(f"the Spark Connect server {redact_url(self.url)} has closed all of "
+                                    f"airflow-eo's {SESSION_SLOTS} shared sessions; restart it") from last
 
     def submit(self, attempt: Attempt, secrets: Secrets) -> None:
         tag = TAG_PREFIX + attempt.attempt_id
@@ -125,7 +151,8 @@ class ConnectSubmitter:
         finally:
             with self._lock:
                 self._session = self._tag = None
-            spark.stop()  # releases the server-side session: views, caches, registered sources
+            spark.removeTag(tag)
+            spark.client.close()  # detach; the shared session stays for the next attempt
 
     def kill(self) -> None:
         """Interrupt the running attempt's operations on the server (``on_kill``, SIGTERM)."""

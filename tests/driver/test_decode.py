@@ -13,7 +13,6 @@ from deltalake import DeltaTable
 
 from airflow_eo.attempt import Transform
 from airflow_eo.driver import main as driver_main
-from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.errors import CommitConflictError, DeadLetterThresholdError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
@@ -51,8 +50,8 @@ def config(mixed_topic, kafka_config, tmp_path) -> IngestConfig:
     )
 
 
-def run(config, spark, run_key="r1"):
-    return Ingestion(config, InProcessSubmitter(spark)).run(RunIdentity(run_key=run_key))
+def run(config, spark_path, run_key="r1"):
+    return Ingestion(config, spark_path.submitter()).run(RunIdentity(run_key=run_key))
 
 
 def dead_letters(config) -> list[tuple]:
@@ -61,11 +60,11 @@ def dead_letters(config) -> list[tuple]:
                   key=lambda r: r[0])
 
 
-def test_undecodable_records_go_to_the_dead_letter_table(config, spark):
+def test_undecodable_records_go_to_the_dead_letter_table(config, spark_path):
     orphan = os.path.join(config.dead_letter_table_uri, "b00000009-0123456789abcdef")
     os.makedirs(orphan)  # staged by an attempt that died long ago
     open(os.path.join(orphan, "part-0.parquet"), "wb").close()
-    result = run(dataclasses.replace(config, staging_grace_seconds=0), spark)
+    result = run(dataclasses.replace(config, staging_grace_seconds=0), spark_path)
     assert not os.path.exists(orphan)
     assert result.status == COMMITTED
     table = read_table(config.table_uri, ["offset", "id", "name"])
@@ -77,29 +76,29 @@ def test_undecodable_records_go_to_the_dead_letter_table(config, spark):
     assert DeltaTable(config.dead_letter_table_uri).transaction_version(dlq_app_id(INGEST_ID)) == 1
 
 
-def test_a_crash_between_the_main_and_the_dead_letter_commit_is_rolled_forward_once(config, spark, monkeypatch):
+def test_a_crash_between_the_main_and_the_dead_letter_commit_is_rolled_forward_once(config, spark_path, monkeypatch):
     def die(*args, **kwargs):
         raise RuntimeError("driver died between the main commit and the dead-letter commit")
 
     monkeypatch.setattr(driver_main, "commit_dead_letters_of", die)  # the crash point, not the code under test
     monkeypatch.setattr(Ingestion, "complete_dead_letters", lambda self, ledger: None)  # the worker died too
-    assert run(config, spark).status == COMMITTED  # the job failed after the main commit landed
+    assert run(config, spark_path).status == COMMITTED  # the job failed after the main commit landed
     assert read_table(config.table_uri, ["offset"]).num_rows == 6  # the main commit landed
     assert dead_letters(config) == []  # its dead letters did not (yet)
     monkeypatch.undo()
 
-    again = run(config, spark)  # the retry: same run key, nothing re-read, dead letters rolled forward
+    again = run(config, spark_path)  # the retry: same run key, nothing re-read, dead letters rolled forward
     assert again.status == ALREADY_COMMITTED and not again.spark_started
     assert [r[0] for r in dead_letters(config)] == [3, 4, 5, 6, 7]
     version = DeltaTable(config.dead_letter_table_uri).version()
-    assert run(config, spark, "r-next").status == "nothing_new"
+    assert run(config, spark_path, "r-next").status == "nothing_new"
     assert DeltaTable(config.dead_letter_table_uri).version() == version  # never twice
     assert read_table(config.table_uri, ["offset"]).num_rows == 6
 
 
-def test_racing_runs_with_different_plans_keep_only_the_winners_dead_letters(config, spark):
-    small = Ingestion(dataclasses.replace(config, max_records_per_run=5), InProcessSubmitter(spark))
-    large = Ingestion(config, InProcessSubmitter(spark))
+def test_racing_runs_with_different_plans_keep_only_the_winners_dead_letters(config, spark_path):
+    small = Ingestion(dataclasses.replace(config, max_records_per_run=5), spark_path.submitter())
+    large = Ingestion(config, spark_path.submitter())
     plan_a, plan_b = small.plan(RunIdentity("run-a")), large.plan(RunIdentity("run-b"))
     assert plan_a.batch == plan_b.batch == 1 and plan_a.ends != plan_b.ends
     small.plans.record(plan_a)
@@ -111,18 +110,18 @@ def test_racing_runs_with_different_plans_keep_only_the_winners_dead_letters(con
     assert [r[0] for r in dead_letters(config)] == [3, 4]  # the loser left the dead letters alone
     assert sorted(read_table(config.table_uri, ["id"])["id"].to_pylist()) == [0, 1, 2]
 
-    follow = run(config, spark, "run-c")  # the next run takes the rest, and its dead letters
+    follow = run(config, spark_path, "run-c")  # the next run takes the rest, and its dead letters
     assert follow.status == COMMITTED and follow.batch == 2
     assert [r[0] for r in dead_letters(config)] == [3, 4, 5, 6, 7]
     assert [r[3] for r in dead_letters(config)] == [1, 1, 2, 2, 2]
     assert sorted(read_table(config.table_uri, ["id"])["id"].to_pylist()) == list(range(6))
 
 
-def test_too_many_dead_letters_fail_the_run_and_commit_nothing(config, spark):
+def test_too_many_dead_letters_fail_the_run_and_commit_nothing(config, spark_path):
     strict = dataclasses.replace(config, max_dead_letters=2)
     with pytest.raises(DeadLetterThresholdError, match="5 of 11 records could not be decoded"):
-        run(strict, spark)
+        run(strict, spark_path)
     assert not Ledger.open(config.table_uri).exists
     assert not Ledger.open(config.dead_letter_table_uri).exists
     fraction = dataclasses.replace(config, max_dead_letter_fraction=0.5)  # 5/11 < 0.5: passes
-    assert run(fraction, spark, "r2").status == COMMITTED
+    assert run(fraction, spark_path, "r2").status == COMMITTED
