@@ -85,13 +85,15 @@ def raw_single_consumer(kafka_config: dict, ranges: list[OffsetRange]) -> dict:
     return {"seconds": time.perf_counter() - started, "records": count}
 
 
-def warm_at_least_once(url: str, kafka_config: dict, ranges: list[OffsetRange], out_dir: str) -> dict:
-    """The same read + Parquet write on the warm server, without ledger, plan log or commit."""
+def warm_at_least_once(url: str, kafka_config: dict, ranges: list[OffsetRange], out_dir: str,
+                       reader: str = "arrow") -> dict:
+    """The same read + Parquet write on the warm server, without ledger, plan log or commit;
+    ``reader``: ``arrow`` (mapInArrow, the default) or ``datasource`` (the Python Data Source)."""
     submitter = ConnectSubmitter(url)
     started = time.perf_counter()
     spark = submitter.session()
     try:
-        source = read_plan(spark, ranges, dict(kafka_config), 1_000_000)
+        source = read_plan(spark, ranges, dict(kafka_config), 1_000_000, reader=reader)
         apply_transform(Transform(sql=SQL), source, "source_alo").write.mode("error").parquet(f"file://{out_dir}")
         spark.catalog.dropTempView("source_alo")
     finally:

@@ -222,15 +222,18 @@ class Bench:
         self.start_broker(DATA_TOPIC, a.records)
         ranges = [OffsetRange(DATA_TOPIC, p, 0, a.records // a.partitions) for p in range(a.partitions)]
         with ConnectServer(master=a.master, log_file=os.path.join(self.work, "connect.log")) as server:
+            small = [OffsetRange(r.topic, r.partition, 0, a.small_records // a.partitions) for r in ranges]
             steps = ["warm_small", "cold_small", "raw_single_consumer", "warm_full", "warm_full_in_process",
-                     "warm_at_least_once"]
+                     "warm_at_least_once", "warm_alo_datasource", "warm_alo_small", "warm_alo_small_datasource"]
             phases: dict[str, list[dict]] = {}
             for rep, side in interleaved(steps, a.repetitions):
                 say(f"rep {rep + 1}/{a.repetitions}: {side}")
                 if side == "raw_single_consumer":
                     out = bench_warm.raw_single_consumer(self.kafka_config, ranges)
-                elif side == "warm_at_least_once":
-                    out = bench_warm.warm_at_least_once(server.url, self.kafka_config, ranges, self.fresh("alo"))
+                elif side == "warm_at_least_once" or side.startswith("warm_alo"):
+                    out = bench_warm.warm_at_least_once(
+                        server.url, self.kafka_config, small if "small" in side else ranges, self.fresh("alo"),
+                        reader="datasource" if side.endswith("datasource") else "arrow")
                 elif side == "warm_full_in_process":
                     out = bench_warm.warm_exactly_once_in_process(server.url, self.fresh("eo"), DATA_TOPIC,
                                                                   self.kafka_config, a.records)
@@ -289,6 +292,8 @@ def warm_ratios(med: dict) -> dict:
         "warm_raw_single_consumer_over_ingest_in_process": med["warm.raw_single_consumer"]
         / med["warm.warm_full_in_process"],
         "warm_eo_over_alo": med["warm.warm_full_in_process"] / med["warm.warm_at_least_once"],
+        "reader_datasource_over_arrow_full": med["warm.warm_alo_datasource"] / med["warm.warm_at_least_once"],
+        "reader_datasource_over_arrow_small": med["warm.warm_alo_small_datasource"] / med["warm.warm_alo_small"],
     }
 
 

@@ -1,16 +1,20 @@
-"""The Kafka source: a PySpark Python Data Source that reads a planned set of offset ranges.
+"""The Kafka source: a DataFrame of exactly a plan's offset ranges, read by Spark tasks.
 
 Spark's own Kafka source (spark-sql-kafka) is a JVM jar that cannot be installed on the
-machines this project targets, and it plans its own offsets. This source reads exactly
-the ranges of a :class:`~airflow_eo.planning.BatchPlan`, nothing more: each input
-partition is one slice of a range, read by one Spark task with ``read_committed``.
+machines this project targets, and it plans its own offsets. Both readers here read exactly
+the ranges of a :class:`~airflow_eo.planning.BatchPlan`, nothing more: each Spark task reads
+one slice of a range (:func:`~airflow_eo.planning.split_range`) with ``read_committed``
+through :func:`airflow_eo.driver.reader.read_range`, which yields Arrow batches.
+
+* ``arrow`` (the default, :func:`read_with_map_in_arrow`): ``mapInArrow`` over a one-row-per-
+  slice range DataFrame. Cheapest to plan: no Python planning workers, so a warm Spark Connect
+  server starts reading at once (benchmark: README "Performance").
+* ``datasource`` (:class:`KafkaRangeSource`): a PySpark Python Data Source, format
+  ``airflow_eo_kafka``; Spark plans it with three Python workers of its own per session.
 
 Example::
 
-    >>> register(spark)                                                    # doctest: +SKIP
-    >>> df = (spark.read.format(SOURCE_NAME)
-    ...       .option("ranges", json.dumps([asdict(r) for r in plan.data_ranges]))
-    ...       .option("kafka.bootstrap.servers", "127.0.0.1:9092").load())  # doctest: +SKIP
+    >>> df = read_plan(spark, plan.data_ranges, {"bootstrap.servers": "127.0.0.1:9092"}, 1_000_000)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -90,9 +94,43 @@ def register(spark) -> None:
         spark._airflow_eo_source = True
 
 
-def read_plan(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int):
-    """A DataFrame of exactly the records of ``ranges`` (read_committed)."""
+def read_with_data_source(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int):
+    """The records of ``ranges`` through the Python Data Source."""
     register(spark)
     options = source_options(ranges, kafka_config, max_offsets_per_task)
     return spark.read.format(SOURCE_NAME).options(**options).load()
+
+
+def _slice_reader(slices: list[OffsetRange], kafka_config: dict):
+    """The function each Spark task runs (pickled to the Python workers): row ``i`` of the
+    range DataFrame means "read slice ``i``"."""
+
+    def read(batches):
+        from airflow_eo.driver.reader import read_range  # imported in the executor's Python worker
+
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                yield from read_range(kafka_config, slices[i])
+
+    return read
+
+
+def read_with_map_in_arrow(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int):
+    """The records of ``ranges`` through ``mapInArrow``: one task per slice. The client config
+    travels inside the pickled task function, never as a plan option or a column."""
+    from airflow_eo.driver.reader import SPARK_KAFKA_SCHEMA
+
+    slices = [p for r in ranges for p in split_range(r, max_offsets_per_task)]
+    tasks = spark.range(0, len(slices), 1, max(1, len(slices)))  # row i alone in partition i
+    return tasks.mapInArrow(_slice_reader(slices, dict(kafka_config)), SPARK_KAFKA_SCHEMA)
+
+
+READERS = {"arrow": read_with_map_in_arrow, "datasource": read_with_data_source}
+DEFAULT_READER = "arrow"
+
+
+def read_plan(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int,
+              reader: str = DEFAULT_READER):
+    """A DataFrame of exactly the records of ``ranges`` (read_committed)."""
+    return READERS[reader](spark, list(ranges), kafka_config, max_offsets_per_task)
 
