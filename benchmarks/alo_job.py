@@ -15,7 +15,7 @@ import sys
 import time
 
 from airflow_eo.attempt import DEFAULT_MAX_OFFSETS_PER_TASK, Secrets, Transform
-from airflow_eo.driver.main import build_session
+from airflow_eo.driver.session import build_session
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform
 from airflow_eo.planning import OffsetRange

@@ -92,7 +92,7 @@ def kafka_config(broker) -> dict:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    from airflow_eo.driver.main import build_session
+    from airflow_eo.driver.session import build_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")
     session = build_session("airflow-eo tests", {

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from dataclasses import asdict
 
-from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec, Env
+from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec
+from airflow_eo.driver.session import for_session
 from airflow_eo.errors import ConfigError, DeadLetterThresholdError
 from airflow_eo.planning import BatchPlan
 from airflow_eo.table.commit import ensure_table
@@ -48,29 +48,11 @@ DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "valu
 
 @contextlib.contextmanager
 def functions_for(df):
-    """``pyspark.sql.functions`` building columns for ``df``'s kind of session.
-
-    pyspark picks classic or Spark Connect columns by a process-wide environment mark that
-    any Spark Connect session sets; a process that holds both kinds (the test suite, a
-    worker that ran a warm batch before a local one) must build each DataFrame's columns
-    for its own kind.
-    """
+    """``pyspark.sql.functions``, building columns for ``df``'s kind of session."""
     from pyspark.sql import functions
-    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 
-    mark = Env.CONNECT_CLIENT[0]
-    saved = os.environ.get(mark)
-    if isinstance(df, ConnectDataFrame):
-        os.environ[mark] = "1"
-    else:
-        os.environ.pop(mark, None)
-    try:
+    with for_session(df):
         yield functions
-    finally:
-        if saved is None:
-            os.environ.pop(mark, None)
-        else:
-            os.environ[mark] = saved
 
 
 def decode(source, spec: DecodeSpec):

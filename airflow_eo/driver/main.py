@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
-from airflow_eo.attempt import SPARK_DEFAULTS, Attempt, AttemptKind, Env, Secrets
+from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.driver.decode import DeadLetters
+from airflow_eo.driver.session import build_session, classic_process
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform
 from airflow_eo.driver.writer import stage
@@ -115,22 +115,6 @@ class InProcessSubmitter:
         run_attempt(self.spark, attempt, secrets)
 
 
-def build_session(app_name: str, extra_conf: dict | None = None):
-    """A classic SparkSession with the settings the commit relies on (:data:`SPARK_DEFAULTS`)."""
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName(app_name)
-    for key, value in {**SPARK_DEFAULTS, **(extra_conf or {})}.items():
-        builder = builder.config(key, value)
-    # pyspark marks a process that opened a Spark Connect session as a Connect client (and a
-    # spark-submit job inherits the mark from such a parent): this session is classic
-    marks = {name: os.environ.pop(name) for name in Env.CONNECT_CLIENT if name in os.environ}
-    try:
-        return builder.getOrCreate()
-    finally:
-        os.environ.update(marks)
-
-
 def main(argv: list[str]) -> int:
     """``spark_jobs/kafka_to_delta.py``: run a recorded attempt, or plan and run one batch."""
     import argparse
@@ -151,6 +135,7 @@ def main(argv: list[str]) -> int:
     if not args.attempt_id and not (args.ingest_id and args.topics):
         parser.error("give --attempt-id, or --ingest-id and --topics for a standalone run")
     secrets = Secrets.from_env()
+    classic_process()  # a Spark Connect client that started this job left its mark in the environment
     spark = build_session("airflow-eo kafka_to_delta")
     try:
         if args.attempt_id:

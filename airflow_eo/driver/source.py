@@ -120,9 +120,12 @@ def read_with_map_in_arrow(spark, ranges: Iterable[OffsetRange], kafka_config: d
     travels inside the pickled task function, never as a plan option or a column."""
     from airflow_eo.driver.reader import SPARK_KAFKA_SCHEMA
 
+    from airflow_eo.driver.session import for_session
+
     slices = [p for r in ranges for p in split_range(r, max_offsets_per_task)]
-    tasks = spark.range(0, len(slices), 1, max(1, len(slices)))  # row i alone in partition i
-    return tasks.mapInArrow(_slice_reader(slices, dict(kafka_config)), SPARK_KAFKA_SCHEMA)
+    with for_session(spark):
+        tasks = spark.range(0, len(slices), 1, max(1, len(slices)))  # row i alone in partition i
+        return tasks.mapInArrow(_slice_reader(slices, dict(kafka_config)), SPARK_KAFKA_SCHEMA)
 
 
 READERS = {"arrow": read_with_map_in_arrow, "datasource": read_with_data_source}

@@ -71,9 +71,12 @@ def stage_with_arrow(df, location: TableLocation, target: str, storage_options: 
     ``arrow_schema`` is the table's Arrow schema (microsecond UTC timestamps), so the
     files match the Delta schema the commit declares.
     """
-    written = df.mapInArrow(
-        _task_writer(location.uri, storage_options, target, arrow_schema), WRITTEN_SCHEMA
-    ).collect()
+    from airflow_eo.driver.session import for_session
+
+    with for_session(df):
+        written = df.mapInArrow(
+            _task_writer(location.uri, storage_options, target, arrow_schema), WRITTEN_SCHEMA
+        ).collect()
     reported = {row["path"]: row["rows"] for row in written}
     staged = StagingArea(location).staged_files(target, only=set(reported))
     missing = set(reported) - {location.join(f.path) for f in staged}

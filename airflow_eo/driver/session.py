@@ -1,0 +1,64 @@
+"""Spark sessions in the driver: a classic session for spark-submit, and building columns and
+plans for the session a DataFrame belongs to, classic or Spark Connect.
+
+pyspark chooses between classic and Spark Connect objects (columns, UDFs, ``mapInArrow``) by
+a process-wide environment mark that opening any Spark Connect session sets. A process that
+holds both kinds — the test suite, an Airflow worker that ran a warm batch before a local
+one, a spark-submit job started from a Connect client — must build each plan for its own
+session's kind: :func:`for_session`.
+
+Example::
+
+    >>> with for_session(df):                                  # doctest: +SKIP
+    ...     out = df.mapInArrow(read, schema)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from airflow_eo.attempt import SPARK_DEFAULTS, Env
+
+_MARK = Env.CONNECT_CLIENT[0]
+
+
+def is_connect(spark_or_df) -> bool:
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    return isinstance(spark_or_df, (ConnectSession, ConnectDataFrame))
+
+
+@contextlib.contextmanager
+def for_session(spark_or_df):
+    """Within the block, pyspark builds objects for ``spark_or_df``'s kind of session."""
+    saved = os.environ.get(_MARK)
+    if is_connect(spark_or_df):
+        os.environ[_MARK] = "1"
+    else:
+        os.environ.pop(_MARK, None)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(_MARK, None)
+        else:
+            os.environ[_MARK] = saved
+
+
+def classic_process() -> None:
+    """Forget an inherited Spark Connect mark: this process (a spark-submit job) is classic."""
+    for name in Env.CONNECT_CLIENT:
+        os.environ.pop(name, None)
+
+
+def build_session(app_name: str, extra_conf: dict | None = None):
+    """A classic SparkSession with the settings the commit relies on (:data:`SPARK_DEFAULTS`)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in {**SPARK_DEFAULTS, **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    with for_session(None):  # None is no Connect session: build a classic one
+        return builder.getOrCreate()
