@@ -73,9 +73,22 @@ def cmd_ingest(args) -> int:
         submitter = ConnectSubmitter(args.remote, conf=conf)
     else:
         submitter = LocalSparkSubmit(master=args.master, conf=conf)
+    _stop_spark_on_sigterm(submitter)
     result = Ingestion(config, submitter).run(RunIdentity(run_key))
     _print(result.to_dict(), args.json)
     return 0
+
+
+def _stop_spark_on_sigterm(submitter) -> None:
+    """SIGTERM (a scheduler stopping the command) stops the batch's Spark work too: the
+    spark-submit child, or the attempt's operations on the Spark Connect server."""
+    import signal
+
+    def stop(signum, _frame):
+        submitter.kill()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def cmd_status(args) -> int:

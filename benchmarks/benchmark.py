@@ -237,11 +237,15 @@ class Bench:
                 elif side == "warm_full_in_process":
                     out = bench_warm.warm_exactly_once_in_process(server.url, self.fresh("eo"), DATA_TOPIC,
                                                                   self.kafka_config, a.records)
+                    if out["rows"] != a.records:
+                        raise RuntimeError(f"{side} committed {out['rows']} rows, expected {a.records}")
                 else:
                     records = a.small_records if side.endswith("small") else a.records
                     out = bench_warm.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records,
                                                 remote=None if side.startswith("cold") else server.url,
                                                 master=a.master)
+                    if out["rows"] != records:
+                        raise RuntimeError(f"{side} committed {out['rows']} rows, expected {records}")
                     phases.setdefault(side, []).append(out["phases"])
                 self.record(f"warm.{side}", out["seconds"])
                 say(f"  {out['seconds']:.2f}s")

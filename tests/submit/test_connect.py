@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from airflow_eo.attempt import Env
-from airflow_eo.errors import ConfigError, SparkUnavailableError
+from airflow_eo.errors import ConfigError, SparkJobError, SparkUnavailableError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
 from airflow_eo.submit.connect import ConnectSubmitter, check_version
@@ -161,3 +161,34 @@ def test_connect_server_command_binds_loopback_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
 
+
+
+def test_kill_interrupts_the_attempts_operations_on_the_server(broker, kafka_config, connect_server, tmp_path):
+    """on_kill / SIGTERM: the attempt's tagged operations stop on the server, nothing is committed."""
+    topic = new_topic(kafka_config, 2)
+    for start in range(0, 200_000, 50_000):
+        produce(kafka_config, topic, 50_000, partitions=2, start=start)
+    config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="warm", topics=[topic], kafka_config=kafka_config,
+                          max_offsets_per_task=10_000)
+    submitter, errors = ConnectSubmitter(connect_server.url), []
+
+    def run():
+        try:
+            Ingestion(config, submitter).run(RunIdentity("to-be-killed"))
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while submitter._tag is None and time.monotonic() < deadline:  # the attempt is on the server
+        time.sleep(0.05)
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    submitter.kill()
+    worker.join(120)
+    assert not worker.is_alive()
+    assert time.monotonic() - killed_at < 20, "the interrupted attempt kept running"
+    assert len(errors) == 1 and isinstance(errors[0], SparkJobError), errors
+    assert "OPERATION_CANCELED" in str(errors[0]) and "without committing" in str(errors[0])
+    assert not os.path.exists(os.path.join(str(tmp_path / "t"), "_delta_log")), "nothing may be committed"
