@@ -135,6 +135,7 @@ class Ledger:
         self.table = table
         self.table_uri = table_uri
         self.storage_options = storage_options
+        self._history: dict[int | None, list[dict]] = {}  # commitInfo of this snapshot, by limit
 
     @classmethod
     def open(cls, table_uri: str, storage_options: dict[str, str] | None = None) -> "Ledger":
@@ -244,8 +245,10 @@ class Ledger:
         """Recent data commits of ``ingest_id``, newest first (as far as the log still holds)."""
         if self.table is None:
             return []
+        if limit not in self._history:  # the snapshot is pinned: its history does not change
+            self._history[limit] = self.table.history(limit)
         found = []
-        for info in self.table.history(limit):
+        for info in self._history[limit]:
             record = BatchRecord.from_commit_info(info)
             if record is not None and record.ingest_id == ingest_id and record.operation in DATA_OPERATIONS:
                 found.append(record)
