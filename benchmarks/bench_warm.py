@@ -91,13 +91,10 @@ def warm_at_least_once(url: str, kafka_config: dict, ranges: list[OffsetRange], 
     ``reader``: ``arrow`` (mapInArrow, the default) or ``datasource`` (the Python Data Source)."""
     submitter = ConnectSubmitter(url)
     started = time.perf_counter()
-    spark = submitter.session()
-    try:
-        source = read_plan(spark, ranges, dict(kafka_config), 1_000_000, reader=reader)
-        apply_transform(Transform(sql=SQL), source, "source_alo").write.mode("error").parquet(f"file://{out_dir}")
-        spark.catalog.dropTempView("source_alo")
-    finally:
-        spark.client.close()  # the shared session stays
+    spark = submitter.session()  # this process's client of the shared session, as an attempt uses it
+    source = read_plan(spark, ranges, dict(kafka_config), 1_000_000, reader=reader)
+    apply_transform(Transform(sql=SQL), source, "source_alo").write.mode("error").parquet(f"file://{out_dir}")
+    spark.catalog.dropTempView("source_alo")
     return {"seconds": time.perf_counter() - started}
 
 
@@ -111,12 +108,13 @@ def warm_exactly_once_in_process(url: str, table_uri: str, topic: str, kafka_con
     return {"seconds": time.perf_counter() - started, "rows": result.rows}
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children (the server's JVM and Python workers)."""
+def tree_pss_mb(pid: int) -> float:
+    """Proportional set size of a process and its children (the server's JVM and Python
+    workers): shared pages counted once, unlike RSS."""
     total = 0
     for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
         try:
-            total += proc.memory_info().rss
+            total += proc.memory_full_info().pss
         except psutil.Error:
             continue
     return total / 2**20
@@ -125,7 +123,7 @@ def tree_rss_mb(pid: int) -> float:
 def server_memory(url: str, pid: int, work: str, topic: str, kafka_config: dict, batches: int,
                   checkpoints: tuple[int, ...] = (10,)) -> dict:
     """Run ``batches`` small batches (one table, consecutive ranges of 10 records); the server's
-    RSS after each checkpoint and at the end."""
+    PSS after each checkpoint and at the end."""
     config = IngestConfig(table_uri=os.path.join(work, "soak-table"), ingest_id="soak", topics=[topic],
                           kafka_config=kafka_config, max_records_per_run=10, transform=Transform(sql=SQL))
     submitter, rss = ConnectSubmitter(url), {}
@@ -133,6 +131,6 @@ def server_memory(url: str, pid: int, work: str, topic: str, kafka_config: dict,
         Ingestion(config, submitter).run(RunIdentity(f"soak-{n}"))
         if n in checkpoints or n == batches:
             time.sleep(2)  # let the JVM settle after the last job
-            rss[f"after_{n}"] = tree_rss_mb(pid)
+            rss[f"after_{n}"] = tree_pss_mb(pid)
     return rss
 

@@ -150,8 +150,11 @@ class SparkPath:
         return session
 
     def close(self):
+        from airflow_eo.submit.connect import detach
+
         for session in self._sessions:
-            session.stop()
+            session.client.release_session()
+            detach(session)
 
 
 @pytest.fixture(params=["local", "connect"])

@@ -38,6 +38,19 @@ RETRIES = 4  # ~3 s of backoff before "the server went away" is reported
 SESSION_SLOTS = 20  # shared session ids to try when the server has closed earlier ones
 VERSION_CONF = "spark.airflow_eo.version"  # set by `airflow-eo connect-server`
 _verified: set[str] = set()  # servers whose airflow-eo version matched, per process
+_clients: dict[str, object] = {}  # one client per server URL and process, reused by every attempt
+_clients_lock = threading.Lock()
+
+
+def detach(spark) -> None:
+    """Close a Connect client once, and disarm the close its ``__del__`` would do again: that
+    second close shuts down pyspark's process-wide release pool and can deadlock a gRPC call
+    running at garbage-collection time (seen here)."""
+    try:
+        spark.client.close()
+    except Exception:  # best effort: the server may be gone
+        pass
+    spark.client.close = lambda: None
 
 
 def server_version(spark) -> str:
@@ -102,6 +115,16 @@ class ConnectSubmitter:
         self.submissions = 0
 
     def session(self):
+        """This process's client of the shared session on the server (made once, then reused)."""
+        with _clients_lock:
+            spark = _clients.get(self.url)
+            if spark is None or spark.client.is_closed:
+                spark = _clients[self.url] = self._attach()
+        for key, value in self.conf.items():
+            spark.conf.set(key, value)
+        return spark
+
+    def _attach(self):
         """A client attached to the shared session, which gives up within seconds when the
         server is gone (pyspark's default retries for up to 10 minutes; a task retry is the
         better place to wait for a server that went away)."""
@@ -116,16 +139,23 @@ class ConnectSubmitter:
             spark.client.set_retry_policies([DefaultPolicy(max_retries=RETRIES, initial_backoff=200,
                                                            backoff_multiplier=2.0, max_backoff=2000)])
             try:
-                for key, value in {**SPARK_DEFAULTS, **self.conf}.items():
+                for key, value in SPARK_DEFAULTS.items():
                     spark.conf.set(key, value)
                 return spark
             except Exception as exc:
-                spark.client.close()
+                detach(spark)
                 if "SESSION_CLOSED" not in str(exc):
                     raise
                 last = exc
         raise SparkUnavailableError(f"the Spark Connect server {redact_url(self.url)} has closed all of "
                                     f"airflow-eo's {SESSION_SLOTS} shared sessions; restart it") from last
+
+    def forget(self, spark) -> None:
+        """Drop a client whose server went away: the next attempt attaches anew."""
+        with _clients_lock:
+            if _clients.get(self.url) is spark:
+                del _clients[self.url]
+        detach(spark)
 
     def submit(self, attempt: Attempt, secrets: Secrets) -> None:
         tag = TAG_PREFIX + attempt.attempt_id
@@ -143,6 +173,7 @@ class ConnectSubmitter:
             run_attempt(spark, attempt, secrets)
         except Exception as exc:
             if is_unavailable(exc):
+                self.forget(spark)
                 raise SparkUnavailableError(
                     f"the Spark Connect server {redact_url(self.url)} went away during batch {attempt.plan.batch} "
                     f"({exc.__class__.__name__}); nothing was committed by this attempt unless the table says so. "
@@ -151,8 +182,7 @@ class ConnectSubmitter:
         finally:
             with self._lock:
                 self._session = self._tag = None
-            spark.removeTag(tag)
-            spark.client.close()  # detach; the shared session stays for the next attempt
+            spark.removeTag(tag)  # the client stays attached to the shared session for the next attempt
 
     def kill(self) -> None:
         """Interrupt the running attempt's operations on the server (``on_kill``, SIGTERM)."""

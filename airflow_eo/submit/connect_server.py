@@ -108,11 +108,14 @@ class ConnectServer:
         from pyspark.sql import SparkSession
 
         try:
+            from airflow_eo.submit.connect import detach
+
             spark = SparkSession.builder.remote(self.url).create()
             try:
                 spark.range(1).count()
             finally:
-                spark.stop()
+                spark.client.release_session()
+                detach(spark)
             return True
         except Exception:
             return False

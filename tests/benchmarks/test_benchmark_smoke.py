@@ -1,5 +1,6 @@
 """Smoke run of ``benchmarks/benchmark.py`` on a tiny data set: every section is measured
-and its numbers are sane. Real broker, real spark-submit (two of them), real Delta tables.
+and its numbers are sane. Real broker, real spark-submit (three of them), a real Spark Connect
+server, real Delta tables.
 
 Kept small (5,000 records, one repetition, no scaling or 10x memory run, a 200-commit
 planning table with a 5-commit tail) so it fits a ~2 minute budget on an idle 2-core machine.
@@ -18,7 +19,7 @@ def test_benchmark_smoke(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "benchmark.py"), "--records", "5000",
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--cache-dir", str(tmp_path / "cache"),
-           "--out", str(out)]
+           "--small-records", "100", "--server-batches", "12", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -26,7 +27,8 @@ def test_benchmark_smoke(tmp_path):
     times = report["times"]
     for key in ("raw_fetch", "reader_fetch", "at_least_once", "at_least_once.in_spark", "exactly_once.x1",
                 "exactly_once.x1.in_spark", "committed_rerun.small_table", "planning.200.at_checkpoint",
-                "planning.200.checkpoint_plus_5", "committed_rerun.200_commits"):
+                "planning.200.checkpoint_plus_5", "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
+                "warm.raw_single_consumer", "warm.warm_full", "warm.warm_at_least_once", "warm.warm_alo_datasource"):
         assert key in times, key
         assert 0 < times[key]["min"] <= times[key]["median"] <= times[key]["max"] < 600, (key, times[key])
     # a Spark run costs at least the JVM start; a committed rerun starts no Spark at all
@@ -39,4 +41,8 @@ def test_benchmark_smoke(tmp_path):
     build = report["planning_tables"]["200"]
     assert build["commits"] == 200 and build["checkpoints"] >= 1  # delta-rs checkpoints by itself
     assert report["machine"]["cpus"] >= 1
+    # the warm path: no JVM start per batch, and the server's memory was sampled after 10 and 12 batches
+    assert times["warm.warm_small"]["median"] < times["warm.cold_small"]["median"]
+    assert set(report["warm_server_rss_mb"]) == {"after_10", "after_12"}
+    assert "warm_small_batch<=5s" in report["targets"]
     assert "exactly_once.x1" in done.stdout  # the printed table

@@ -19,7 +19,7 @@ from airflow_eo.attempt import Env
 from airflow_eo.errors import ConfigError, SparkJobError, SparkUnavailableError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
-from airflow_eo.submit.connect import ConnectSubmitter, check_version
+from airflow_eo.submit.connect import ConnectSubmitter, check_version, detach
 from airflow_eo.submit.connect_server import ConnectServer, free_port
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.storage import TableLocation
@@ -128,7 +128,8 @@ def test_a_server_on_another_version_is_refused_before_anything_runs(connect_ser
         with pytest.raises(ConfigError, match="runs airflow-eo 0.0.1, this client runs"):
             check_version(spark, connect_server.url + "/;older")
     finally:
-        spark.stop()
+        spark.client.release_session()
+        detach(spark)
 
 
 def test_an_unreachable_server_is_a_retryable_error_within_seconds(kafka_config, tmp_path):
