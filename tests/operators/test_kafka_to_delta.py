@@ -192,3 +192,27 @@ def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_e
     assert config.value_schema == "id INT, name STRING" and config.max_dead_letters == 5
     assert config.schema_evolution and config.mirror_consumer_group == "orders-lag"
     assert "dead_letter_table_uri" in op.template_fields
+
+
+def test_a_spark_connect_connection_runs_the_batch_on_the_warm_server(kafka_env, kafka_config, connect_server,
+                                                                      table_uri, monkeypatch):
+    """spark_conn_id of the Spark provider's `spark_connect` type: no spark-submit, the batch runs
+    on that server; the URL (and a token) come from SparkConnectHook and the token is masked."""
+    from airflow_eo.submit.connect import ConnectSubmitter
+
+    masked = []
+    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda value, name=None: masked.append(value))
+    host, port = connect_server.url.removeprefix("sc://").split(":")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_WARM", json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}))
+    topic = new_topic(kafka_config)
+    produce(kafka_config, topic, 25)
+    op = make_operator("unit_dag_warm", table_uri, topic, kafka_env, spark_conn_id="spark_warm")
+    summary = op.execute(context_for(op, "manual__warm"))
+    assert isinstance(op.submitter, ConnectSubmitter) and op.submitter.submissions == 1
+    assert summary["status"] == "committed" and summary["rows"] == 25 and summary["spark_started"]
+    assert read_table(table_uri).num_rows == 25 and duplicates(read_table(table_uri)) == {}
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TOKEN", json.dumps(
+        {"conn_type": "spark_connect", "host": host, "port": int(port), "password": "t0k3n-secret"}))
+    with_token = make_operator("unit_dag_warm2", table_uri, topic, kafka_env, spark_conn_id="spark_token")
+    assert "token=t0k3n-secret" in with_token.make_submitter().url and "t0k3n-secret" in masked
