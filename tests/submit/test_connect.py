@@ -37,6 +37,21 @@ def cli_ingest(url: str, table_uri: str, topic: str, kafka_config: dict, run_key
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def wait_for_driver(table_uri: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until the attempt marker names ``proc`` as the attempt's driver (or ``proc`` ended)."""
+    attempts = os.path.join(table_uri, "_airflow_eo", "attempts")
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        for name in os.listdir(attempts) if os.path.isdir(attempts) else []:
+            try:
+                with open(os.path.join(attempts, name)) as f:
+                    if f'"driver_pid": {proc.pid}' in f.read():
+                        return
+            except OSError:
+                continue
+        time.sleep(0.02)
+
+
 def staged_dirs(table_uri: str) -> set[str]:
     loc = TableLocation.of(table_uri)
     return {d.base_name for d in loc.list_dirs(table_uri) if d.base_name.startswith("b")}
@@ -60,7 +75,8 @@ def test_client_killed_mid_batch_ten_times_under_live_produce(broker, kafka_conf
     try:
         for i in range(10):
             proc = cli_ingest(connect_server.url, table_uri, topic, kafka_config, f"warm-{i}")
-            time.sleep(rng.uniform(1.0, 5.0))
+            wait_for_driver(table_uri, proc)  # the client is inside its attempt: reading, staging or committing
+            time.sleep(rng.uniform(0.0, 0.6))
             if proc.poll() is None:
                 proc.kill()  # kill -9 of the client: the attempt's driver
                 kills += 1
