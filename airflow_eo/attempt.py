@@ -34,6 +34,11 @@ SPARK_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
+# For a Spark application airflow-eo starts (spark-submit, a local session; a session cannot
+# change it): Spark's own output at WARN, so a task log shows airflow-eo's lines (plan,
+# rate, commit, lag), not Spark's INFO chatter; spark_conf={"spark.log.level": "INFO"}
+# brings it back.
+SPARK_APP_DEFAULTS = {**SPARK_DEFAULTS, "spark.log.level": "WARN"}
 
 
 class Env:
@@ -48,6 +53,9 @@ class Env:
     EXAMPLE_TABLE_URI = "AIRFLOW_EO_TABLE_URI"  # the example DAGs' table (dags/, the demo)
     EXAMPLE_TOPIC = "AIRFLOW_EO_TOPIC"  # the example DAGs' topic
     SECRET = (KAFKA_CONFIG, STORAGE_OPTIONS)
+    # on YARN / Kubernetes the secrets travel as a file shipped with --files (env vars would
+    # be spark conf on the command line there); this names the file, it is not secret
+    SECRETS_FILE = "AIRFLOW_EO_SECRETS_FILE"
     # set by pyspark in a process that opened a Spark Connect session; a spark-submit job
     # started from such a process must not inherit them (it runs classic Spark)
     CONNECT_CLIENT = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
@@ -74,8 +82,20 @@ class Secrets:
         return env
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Secrets":
+    def from_env(cls, environ: Mapping[str, str] | None = None, search: tuple[str, ...] = ()) -> "Secrets":
+        """The secrets from the environment, or from the file :attr:`Env.SECRETS_FILE` names
+        (looked up as given, then in the ``search`` directories: e.g. where Spark put ``--files``)."""
         environ = os.environ if environ is None else environ
+        name = environ.get(Env.SECRETS_FILE)
+        if name and Env.KAFKA_CONFIG not in environ:
+            for path in (name, *(os.path.join(d, os.path.basename(name)) for d in search)):
+                if os.path.isfile(path):
+                    with open(path) as f:
+                        environ = json.load(f)
+                    break
+            else:
+                raise ConfigError(f"the secrets file {name!r} is not where the job runs: pass it with "
+                                  "spark-submit --files (the operator does on YARN and Kubernetes)")
         kafka = environ.get(Env.KAFKA_CONFIG)
         storage = environ.get(Env.STORAGE_OPTIONS)
         return cls(json.loads(kafka) if kafka else {}, json.loads(storage) if storage else None)

@@ -3,6 +3,16 @@
 Every error names the cause and the fix in one message. None of them is raised after
 a partial commit: when one of these surfaces, the table and its offsets are exactly as
 they were before the run.
+
+Each error says whether a retry can help (``retryable``): configuration, data loss, a
+recreated topic and an incompatible table cannot be fixed by running again, so the
+operator fails them without retry (``AirflowFailException``); an unreachable broker or
+Spark server, a commit conflict or a failed Spark job can, so Airflow retries them.
+Errors cross the Spark boundary as one line, ``<ErrorClass>: <message>``
+(:func:`error_line` / :func:`error_from_line`), so the caller re-raises the same type.
+
+    >>> error_from_line(error_line(DataLossError("offsets 0-9 of t[0] are gone"))).retryable
+    False
 """
 
 from __future__ import annotations
@@ -10,6 +20,8 @@ from __future__ import annotations
 
 class AirflowEoError(Exception):
     """Base class of every error airflow-eo raises on purpose."""
+
+    retryable = False
 
 
 class ConfigError(AirflowEoError):
@@ -27,6 +39,8 @@ class OffsetsAheadError(AirflowEoError):
 class CommitConflictError(AirflowEoError):
     """The table's committed offsets moved while this batch was running (a racing run)."""
 
+    retryable = True
+
 
 class TableError(AirflowEoError):
     """The table path is not usable for this ingest (not Delta, other owner, bad schema)."""
@@ -35,9 +49,13 @@ class TableError(AirflowEoError):
 class KafkaUnavailableError(AirflowEoError):
     """The broker could not be reached or a topic does not exist."""
 
+    retryable = True
+
 
 class ReadIncompleteError(AirflowEoError):
     """A Spark task could not read its whole planned range; nothing is committed."""
+
+    retryable = True
 
 
 class DeadLetterThresholdError(AirflowEoError):
@@ -47,6 +65,25 @@ class DeadLetterThresholdError(AirflowEoError):
 class SparkJobError(AirflowEoError):
     """spark-submit ended without committing the batch."""
 
+    retryable = True
+
 
 class SparkUnavailableError(AirflowEoError):
     """The Spark Connect server could not be reached, or went away mid-batch (retryable)."""
+
+    retryable = True
+
+
+def error_line(error: BaseException) -> str:
+    """``<ErrorClass>: <first line>``: how an error travels from the Spark driver to its caller."""
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{error.__class__.__name__}: {text}"
+
+
+def error_from_line(line: str) -> AirflowEoError | None:
+    """The airflow-eo error a line from :func:`error_line` names, or None for any other error."""
+    name, _, message = line.partition(": ")
+    cls = globals().get(name)
+    if isinstance(cls, type) and issubclass(cls, AirflowEoError):
+        return cls(message)
+    return None

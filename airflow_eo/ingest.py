@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -31,7 +32,7 @@ from airflow_eo.attempt import (
     DEFAULT_MAX_OFFSETS_PER_TASK, Attempt, AttemptKind, DeadLetterSpec, DecodeSpec, Secrets, SparkSettings,
     Transform,
 )
-from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError
+from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError, error_from_line
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, OnDataLoss, RunIdentity, StartingPosition, TopicPartition,
@@ -120,9 +121,25 @@ class IngestResult:
     rows_per_partition: dict[str, int] = field(default_factory=dict)
     lag: dict[str, int] = field(default_factory=dict)
     spark_started: bool = False
+    files: int = 0  # data files the commit added
+    bytes: int = 0  # and their size
+    dead_letters: int = 0  # records of the batch written to the dead-letter table instead
+    seconds: float = 0.0  # the run's wall time (planning to verified commit)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_EXIT_CODE = re.compile(r"(?:[Ee]rror code is|exit(?:ed with)? code)[: ]+(-?\d+)")
+
+
+def short_cause(error: BaseException) -> str:
+    """One line on why a job failed: a spark-submit failure's exit code, not its command line."""
+    text = str(error)
+    code = _EXIT_CODE.search(text)
+    if code and ("spark-submit" in text or "Cannot execute" in text):
+        return f"spark-submit exited with code {code.group(1)}"
+    return f"{error.__class__.__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
 
 
 class Submitter(Protocol):
@@ -177,9 +194,35 @@ class Ingestion:
             last[tp.topic] = max(last.get(tp.topic, -1), tp.partition)
         return [TopicPartition(t, p + 1) for t, p in last.items()]
 
+    def wait_for_turn(self, timeout: float, poll: float = 2.0) -> float:
+        """Wait (up to ``timeout`` s) while another attempt on this table is running: runs of one
+        table take turns, runs of different tables do not wait for each other. Not a lock: a
+        run that still races loses cleanly at the compare-and-set commit. Returns the wait."""
+        started, next_log = time.monotonic(), 0.0
+        while True:
+            waited = time.monotonic() - started
+            running = self.staging.running_attempts(self.config.staging_grace_seconds)
+            if not running or waited >= timeout:
+                return waited
+            if waited >= next_log:
+                log.info("waiting for %d running attempt(s) on %s (batch %s) before planning",
+                         len(running), self.config.table_uri, ", ".join(str(m.batch) for m in running))
+                next_log += 30
+            time.sleep(poll)
+
     # -- the loop -----------------------------------------------------------------
     def run(self, run: RunIdentity) -> IngestResult:
         """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key."""
+        started = time.monotonic()
+        result = self._run(run)
+        result = replace(result, seconds=round(time.monotonic() - started, 3))
+        if result.spark_started:
+            log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s",
+                     result.batch, result.status, result.rows, result.files, result.seconds,
+                     result.rows / result.seconds if result.seconds else 0, result.version)
+        return result
+
+    def _run(self, run: RunIdentity) -> IngestResult:
         ledger = self.ledger()
         self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
         self.collect_orphans()
@@ -223,8 +266,9 @@ class Ingestion:
     def execute(self, plan: BatchPlan) -> IngestResult:
         """Run one attempt of a logged plan on Spark and verify the outcome in the log."""
         attempt = self.config.attempt(plan.with_attempt(new_attempt_id()))
-        log.info("batch %s attempt %s: %s", plan.batch, attempt.attempt_id,
-                 ", ".join(str(r) for r in plan.data_ranges) or "offsets only")
+        log.info("batch %s attempt %s: plan %s (%d offsets)", plan.batch, attempt.attempt_id,
+                 ", ".join(str(r) for r in plan.data_ranges) or "offsets only",
+                 sum(r.end - r.start for r in plan.data_ranges))
         return self.verify(attempt.plan, self.submit_attempt(attempt))
 
     def submit_attempt(self, attempt: Attempt) -> BaseException | None:
@@ -238,11 +282,27 @@ class Ingestion:
         try:
             self.submitter.submit(attempt, self.config.secrets())
         except BaseException as exc:
-            return exc
+            return self.typed_failure(attempt, exc)
         finally:
             self.staging.end_attempt(attempt.attempt_id)
             log.info("spark job for batch %s ended after %.1fs", attempt.plan.batch, time.monotonic() - started)
         return None
+
+    def typed_failure(self, attempt: Attempt, error: BaseException) -> BaseException:
+        """The driver's own error for a job that failed, read from its attempt marker when the
+        submitter only saw an exit code; one line, never a command line."""
+        if not isinstance(error, Exception) or \
+                isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
+            return error
+        marker = self.staging.read_marker(attempt.attempt_id)
+        if marker is not None and marker.error:
+            typed = error_from_line(marker.error) or SparkJobError(f"the Spark job failed: {marker.error}")
+        elif isinstance(error, SparkJobError):
+            return error
+        else:  # the driver never got to say (it did not start, or was killed)
+            typed = SparkJobError(f"the Spark job failed before reporting an error: {short_cause(error)}")
+        typed.__cause__ = error
+        return typed
 
     # -- step 6: verify -------------------------------------------------------------
     def verify(self, attempt: BatchPlan, error: BaseException | None = None) -> IngestResult:
@@ -261,7 +321,7 @@ class Ingestion:
             raise error
         raise SparkJobError(
             f"the Spark job for batch {attempt.batch} of {attempt.ingest_id} ended without committing "
-            f"({error.__class__.__name__ + ': ' + str(error) if error else 'no commit found'}); the "
+            f"({short_cause(error) if error else 'no commit found'}); the "
             "table and its offsets are unchanged. Retry the task: it replays the same offsets"
         ) from error
 
@@ -279,8 +339,12 @@ class Ingestion:
             ranges=[asdict(r) for r in plan.data_ranges],
             rows=record.rows if record else 0,
             rows_per_partition=record.rows_per_partition if record else {},
-            lag=self.lag(ledger) if status != ALREADY_COMMITTED else {},
+            lag=self.lag(ledger),  # every kind of result says how far behind the table is
             spark_started=spark_started,
+            files=int(record.raw.get("files", 0)) if record else 0,
+            bytes=int(record.raw.get("bytes", 0)) if record else 0,
+            dead_letters=sum(int(f.get("num_records", 0)) for f in
+                             ((record.raw.get("dead_letters") or {}).get("files") or [])) if record else 0,
         )
 
     def lag(self, ledger: Ledger) -> dict[str, int]:

@@ -15,6 +15,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 from typing import Mapping
 
@@ -32,13 +34,48 @@ log = logging.getLogger(__name__)
 SECRET_HINTS = ("password", "secret", "token", "key", "jaas", "credentials")
 
 
+# librdkafka callback options. In the config that travels to the Spark job (JSON) a callback
+# is an importable "package.module.function" path, resolved by each process that opens a
+# client; Amazon MSK IAM is the path below plus the cluster's region.
+CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit")
+MSK_IAM_CALLBACK = "airflow_eo.kafka.msk_iam_oauth_cb"
+MSK_IAM_REGION = "airflow_eo.msk_iam_region"  # ours: removed before the config reaches librdkafka
+
+
+def msk_iam_oauth_cb(region: str, _config_str: str = "") -> tuple[str, float]:
+    """OAUTHBEARER token for Amazon MSK IAM (needs ``aws-msk-iam-sasl-signer-python``)."""
+    from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+
+    token, expiry_ms = MSKAuthTokenProvider.generate_auth_token(region)
+    return token, expiry_ms / 1000
+
+
+def _resolve_callback(key: str, path: object, region: object) -> object:
+    if not isinstance(path, str):
+        return path
+    module, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        func = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"Kafka callback {key}={path!r} cannot be imported here ({exc}): install its package "
+            "where the Spark driver and executors run"
+        ) from exc
+    return functools.partial(func, str(region)) if path == MSK_IAM_CALLBACK else func
+
+
 def client_config(config: Mapping[str, object]) -> dict[str, object]:
+    """A librdkafka config from the portable one: callback paths imported, our keys removed."""
     if not config.get("bootstrap.servers"):
         raise ConfigError(
             "the Kafka client config has no 'bootstrap.servers': set it in the Kafka "
             "connection's extra, e.g. {\"bootstrap.servers\": \"broker:9092\"}"
         )
-    return {**config, "log_level": int(config.get("log_level", 3))}
+    out = {k: v for k, v in config.items() if k != MSK_IAM_REGION}
+    for key in CALLBACK_KEYS:
+        if key in out:
+            out[key] = _resolve_callback(key, out[key], config.get(MSK_IAM_REGION))
+    return {**out, "log_level": int(config.get("log_level", 3))}
 
 
 class KafkaOffsets:

@@ -304,15 +304,17 @@ def compare_offsets(plan: BatchPlan, committed: Mapping[TopicPartition, int | No
 
 def batch_state(
     plan: BatchPlan, committed: Mapping[TopicPartition, int | None], last_batch: int,
-    recorded_ranges: "tuple[OffsetRange, ...] | None" = None,
+    recorded_ranges: "tuple[OffsetRange, ...] | None" = None, recorded_run_key: str | None = None,
 ) -> CommitCheck:
     """Is ``plan`` committable, committed, or overtaken? The one answer every step uses.
 
     READY: the table is at the plan's starts and its last batch is the one before;
     ALREADY_COMMITTED: the table is at or past the plan's ends, its batch counter reached
     the plan's batch, and the commit recorded for that batch (when the log still holds
-    it: ``recorded_ranges``) read the plan's ranges; CONFLICT: anything else, e.g. another
-    run's plan took this batch number.
+    it: ``recorded_ranges``) read the plan's ranges for the plan's own run
+    (``recorded_run_key``); CONFLICT: anything else, e.g. another run's plan took this batch
+    number, or another run committed the same ranges first (the race loser must not claim
+    the winner's batch).
 
         >>> tp = TopicPartition("t", 0)
         >>> plan = BatchPlan("i", 2, (OffsetRange("t", 0, 10, 20),), RunIdentity("r"))
@@ -327,6 +329,8 @@ def batch_state(
     if not covered:
         return CommitCheck.CONFLICT
     if recorded_ranges is not None and sorted(recorded_ranges) != sorted(plan.ranges):
+        return CommitCheck.CONFLICT
+    if recorded_run_key is not None and plan.run.run_key and recorded_run_key != plan.run.run_key:
         return CommitCheck.CONFLICT
     return CommitCheck.ALREADY_COMMITTED
 

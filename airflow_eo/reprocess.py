@@ -33,8 +33,8 @@ import logging
 from dataclasses import asdict, replace
 
 from airflow_eo.attempt import AttemptKind
-from airflow_eo.errors import CommitConflictError, ConfigError, DataLossError, SparkJobError, TableError
-from airflow_eo.ingest import NOTHING_NEW, IngestResult, Ingestion
+from airflow_eo.errors import AirflowEoError, ConfigError, DataLossError, SparkJobError
+from airflow_eo.ingest import NOTHING_NEW, IngestResult, Ingestion, short_cause
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
@@ -117,10 +117,11 @@ class Reprocessor:
             self.requests.record(replace(request, done=True))
             mine = record is not None and record.attempt_id == attempt.attempt_id
             return self._result(REPROCESSED if mine else ALREADY_REPROCESSED, plan, record, True)
-        if isinstance(error, (ConfigError, DataLossError, TableError, CommitConflictError)):
+        if isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
             raise error
         raise SparkJobError(
-            f"the reprocess of batch {plan.batch} ended without committing ({error or 'no commit found'}); "
+            f"the reprocess of batch {plan.batch} ended without committing "
+            f"({short_cause(error) if error else 'no commit found'}); "
             "the batch's rows are unchanged. Retry the task: it replays the same request"
         ) from error
 
@@ -135,4 +136,5 @@ class Reprocessor:
             attempt_id=record.attempt_id if record else None, ranges=[asdict(r) for r in plan.data_ranges],
             rows=record.rows if record else 0,
             rows_per_partition=record.rows_per_partition if record else {}, spark_started=spark_started,
+            lag=self.ing.lag(self.ing.ledger()),
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
@@ -33,6 +34,7 @@ from airflow_eo.driver.session import build_session, classic_process
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform
 from airflow_eo.driver.writer import stage
+from airflow_eo.errors import error_line
 from airflow_eo.faults import failpoint
 from airflow_eo.table.commit import (
     ALREADY_COMMITTED, COMMITTED, CommitKind, CommitOutcome, StagedBatch, commit, commit_dead_letters_of,
@@ -47,12 +49,23 @@ RESULT_PREFIX = "AIRFLOW_EO_RESULT "
 
 
 def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
-    """Execute a recorded attempt: read, decode, transform, stage, compare-and-set commit."""
+    """Execute a recorded attempt: read, decode, transform, stage, compare-and-set commit.
+
+    A failure is also recorded in the attempt's marker as one typed line, so a caller that
+    only sees an exit code (spark-submit) re-raises the same error (:mod:`airflow_eo.errors`)."""
+    staging = StagingArea(TableLocation.of(attempt.table_uri, secrets.storage_options))
+    staging.driver_started(attempt.attempt_id)  # from here on, this process commits or nobody does
+    try:
+        return _run_attempt(spark, attempt, secrets, staging)
+    except Exception as exc:
+        staging.record_error(attempt.attempt_id, error_line(exc))
+        raise
+
+
+def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea) -> CommitOutcome:
     started = time.monotonic()
     plan, storage_options = attempt.plan, secrets.storage_options
-    location = TableLocation.of(attempt.table_uri, storage_options)
-    staging = StagingArea(location)
-    staging.driver_started(attempt.attempt_id)  # from here on, this process commits or nobody does
+    location = staging.loc
     failpoint("before_read")
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task)
     dead = DeadLetters.of(source, attempt, storage_options)  # None unless decoding
@@ -134,10 +147,12 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.attempt_id and not (args.ingest_id and args.topics):
         parser.error("give --attempt-id, or --ingest-id and --topics for a standalone run")
-    secrets = Secrets.from_env()
     classic_process()  # a Spark Connect client that started this job left its mark in the environment
     spark = build_session("airflow-eo kafka_to_delta")
     try:
+        from pyspark import SparkFiles
+
+        secrets = Secrets.from_env(search=(os.getcwd(), SparkFiles.getRootDirectory()))
         if args.attempt_id:
             outcome = run_recorded_attempt(spark, args.table_uri, args.attempt_id, secrets)
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)

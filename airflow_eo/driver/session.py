@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from airflow_eo.attempt import SPARK_DEFAULTS, Env
+from airflow_eo.attempt import SPARK_APP_DEFAULTS, Env
 
 _MARK = Env.CONNECT_CLIENT[0]
 
@@ -58,7 +58,7 @@ def build_session(app_name: str, extra_conf: dict | None = None):
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
-    for key, value in {**SPARK_DEFAULTS, **(extra_conf or {})}.items():
+    for key, value in {**SPARK_APP_DEFAULTS, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     with for_session(None):  # None is no Connect session: build a classic one
         return builder.getOrCreate()

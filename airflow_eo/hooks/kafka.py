@@ -3,9 +3,9 @@
 The ``kafka`` connection type is the one apache-airflow-providers-apache-kafka defines
 (bootstrap servers and librdkafka settings in the extras, e.g.
 ``{"bootstrap.servers": "broker:9092", "security.protocol": "SASL_SSL", ...}``), so
-users' existing Kafka connections work unchanged. This hook only turns one into the
-plain dict that airflow-eo hands to its Kafka clients and, through an environment
-variable, to the Spark job.
+users' existing Kafka connections work unchanged, SASL/SCRAM, OAUTHBEARER callbacks and
+Amazon MSK IAM included. This hook turns one into the plain dict that airflow-eo hands to
+its Kafka clients and, through an environment variable, to the Spark job.
 
 Example::
 
@@ -16,13 +16,14 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import CALLBACK_CONFIG_KEYS, KafkaBaseHook
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.kafka import SECRET_HINTS
+from airflow_eo.kafka import MSK_IAM_CALLBACK, MSK_IAM_REGION, SECRET_HINTS
 
 
 def mask_config(config: dict[str, Any]) -> None:
@@ -40,7 +41,12 @@ def mask_config(config: dict[str, Any]) -> None:
 
 
 class KafkaConfigHook(KafkaBaseHook):
-    """Reads a ``kafka`` connection (apache-airflow-providers-apache-kafka's type)."""
+    """Reads a ``kafka`` connection (apache-airflow-providers-apache-kafka's type).
+
+    The config is built by the provider's own ``KafkaBaseHook`` (bootstrap check, callbacks
+    allowed by ``[apache_kafka] callback_allowlist``, Amazon MSK IAM detection), then made
+    portable: it travels to the Spark job as JSON, so a callback becomes its importable path.
+    """
 
     hook_name = "Apache Kafka (airflow-eo)"
 
@@ -48,25 +54,36 @@ class KafkaConfigHook(KafkaBaseHook):
         super().__init__(kafka_config_id=kafka_config_id)
 
     def client_config(self) -> dict[str, Any]:
-        """The connection's client config, JSON-serialisable, secrets registered for masking.
-
-        Callback options (``oauth_cb``, ``error_cb``, …) are Python callables that cannot
-        travel to the Spark job: they are refused with a message instead of dropped silently.
-        """
-        extra = dict(self.get_connection(self.kafka_config_id).extra_dejson)
-        callbacks = sorted(k for k in CALLBACK_CONFIG_KEYS if k in extra)
-        if callbacks:
-            raise ConfigError(
-                f"Kafka connection {self.kafka_config_id!r} sets callback option(s) {callbacks}, which "
-                "cannot be passed to the Spark job: use SASL/SSL settings that are plain values"
-            )
-        if not extra.get("bootstrap.servers"):
+        """The connection's client config, JSON-serialisable, secrets registered for masking."""
+        original = dict(self.get_connection(self.kafka_config_id).extra_dejson)
+        if not original.get("bootstrap.servers"):
             raise ConfigError(
                 f"Kafka connection {self.kafka_config_id!r} has no 'bootstrap.servers' in its extra: set "
                 'e.g. {"bootstrap.servers": "broker:9092"}'
             )
-        mask_config(extra)
-        return extra
+        try:
+            built = self._build_config()
+        except Exception as exc:  # the provider's refusals: ValueError, missing optional feature
+            raise ConfigError(f"Kafka connection {self.kafka_config_id!r}: {exc}") from exc
+        config: dict[str, Any] = {}
+        for key, value in built.items():
+            if key in CALLBACK_CONFIG_KEYS and callable(value):
+                config.update(self._portable_callback(key, value, original.get(key)))
+            else:
+                config[key] = value
+        mask_config(config)
+        return config
+
+    def _portable_callback(self, key: str, value: Any, original: Any) -> dict[str, Any]:
+        if isinstance(original, str):  # an allowlisted path: the Spark side imports the same one
+            return {key: original}
+        if isinstance(value, functools.partial) and getattr(value.func, "__name__", "") == "_msk_iam_oauth_cb":
+            return {key: MSK_IAM_CALLBACK, MSK_IAM_REGION: value.args[0]}
+        raise ConfigError(
+            f"Kafka connection {self.kafka_config_id!r} sets callback {key} to a Python object, which "
+            "cannot be passed to the Spark job: give it as an importable path listed in "
+            "[apache_kafka] callback_allowlist"
+        )
 
 
 def kafka_config_of(conn_id: str) -> dict[str, Any]:

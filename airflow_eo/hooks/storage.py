@@ -1,6 +1,7 @@
 """Table storage credentials from an Airflow ``aws`` connection, as deltalake storage options.
 
-Owns the mapping from the connection's fields to the options deltalake (and
+Credentials are resolved by the Amazon provider's ``AwsBaseHook`` when it is installed. Owns
+the mapping from the connection's fields to the options deltalake (and
 :class:`airflow_eo.table.storage.TableLocation`) take, so the operator, the sensor and the
 trigger read a table's credentials the same way.
 
@@ -11,6 +12,8 @@ Example::
 """
 
 from __future__ import annotations
+
+from airflow_eo.errors import ConfigError
 
 # Extras of an Airflow ``aws`` connection that map onto deltalake storage options.
 _EXTRA_TO_OPTION = {
@@ -53,11 +56,38 @@ def storage_options_from_connection(login: str | None, password: str | None,
 
 
 def storage_options_from_airflow(conn_id: str) -> dict[str, str]:
-    """Storage options of the Airflow connection ``conn_id`` (type ``aws``)."""
+    """Storage options of the Airflow connection ``conn_id`` (type ``aws``).
+
+    With apache-airflow-providers-amazon installed (``airflow-eo[amazon]``), credentials come
+    from its ``AwsBaseHook``: ``role_arn`` (assumed role), ``profile_name``, session tokens and
+    the default credential chain work as for every other AWS task. Assumed-role credentials
+    are resolved once per run and expire (default 1 h): a longer batch needs static or
+    instance credentials.
+    """
     from airflow.sdk import BaseHook
 
     conn = BaseHook.get_connection(conn_id)
-    return storage_options_from_connection(conn.login, conn.password, conn.extra_dejson)
+    extra = dict(conn.extra_dejson)
+    try:
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    except ImportError:
+        needs_provider = sorted(k for k in ("role_arn", "profile_name", "assume_role_method") if k in extra)
+        if needs_provider:
+            raise ConfigError(
+                f"connection {conn_id!r} sets {needs_provider}, which needs the Amazon provider: "
+                "pip install 'airflow-eo[amazon]'"
+            ) from None
+        return storage_options_from_connection(conn.login, conn.password, extra)
+    hook = AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
+    try:
+        credentials = hook.get_credentials()
+    except Exception as exc:  # STS or profile lookup failed: the connection is wrong, not the table
+        raise ConfigError(f"connection {conn_id!r}: AWS credentials could not be resolved ({exc})") from exc
+    extra.update({"endpoint_url": hook.conn_config.endpoint_url or extra.get("endpoint_url"),
+                  "region_name": hook.conn_region_name or extra.get("region_name") or extra.get("region"),
+                  "aws_session_token": getattr(credentials, "token", None)})
+    return storage_options_from_connection(getattr(credentials, "access_key", None),
+                                           getattr(credentials, "secret_key", None), extra)
 
 
 def storage_options_of(conn_id: str | None) -> dict[str, str] | None:

@@ -13,8 +13,14 @@ replays the run's logged plan, or reports its committed batch without starting S
 With ``reprocess`` (operator argument or DAG param ``reprocess``) the run's batch (or the
 one of ``reprocess_run_id``) is re-read and its rows are replaced in one commit.
 
-Runs are serialised per table by default (``max_active_tis_per_dag=1``); runs of other
-DAGs writing the same table are kept apart by the core's compare-and-set commit.
+Concurrency is per table, not per DAG: a run waits (``table_wait_timeout``) while another
+attempt on its table is running, so mapped ingests of different tables run in parallel and
+runs of one table take turns; a run that still races loses at the compare-and-set commit
+with a (retryable) conflict and plans anew on retry.
+
+Errors: what a retry cannot fix (configuration, data loss, a recreated topic, an
+incompatible table, nothing to reprocess) fails with ``AirflowFailException``; an
+unreachable broker or Spark server, a commit conflict or a failed Spark job is retried.
 
 Example::
 
@@ -33,15 +39,21 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
-from airflow.sdk import Asset, BaseOperator, BaseOperatorLink
+from airflow.providers.common.compat.sdk import AirflowFailException
+from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 
 from airflow_eo.attempt import Transform
+from airflow_eo.errors import AirflowEoError, error_line
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.operators.metrics import emit_run_metrics
 from airflow_eo.planning import RunIdentity
 from airflow_eo.table.storage import is_local, normalize_table_uri
+
+
+CHANGED_TABLE = ("committed", "reprocessed")  # the result kinds that wrote a commit of their own
 
 
 def run_key_of(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
@@ -53,6 +65,18 @@ def table_asset(table_uri: str) -> Asset:
     """The Asset a table's events are emitted on (``file://`` URI for local tables)."""
     uri = normalize_table_uri(table_uri)
     return Asset(uri=f"file://{uri}" if is_local(uri) else uri)
+
+
+def table_columns(table_uri: str, storage_options: dict | None) -> list[tuple[str, str]]:
+    """(name, type) of the table's columns, for lineage; empty before the first commit."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        schema = DeltaTable(table_uri, storage_options=storage_options, without_files=True).schema()
+    except TableNotFoundError:
+        return []
+    return [(f.name, str(f.type.type) if hasattr(f.type, "type") else type(f.type).__name__) for f in schema.fields]
 
 
 def summary_link(summary: dict | None) -> str:
@@ -73,9 +97,9 @@ class DeltaBatchLink(BaseOperatorLink):
     name = "Delta batch"
 
     def get_link(self, operator, *, ti_key) -> str:
-        from airflow.providers.common.compat.sdk import XCom
-
-        return summary_link(XCom.get_value(ti_key=ti_key, key="return_value"))
+        # Airflow 3 computes links in the task process as it finishes: the operator still holds
+        # its summary (None after a failed try: no link, and no XCom lookup that logs an error)
+        return summary_link(getattr(operator, "summary", None))
 
 
 class KafkaToDeltaOperator(BaseOperator):
@@ -114,6 +138,10 @@ class KafkaToDeltaOperator(BaseOperator):
     :param schema_evolution: add new columns of the transform's output to the table.
     :param mirror_consumer_group: also commit the table's offsets to this consumer group, for
         lag tools; the Delta log stays the source of truth.
+    :param asset: the Asset the table's events are emitted on (default ``file://<path>`` or the
+        ``s3://`` URI); an event is emitted only by a run that committed or reprocessed.
+    :param table_wait_timeout: seconds to wait while another attempt on the same table is
+        running before planning (runs of one table take turns; of different tables, not).
     """
 
     template_fields: Sequence[str] = (
@@ -154,14 +182,14 @@ class KafkaToDeltaOperator(BaseOperator):
         schema_evolution: bool = False,
         mirror_consumer_group: str | None = None,
         asset: Asset | None = None,
+        table_wait_timeout: float = 900.0,
         **kwargs,
     ):
-        kwargs.setdefault("max_active_tis_per_dag", 1)  # one run per table at a time: batches in order
-        if asset is None and "{{" not in table_uri:
-            asset = table_asset(table_uri)
-        if asset is not None:
-            kwargs["outlets"] = [*kwargs.get("outlets", []), asset]
         super().__init__(**kwargs)
+        # The table's Asset event is added at run time through an alias, and only when the
+        # run changed the table: a run with nothing new (or a replay) emits no event.
+        self.asset_alias = AssetAlias(name=f"airflow-eo:{self.dag_id}.{self.task_id}")
+        self.outlets = [*self.outlets, self.asset_alias]
         self.topics = topics
         self.table_uri = table_uri
         self.ingest_id = ingest_id
@@ -188,8 +216,10 @@ class KafkaToDeltaOperator(BaseOperator):
         self.max_dead_letter_fraction = max_dead_letter_fraction
         self.schema_evolution = schema_evolution
         self.mirror_consumer_group = mirror_consumer_group
-        self.asset = asset
+        self.asset = asset if asset is not None or "{{" in table_uri else table_asset(table_uri)
+        self.table_wait_timeout = table_wait_timeout
         self.submitter = None
+        self.summary: dict | None = None
 
     # -- building blocks (each replaceable in tests at its boundary) ------------------
     def ingest_config(self) -> IngestConfig:
@@ -246,23 +276,47 @@ class KafkaToDeltaOperator(BaseOperator):
     def execute(self, context) -> dict:
         run = self.run_identity(context)
         self.submitter = self.make_submitter()
-        ingestion = Ingestion(self.ingest_config(), self.submitter)
-        target = self.reprocess_target(context, run)
-        if target is None:
-            result = ingestion.run(run)
-        else:
-            from airflow_eo.reprocess import Reprocessor
+        try:
+            ingestion = Ingestion(self.ingest_config(), self.submitter)
+            target = self.reprocess_target(context, run)
+            if target is None:
+                ingestion.wait_for_turn(self.table_wait_timeout)  # runs of one table take turns
+                result = ingestion.run(run)
+            else:
+                from airflow_eo.reprocess import Reprocessor
 
-            self.log.info("reprocess requested for run %s", target)
-            result = Reprocessor(ingestion).run(run, target_run_key=target)
-        summary = result.to_dict()
+                self.log.info("reprocess requested for run %s", target)
+                result = Reprocessor(ingestion).run(run, target_run_key=target)
+        except AirflowEoError as exc:
+            self.log.error("airflow-eo: %s", error_line(exc))
+            if exc.retryable:
+                raise
+            # configuration, data loss, a recreated topic, an incompatible table: a retry
+            # would fail the same way, so none is spent
+            raise AirflowFailException(str(exc)) from exc
+        self.summary = summary = result.to_dict()
         self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s",
                       summary["status"], summary["batch"], summary["version"], summary["rows"],
                       json.dumps(summary["ranges"]), json.dumps(summary["lag"]))
         self.log.info("Delta batch: %s", summary_link(summary))
-        if self.asset is not None and "outlet_events" in context:
-            context["outlet_events"][self.asset].extra = summary
+        emit_run_metrics(summary)
+        if summary["status"] in CHANGED_TABLE and "outlet_events" in context:
+            context["outlet_events"][self.asset_alias].add(self.asset or table_asset(self.table_uri), extra=summary)
         return summary
+
+    # -- OpenLineage (apache-airflow-providers-openlineage calls these) -------------------
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """Inputs: the topics (``kafka://<bootstrap>``); output: the table with its schema and
+        row/byte counts; run facet ``airflow_eo``: batch, version and committed offset ranges."""
+        from airflow_eo.operators.lineage import ingest_lineage
+
+        config = self.ingest_config()
+        return ingest_lineage(self.summary, str(config.kafka_config["bootstrap.servers"]), config.topics,
+                              config.table_uri, table_columns(config.table_uri, config.storage_options),
+                              config.ingest_id)
+
+    def get_openlineage_facets_on_failure(self, task_instance):
+        return self.get_openlineage_facets_on_complete(task_instance)
 
     def on_kill(self) -> None:
         if self.submitter is not None:

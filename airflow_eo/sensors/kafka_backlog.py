@@ -19,6 +19,7 @@ from datetime import timedelta
 
 from airflow.sdk import BaseSensorOperator
 
+from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.triggers.kafka_backlog import KafkaBacklogTrigger, measure_backlog
@@ -58,6 +59,17 @@ class KafkaBacklogSensor(BaseSensorOperator):
         return self.ingest_id or f"{self.dag_id}.ingest"
 
     def backlog(self) -> dict[str, int]:
+        """The backlog per partition; a table another ingest owns fails without retry."""
+        try:
+            return self._measure()
+        except AirflowEoError as exc:
+            if exc.retryable:
+                raise
+            from airflow.providers.common.compat.sdk import AirflowFailException
+
+            raise AirflowFailException(str(exc)) from exc
+
+    def _measure(self) -> dict[str, int]:
         return measure_backlog(kafka_config_of(self.kafka_conn_id), self._topics(), self.table_uri,
                                self._ingest_id(), storage_options_of(self.storage_conn_id), self.starting_offsets)
 
@@ -85,6 +97,10 @@ class KafkaBacklogSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context, event: dict):
+        if event.get("status") == "error":
+            from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
+
+            raise (AirflowException if event.get("retryable") else AirflowFailException)(event["error"])
         if event.get("status") != "ready":
             from airflow.providers.common.compat.sdk import AirflowSensorTimeout, AirflowSkipException
 

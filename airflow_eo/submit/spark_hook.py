@@ -5,12 +5,14 @@ Runs the very job ``airflow-eo ingest`` runs (same script, arguments and environ
 taken from the standard ``spark`` connection (``local[*]``, ``spark://host:7077``,
 ``yarn``, ``k8s://…``). Only the hook's public API is used.
 
-Secrets (the Kafka client config, storage options) travel only as environment variables
-(SparkSubmitHook ``env_vars``): in local and client mode they go into the spark-submit
-process environment, which the hook never logs. On YARN and Kubernetes the hook turns
-env vars into ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*``
-arguments, which it does log: their values are always registered with Airflow's secrets
-masker and ``spark.redaction.regex`` is widened so Spark's UI redacts them too.
+Secrets (the Kafka client config, storage options) never travel on a command line. In local
+and client mode they go into the spark-submit process environment (SparkSubmitHook
+``env_vars``), which the hook never logs. On YARN and Kubernetes the hook would turn env
+vars into ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments,
+so there they go into a private temporary file shipped with ``--files`` (YARN: the driver's
+working directory; Kubernetes: needs ``spark.kubernetes.file.upload.path``), named by the
+non-secret :attr:`Env.SECRETS_FILE`; ``spark.redaction.regex`` is widened so Spark's UI
+redacts our variables too.
 
 Example::
 
@@ -20,10 +22,13 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import tempfile
 from typing import Any, Callable
 
-from airflow_eo.attempt import SPARK_DEFAULTS, Attempt, Env, Secrets
+from airflow_eo.attempt import SPARK_APP_DEFAULTS, Attempt, Env, Secrets
 from airflow_eo.submit.spark_submit import job_arguments, job_environment, job_script
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,14 @@ def _default_hook_factory(**kwargs):
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     return SparkSubmitHook(**kwargs)
+
+
+def write_secrets_file(secrets: Secrets) -> str:
+    """The secrets as a private (0600) temporary file, removed once the job ends."""
+    fd, path = tempfile.mkstemp(prefix="airflow-eo-secrets-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(secrets.to_env(), f)
+    return path
 
 
 def runs_driver_in_cluster_manager(conn_id: str) -> bool:
@@ -71,26 +84,35 @@ class SparkSubmitHookSubmitter:
         self.hook_factory = hook_factory
         self.hook = None
         self.submissions = 0
+        self.secrets_file: str | None = None
 
     def build_hook(self, attempt: Attempt, secrets: Secrets):
-        from airflow.sdk.log import mask_secret
-
         remote = runs_driver_in_cluster_manager(self.conn_id)
-        env = {**self.env_vars, **job_environment(secrets, python=not remote)}
-        for key in Env.SECRET:  # YARN/Kubernetes put env vars on the command line: mask them
-            if key in env:
-                mask_secret(env[key], key)
-        conf = {"spark.redaction.regex": REDACTION_REGEX, **SPARK_DEFAULTS, **self.conf}
+        hook_kwargs = dict(self.hook_kwargs)
+        if remote:
+            # SparkSubmitHook turns env vars into --conf arguments on YARN and Kubernetes: the
+            # secrets go in a file shipped with --files instead, never on a command line
+            self.secrets_file = write_secrets_file(secrets)
+            env = {**self.env_vars, Env.SECRETS_FILE: os.path.basename(self.secrets_file)}
+            hook_kwargs["files"] = ",".join(f for f in (hook_kwargs.get("files"), self.secrets_file) if f)
+        else:  # local and client mode: the spark-submit process environment, never logged
+            env = {**self.env_vars, **job_environment(secrets)}
+        conf = {"spark.redaction.regex": REDACTION_REGEX, **SPARK_APP_DEFAULTS, **self.conf}
         return self.hook_factory(
             conn_id=self.conn_id, conf=conf, env_vars=env, name=f"{self.name} {attempt.plan.ingest_id}",
-            application_args=job_arguments(attempt), **self.hook_kwargs,
+            application_args=job_arguments(attempt), **hook_kwargs,
         )
 
     def submit(self, attempt: Attempt, secrets: Secrets) -> None:
         """Start the job for a logged attempt and wait; raises if spark-submit fails."""
         self.hook = self.build_hook(attempt, secrets)
         self.submissions += 1
-        self.hook.submit(job_script())
+        try:
+            self.hook.submit(job_script())
+        finally:
+            if self.secrets_file:
+                os.unlink(self.secrets_file)
+                self.secrets_file = None
 
     def kill(self) -> None:
         """Stop the running job (``on_kill``): spark-submit, and the YARN app / driver pod."""

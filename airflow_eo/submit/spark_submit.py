@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 from airflow_eo import errors
-from airflow_eo.attempt import SPARK_DEFAULTS, Attempt, Env, Secrets
+from airflow_eo.attempt import SPARK_APP_DEFAULTS, Attempt, Env, Secrets
 from airflow_eo.errors import SparkJobError
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class LocalSparkSubmit:
     def __init__(self, master: str = "local[*]", conf: dict | None = None, extra_env: dict | None = None,
                  timeout: float | None = None):
         self.master = master
-        self.conf = {**SPARK_DEFAULTS, "spark.ui.enabled": "false", **(conf or {})}
+        self.conf = {**SPARK_APP_DEFAULTS, "spark.ui.enabled": "false", **(conf or {})}
         self.extra_env = extra_env or {}
         self.timeout = timeout
         self.process: subprocess.Popen | None = None

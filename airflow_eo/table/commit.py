@@ -87,9 +87,12 @@ class CommitOutcome:
     rows_per_partition: dict[str, int] = field(default_factory=dict)
 
 
-def batch_metadata(plan: BatchPlan, rows_per_partition: dict[str, int], operation: str = "ingest") -> dict:
+def batch_metadata(plan: BatchPlan, rows_per_partition: dict[str, int], operation: str = "ingest",
+                   files: tuple = ()) -> dict:
     """commitInfo metadata of a batch: lineage only, never credentials or client config."""
     return {
+        "files": len(files),
+        "bytes": sum(f.size for f in files),
         "ingest_id": plan.ingest_id,
         "batch": plan.batch,
         "attempt_id": plan.attempt_id,
@@ -154,7 +157,7 @@ class _Batch:
         return [*txns, Transaction(batch_app_id(self.plan.ingest_id), self.plan.batch)]
 
     def metadata(self) -> dict:
-        return {**batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value), **self.extra_metadata}
+        return {**batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value, self.staged.files), **self.extra_metadata}
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return CommitConflictError(
@@ -220,7 +223,7 @@ class _Reprocess(_Batch):
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
 
     def metadata(self) -> dict:
-        meta = batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value)
+        meta = batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value, self.staged.files)
         meta["reprocess"] = {"from_version": self.reprocess_from, "removed_files": self.removed,
                              "requested_by": asdict(self.requested_by) if self.requested_by else {}}
         return meta

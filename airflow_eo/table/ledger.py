@@ -138,10 +138,13 @@ class Ledger:
         self._history: dict[int | None, list[dict]] = {}  # commitInfo of this snapshot, by limit
 
     @classmethod
-    def open(cls, table_uri: str, storage_options: dict[str, str] | None = None) -> "Ledger":
+    def open(cls, table_uri: str, storage_options: dict[str, str] | None = None,
+             without_files: bool = False) -> "Ledger":
+        """The table's current snapshot; ``without_files`` for offsets and history only (a
+        poll that never needs the file list: the sensor, the trigger, ``status``)."""
         uri = normalize_table_uri(table_uri)
         try:
-            table = DeltaTable(uri, storage_options=storage_options)
+            table = DeltaTable(uri, storage_options=storage_options, without_files=without_files)
         except TableNotFoundError:
             _refuse_foreign_directory(uri)
             return cls(None, uri, storage_options)
@@ -238,7 +241,8 @@ class Ledger:
         state = batch_state(plan, committed, last)
         if state is CommitCheck.ALREADY_COMMITTED:  # only then is the history worth reading
             record = self.find_batch(plan.ingest_id, batch=plan.batch, operation="ingest")
-            state = batch_state(plan, committed, last, record.ranges if record else None)
+            state = batch_state(plan, committed, last, record.ranges if record else None,
+                                record.run_key if record else None)
         return state
 
     def batches(self, ingest_id: str, limit: int | None = 20) -> list[BatchRecord]:

@@ -76,6 +76,7 @@ class AttemptMarker:
     attempt: str = ""  # Attempt JSON: what this attempt reads and commits, never secrets
     driver_host: str = ""  # where the attempt's driver runs (it commits), once it has started
     driver_pid: int = 0
+    error: str = ""  # the driver's failure as one line (airflow_eo.errors.error_line), for its caller
 
     @classmethod
     def from_json(cls, text: str) -> "AttemptMarker | None":
@@ -115,6 +116,13 @@ class StagingArea:
             self._write_marker(AttemptMarker(**{**marker.__dict__, "driver_host": socket.gethostname(),
                                                 "driver_pid": os.getpid()}))
 
+    def record_error(self, attempt_id: str, line: str) -> None:
+        """Leave the driver's failure where its caller finds it, whatever ran the driver
+        (spark-submit on YARN or Kubernetes reports only an exit code)."""
+        marker = self.read_marker(attempt_id)
+        if marker is not None:
+            self._write_marker(AttemptMarker(**{**marker.__dict__, "error": line}))
+
     def end_attempt(self, attempt_id: str, committed: bool = False) -> None:
         """Mark an attempt over: its files may be collected unless it committed."""
         marker = self.read_marker(attempt_id)
@@ -140,6 +148,21 @@ class StagingArea:
 
     def _write_marker(self, marker: AttemptMarker) -> None:
         self.loc.write_text(self.marker_path(marker.attempt_id), json.dumps(marker.__dict__))
+
+    def running_attempts(self, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                         now: float | None = None) -> list[AttemptMarker]:
+        """Attempts that may still be running: not ended, driver not known dead, started less
+        than ``grace_seconds`` ago (the same liveness rule orphan collection uses)."""
+        now = time.time() if now is None else now
+        running = []
+        for info in self.loc.list_files(self.loc.join(ATTEMPTS_DIR)):
+            if not info.base_name.endswith(".json"):
+                continue
+            marker = self.read_marker(info.base_name[:-5])
+            if marker is not None and marker.ended_at is None and not _driver_gone(marker) \
+                    and now - marker.started_at < grace_seconds:
+                running.append(marker)
+        return running
 
     def staged_files(self, attempt_path: str, only: set[str] | None = None) -> list[StagedFile]:
         """Every Parquet data file an attempt wrote, with Delta stats from the footers.

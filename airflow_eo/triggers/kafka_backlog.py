@@ -19,22 +19,31 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_eo.errors import AirflowEoError, error_line
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.status import measure_lag
 from airflow_eo.table.ledger import Ledger
+
+MAX_BACKOFF_SECONDS = 300.0
 
 
 def measure_backlog(kafka_config: dict, topics: list[str], table_uri: str, ingest_id: str,
                     storage_options: dict | None = None, starting_offsets: object = "earliest") -> dict[str, int]:
     """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table: the
     lag as the planner sees it (:func:`airflow_eo.status.measure_lag`)."""
-    return measure_lag(kafka_config, topics, Ledger.open(table_uri, storage_options), ingest_id, starting_offsets)
+    ledger = Ledger.open(table_uri, storage_options, without_files=True)
+    ledger.check_owner(ingest_id)  # the operator's check: never report "no backlog" for another's table
+    return measure_lag(kafka_config, topics, ledger, ingest_id, starting_offsets)
 
 
 class KafkaBacklogTrigger(BaseTrigger):
     """Fires ``{"status": "ready", "backlog": n, ...}`` once the backlog reaches ``min_records``,
     or ``{"status": "timeout", ...}`` when ``timeout`` seconds pass first.
+
+    A transient failure (broker away) is retried with exponential backoff, up to
+    ``max_failures`` in a row; a permanent one (another ingest's table, a bad config) or one
+    failure too many fires ``{"status": "error", "error": "<ErrorClass>: ...", "retryable": ...}``.
 
     Only the connection ids are serialised (the trigger row holds no credentials); the
     connections are read in the triggerer.
@@ -43,8 +52,9 @@ class KafkaBacklogTrigger(BaseTrigger):
     def __init__(self, *, topics: list[str], table_uri: str, ingest_id: str, kafka_conn_id: str = "kafka_default",
                  min_records: int = 1, poll_interval: float = 30.0, timeout: float | None = None,
                  started_at: float | None = None, starting_offsets: object = "earliest",
-                 storage_conn_id: str | None = None):
+                 storage_conn_id: str | None = None, max_failures: int = 5):
         super().__init__()
+        self.max_failures = int(max_failures)
         self.topics = list(topics)
         self.table_uri = table_uri
         self.ingest_id = ingest_id
@@ -62,7 +72,8 @@ class KafkaBacklogTrigger(BaseTrigger):
             {"topics": self.topics, "table_uri": self.table_uri, "ingest_id": self.ingest_id,
              "kafka_conn_id": self.kafka_conn_id, "min_records": self.min_records,
              "poll_interval": self.poll_interval, "timeout": self.timeout, "started_at": self.started_at,
-             "starting_offsets": self.starting_offsets, "storage_conn_id": self.storage_conn_id},
+             "starting_offsets": self.starting_offsets, "storage_conn_id": self.storage_conn_id,
+             "max_failures": self.max_failures},
         )
 
     async def backlog(self) -> dict[str, int]:
@@ -74,8 +85,21 @@ class KafkaBacklogTrigger(BaseTrigger):
                                        storage, self.starting_offsets)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        failures = 0
         while True:
-            per_partition = await self.backlog()
+            try:
+                per_partition = await self.backlog()
+            except AirflowEoError as exc:
+                if not exc.retryable or failures >= self.max_failures:
+                    yield TriggerEvent({"status": "error", "error": error_line(exc), "retryable": exc.retryable})
+                    return
+                failures += 1
+                delay = min(self.poll_interval * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
+                self.log.warning("backlog of %s not measured (%s); retry %d/%d in %.0fs", self.topics,
+                                 error_line(exc), failures, self.max_failures, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
             total = sum(per_partition.values())
             self.log.info("backlog of %s for %s: %d (want %d)", self.topics, self.ingest_id, total, self.min_records)
             event = {"backlog": total, "per_partition": per_partition, "min_records": self.min_records}

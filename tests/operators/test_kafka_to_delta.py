@@ -40,8 +40,9 @@ class InProcessHook:
         assert application.endswith("kafka_to_delta.py")
         args = self.kwargs["application_args"]
         env = self.kwargs["env_vars"]
+        shipped = [os.path.dirname(f) for f in (self.kwargs.get("files") or "").split(",") if f]  # --files
         run_recorded_attempt(self.spark, args[args.index("--table-uri") + 1], args[args.index("--attempt-id") + 1],
-                             Secrets.from_env(env))
+                             Secrets.from_env(env, search=tuple(shipped)))
 
     def on_kill(self):
         self.killed = True
@@ -61,6 +62,7 @@ def hooks(spark, monkeypatch):
 def kafka_env(broker, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_UNIT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap_servers, "sasl.password": SECRET}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     return "kafka_unit"
 
 
@@ -74,8 +76,12 @@ def make_operator(dag_id, table_uri, topic, conn_id, **kwargs):
 
 
 class OutletEvents(dict):
+    """Airflow's outlet event accessors, recording what ``add`` emits through an alias."""
+
     def __missing__(self, key):
-        self[key] = SimpleNamespace(extra=None)
+        emitted = []
+        self[key] = SimpleNamespace(extra=None, emitted=emitted,
+                                    add=lambda asset, extra=None: emitted.append((asset, extra)))
         return self[key]
 
 
@@ -88,7 +94,8 @@ def test_operator_ingests_and_reports_summary_asset_and_link(hooks, kafka_env, k
     topic = new_topic(kafka_config)
     produce(kafka_config, topic, 15)
     op = make_operator("unit_dag", table_uri, topic, kafka_env)
-    assert op.max_active_tis_per_dag == 1 and op.outlets[0].uri == f"file://{table_uri}"
+    # concurrency is per table (the operator waits for a running attempt), not per DAG
+    assert op.max_active_tis_per_dag is None and op.outlets == [op.asset_alias]
     ctx = context_for(op, "manual__1")
     summary = op.execute(ctx)
 
@@ -97,7 +104,10 @@ def test_operator_ingests_and_reports_summary_asset_and_link(hooks, kafka_env, k
     assert summary["version"] == DeltaTable(table_uri).version()
     meta = json.loads(DeltaTable(table_uri).history(1)[0]["airflow_eo.batch"])
     assert meta["run"]["run_id"] == "manual__1" and meta["rows"] == 15
-    assert ctx["outlet_events"][op.asset].extra == summary
+    # the table's Asset event, emitted through the alias because this run committed
+    assert ctx["outlet_events"][op.asset_alias].emitted == [(op.asset, summary)]
+    assert op.asset.uri == f"file://{table_uri}"
+    assert summary["files"] >= 1 and summary["bytes"] > 0 and summary["seconds"] > 0
     assert f"version={summary['version']}" in summary_link(summary) and "batch=1" in summary_link(summary)
     table = read_table(table_uri)
     assert table.num_rows == 15 and duplicates(table) == {}
@@ -118,9 +128,16 @@ def test_operator_ingests_and_reports_summary_asset_and_link(hooks, kafka_env, k
     assert hooks[0].killed
 
     # a retry / clear of the same run: reports the batch, starts no Spark job
-    again = op.execute(context_for(op, "manual__1", try_number=2))
+    retry_ctx = context_for(op, "manual__1", try_number=2)
+    again = op.execute(retry_ctx)
     assert again["status"] == "already_committed" and again["batch"] == 1 and not again["spark_started"]
     assert len(hooks) == 1
+    # every kind of result carries the lag; a run that wrote nothing emits no Asset event
+    assert again["lag"] == summary["lag"] and set(summary["lag"].values()) == {0}
+    assert retry_ctx["outlet_events"][op.asset_alias].emitted == []
+    nothing = op.execute(ctx2 := context_for(op, "manual__2"))
+    assert nothing["status"] == "nothing_new" and nothing["lag"] == summary["lag"]
+    assert ctx2["outlet_events"][op.asset_alias].emitted == []
 
 
 def test_reprocess_flag_from_params_or_argument(kafka_env, table_uri):
@@ -135,9 +152,10 @@ def test_reprocess_flag_from_params_or_argument(kafka_env, table_uri):
     assert op2.reprocess_target(context_for(op2, "x", params={"reprocess": False}), run) == "other/r7/ingest/-1"
 
 
-def test_templated_table_uri_needs_explicit_asset(kafka_env):
+def test_templated_table_uri_gets_its_asset_at_run_time(kafka_env):
     op = make_operator("unit_dag4", "{{ params.table }}", "t", kafka_env)
     assert op.asset is None and "table_uri" in op.template_fields
+    assert op.outlets == [op.asset_alias] and op.asset_alias.name == "airflow-eo:unit_dag4.ingest"
 
 
 def test_kafka_connection_without_bootstrap_is_refused(monkeypatch):
@@ -149,27 +167,36 @@ def test_kafka_connection_without_bootstrap_is_refused(monkeypatch):
         KafkaConfigHook("kafka_empty").client_config()
 
 
-def test_secret_env_of_yarn_master_is_masked_and_redacted(monkeypatch):
+@pytest.mark.parametrize("deploy_mode", ["cluster", "client"])
+def test_no_secret_on_the_spark_submit_command_line_of_a_cluster_manager(deploy_mode, monkeypatch):
+    """The real SparkSubmitHook's command for YARN (Kubernetes goes the same way; its hook path
+    needs the cncf.kubernetes provider): the secrets travel in a private file shipped with
+    --files (env vars would become --conf arguments there), never in argv."""
+    master = "yarn"
     from airflow_eo.ingest import IngestConfig
+    from airflow_eo.submit.spark_submit import job_script
 
-    masked = []
-    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda value, name=None: masked.append(value))
-    made = []
-
-    def factory(**kwargs):
-        hook = SimpleNamespace(_connection={"master": "yarn"}, _conf=kwargs["conf"], kwargs=kwargs)
-        made.append(hook)
-        return hook
-
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CM", json.dumps({"conn_type": "spark", "host": master,
+                                                           "extra": {"deploy-mode": deploy_mode}}))
     config = IngestConfig(table_uri="/tmp/x", ingest_id="i", topics=["t"],
                           kafka_config={"bootstrap.servers": "b:9092", "sasl.password": SECRET})
     attempt = config.attempt(BatchPlan("i", 1, (), RunIdentity("r"), attempt_id="a1"))
-    hook = SparkSubmitHookSubmitter(conn_id="spark_yarn", hook_factory=factory).build_hook(attempt, config.secrets())
-    assert any(SECRET in m for m in masked)
-    assert "AIRFLOW_EO_" in hook._conf["spark.redaction.regex"]
-    assert "PYSPARK_PYTHON" not in hook.kwargs["env_vars"]
-    assert Secrets.from_env(hook.kwargs["env_vars"]).kafka_config["sasl.password"] == SECRET  # what the job reads
+    submitter = SparkSubmitHookSubmitter(conn_id="spark_cm")
+    hook = submitter.build_hook(attempt, config.secrets())
+    argv = hook._build_spark_submit_command(job_script())
+    try:
+        assert SECRET not in " ".join(argv)
+        assert "--files" in argv and argv[argv.index("--files") + 1] == submitter.secrets_file
+        assert oct(os.stat(submitter.secrets_file).st_mode & 0o777) == "0o600"
+        env = {**json.load(open(submitter.secrets_file))}
+        assert json.loads(env[Env.KAFKA_CONFIG])["sasl.password"] == SECRET  # what the driver reads
+        shipped = {Env.SECRETS_FILE: os.path.basename(submitter.secrets_file)}
+        assert any(a.endswith(f"{Env.SECRETS_FILE}={shipped[Env.SECRETS_FILE]}") for a in argv)
+        found = Secrets.from_env(shipped, search=(os.path.dirname(submitter.secrets_file),))
+        assert found.kafka_config["sasl.password"] == SECRET
+        assert "AIRFLOW_EO_" in hook._conf["spark.redaction.regex"] and hook._conf["spark.log.level"] == "WARN"
+    finally:
+        os.unlink(submitter.secrets_file)
 
 
 def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_env, monkeypatch, tmp_path):
