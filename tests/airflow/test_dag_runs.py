@@ -113,6 +113,7 @@ def test_reprocess_of_past_run_replaces_only_its_rows(world, kafka_config):
     upper = {k for k, v in bodies.items() if v.startswith("V")}
     assert len(upper) == first["rows"] == 30
     assert Ledger.open(world["table"]).last_batch("orders") == 2
+    assert Ledger.open(world["table"]).committed_offsets == offsets  # reprocess moves no offset
 
 
 def test_crash_of_first_try_then_retry_replays_the_same_plan(world, kafka_config):

@@ -100,3 +100,55 @@ def test_sensor_defers_only_when_it_must(conn, kafka_config, table_uri):
     assert poking.poke(SimpleNamespace()) is True
     from_latest = sensor(topic, table_uri, conn, min_records=1, deferrable=False, starting_offsets="latest")
     assert from_latest.poke(SimpleNamespace()) is False
+
+
+def test_sensor_refuses_a_table_another_ingest_owns(conn, kafka_config, table_uri):
+    """The operator's ownership check: no "no backlog" answer about somebody else's table."""
+    import pyarrow as pa
+    from airflow.providers.common.compat.sdk import AirflowFailException
+    from deltalake import write_deltalake
+
+    write_deltalake(table_uri, pa.table({"id": [1, 2]}))  # a table created elsewhere
+    topic = new_topic(kafka_config, partitions=1)
+    produce(kafka_config, topic, 3, partitions=1)
+    with pytest.raises(AirflowFailException, match="was not written by ingest_id 'sensor_dag.ingest'"):
+        sensor(topic, table_uri, conn, min_records=1, deferrable=False).poke(SimpleNamespace())
+    event = first_event(KafkaBacklogTrigger(topics=[topic], table_uri=table_uri, ingest_id="sensor_dag.ingest",
+                                            kafka_conn_id=conn, poll_interval=0.01))
+    assert event["status"] == "error" and event["error"].startswith("TableError:") and not event["retryable"]
+    with pytest.raises(AirflowFailException):
+        sensor(topic, table_uri, conn).execute_complete({}, event)
+
+
+def test_trigger_retries_transient_failures_with_backoff(conn, kafka_config, table_uri, monkeypatch):
+    from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
+
+    from airflow_eo.errors import KafkaUnavailableError
+
+    topic = new_topic(kafka_config, partitions=1)
+    produce(kafka_config, topic, 4, partitions=1)
+    real, failures = measure_backlog, []
+
+    def flaky(*args):  # the broker away twice, then back
+        if len(failures) < 2:
+            failures.append(1)
+            raise KafkaUnavailableError("broker 127.0.0.1:1 did not answer")
+        return real(*args)
+
+    monkeypatch.setattr("airflow_eo.triggers.kafka_backlog.measure_backlog", flaky)
+    event = first_event(KafkaBacklogTrigger(topics=[topic], table_uri=table_uri, ingest_id="t", kafka_conn_id=conn,
+                                            min_records=4, poll_interval=0.05))
+    assert event["status"] == "ready" and event["backlog"] == 4 and len(failures) == 2
+
+    def away(*args):  # the broker stays away
+        failures.append(1)
+        raise KafkaUnavailableError("still away")
+
+    failures.clear()
+    monkeypatch.setattr("airflow_eo.triggers.kafka_backlog.measure_backlog", away)
+    event = first_event(KafkaBacklogTrigger(topics=[topic], table_uri=table_uri, ingest_id="t", kafka_conn_id=conn,
+                                            poll_interval=0.01, max_failures=3))
+    assert event["status"] == "error" and event["retryable"] and len(failures) == 4  # 1 + 3 retries
+    with pytest.raises(AirflowException) as raised:
+        sensor(topic, table_uri, conn).execute_complete({}, event)
+    assert not isinstance(raised.value, AirflowFailException)  # Airflow retries the task

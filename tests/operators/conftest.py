@@ -1,0 +1,83 @@
+"""Operator tests' fixtures: SparkSubmitHook replaced at its boundary by a stand-in that runs
+the very job (``run_recorded_attempt``) in the session's SparkSession, and the connections."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_eo.attempt import Secrets
+from airflow_eo.driver.main import run_recorded_attempt
+from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
+from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
+
+SECRET = "s3cr3t-value-never-logged"
+
+
+class InProcessHook:
+    """Stands in for SparkSubmitHook: same constructor keywords, runs the job in-process."""
+
+    made: list["InProcessHook"] = []
+    spark = None
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.killed = False
+        InProcessHook.made.append(self)
+
+    def submit(self, application):
+        assert application.endswith("kafka_to_delta.py")
+        args = self.kwargs["application_args"]
+        env = self.kwargs["env_vars"]
+        shipped = [os.path.dirname(f) for f in (self.kwargs.get("files") or "").split(",") if f]  # --files
+        run_recorded_attempt(self.spark, args[args.index("--table-uri") + 1], args[args.index("--attempt-id") + 1],
+                             Secrets.from_env(env, search=tuple(shipped)))
+
+    def on_kill(self):
+        self.killed = True
+
+
+@pytest.fixture
+def hooks(spark, monkeypatch):
+    InProcessHook.made = []
+    InProcessHook.spark = spark
+    monkeypatch.setattr("airflow_eo.submit.spark_hook._default_hook_factory", InProcessHook)
+    monkeypatch.setattr(SparkSubmitHookSubmitter.__init__, "__defaults__",
+                        SparkSubmitHookSubmitter.__init__.__defaults__[:-1] + (InProcessHook,))
+    return InProcessHook.made
+
+
+@pytest.fixture
+def kafka_env(broker, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_UNIT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap_servers, "sasl.password": SECRET}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    return "kafka_unit"
+
+
+def make_operator(dag_id, table_uri, topic, conn_id, **kwargs):
+    from airflow.sdk import DAG
+
+    with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1)):
+        kwargs.setdefault("transform_sql", "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source")
+        return KafkaToDeltaOperator(task_id="ingest", topics=[topic], table_uri=table_uri, kafka_conn_id=conn_id,
+                                    **kwargs)
+
+
+class OutletEvents(dict):
+    """Airflow's outlet event accessors, recording what ``add`` emits through an alias."""
+
+    def __missing__(self, key):
+        emitted = []
+        self[key] = SimpleNamespace(extra=None, emitted=emitted,
+                                    add=lambda asset, extra=None: emitted.append((asset, extra)))
+        return self[key]
+
+
+def context_for(op, run_id, try_number=1, params=None):
+    ti = SimpleNamespace(dag_id=op.dag_id, run_id=run_id, task_id=op.task_id, map_index=-1, try_number=try_number)
+    return {"ti": ti, "params": params or {}, "outlet_events": OutletEvents()}
