@@ -30,6 +30,7 @@ import time
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.driver.decode import DeadLetters
+from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform
@@ -70,21 +71,22 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task)
     dead = DeadLetters.of(source, attempt, storage_options)  # None unless decoding
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
-    try:
-        if dead is not None:
-            dead.stage(stage)  # undecodable records: staged beside the dead-letter table, threshold checked
-            source = dead.good
-        out = apply_transform(attempt.transform, source, view)
-        from pyspark.sql.pandas.types import to_arrow_schema
+    with Progress(spark, plan.batch, sum(r.size for r in plan.data_ranges)):  # Spark itself is at WARN
+        try:
+            if dead is not None:
+                dead.stage(stage)  # undecodable records: staged beside the dead-letter table, threshold checked
+                source = dead.good
+            out = apply_transform(attempt.transform, source, view)
+            from pyspark.sql.pandas.types import to_arrow_schema
 
-        arrow_schema = to_arrow_schema(out.schema)
-        planned = time.monotonic()
-        files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema)
-    finally:  # leave nothing behind in the session: no view, no cached rows
-        if dead is not None:
-            dead.release()
-        if attempt.transform.sql:
-            spark.catalog.dropTempView(view)
+            arrow_schema = to_arrow_schema(out.schema)
+            planned = time.monotonic()
+            files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema)
+        finally:  # leave nothing behind in the session: no view, no cached rows
+            if dead is not None:
+                dead.release()
+            if attempt.transform.sql:
+                spark.catalog.dropTempView(view)
     rows = staging.rows_per_partition(files)
     staged = time.monotonic()
     # phase timings: where a run's time goes (README "Performance")
@@ -144,7 +146,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--transform-sql")
     parser.add_argument("--transform")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # our lines at INFO; py4j and other libraries only from WARN, like Spark itself
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("airflow_eo").setLevel(logging.INFO)
     if not args.attempt_id and not (args.ingest_id and args.topics):
         parser.error("give --attempt-id, or --ingest-id and --topics for a standalone run")
     classic_process()  # a Spark Connect client that started this job left its mark in the environment

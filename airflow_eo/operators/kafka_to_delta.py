@@ -73,7 +73,7 @@ def table_columns(table_uri: str, storage_options: dict | None) -> list[tuple[st
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        schema = DeltaTable(table_uri, storage_options=storage_options, without_files=True).schema()
+        schema = DeltaTable(table_uri, storage_options=storage_options).schema()
     except TableNotFoundError:
         return []
     return [(f.name, str(f.type.type) if hasattr(f.type, "type") else type(f.type).__name__) for f in schema.fields]

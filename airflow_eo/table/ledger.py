@@ -138,13 +138,13 @@ class Ledger:
         self._history: dict[int | None, list[dict]] = {}  # commitInfo of this snapshot, by limit
 
     @classmethod
-    def open(cls, table_uri: str, storage_options: dict[str, str] | None = None,
-             without_files: bool = False) -> "Ledger":
-        """The table's current snapshot; ``without_files`` for offsets and history only (a
-        poll that never needs the file list: the sensor, the trigger, ``status``)."""
+    def open(cls, table_uri: str, storage_options: dict[str, str] | None = None) -> "Ledger":
+        """The table's current snapshot. deltalake 1.6 always loads the active-file list
+        (its ``without_files`` is deprecated and ignored), so a poll costs one snapshot load;
+        checkpoints keep that bounded."""
         uri = normalize_table_uri(table_uri)
         try:
-            table = DeltaTable(uri, storage_options=storage_options, without_files=without_files)
+            table = DeltaTable(uri, storage_options=storage_options)
         except TableNotFoundError:
             _refuse_foreign_directory(uri)
             return cls(None, uri, storage_options)

@@ -32,7 +32,7 @@ def measure_backlog(kafka_config: dict, topics: list[str], table_uri: str, inges
                     storage_options: dict | None = None, starting_offsets: object = "earliest") -> dict[str, int]:
     """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table: the
     lag as the planner sees it (:func:`airflow_eo.status.measure_lag`)."""
-    ledger = Ledger.open(table_uri, storage_options, without_files=True)
+    ledger = Ledger.open(table_uri, storage_options)
     ledger.check_owner(ingest_id)  # the operator's check: never report "no backlog" for another's table
     return measure_lag(kafka_config, topics, ledger, ingest_id, starting_offsets)
 

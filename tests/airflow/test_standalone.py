@@ -377,3 +377,22 @@ def test_table_holds_the_broker_exactly_once_and_summaries_match_the_log(world):
         assert sum(s[0]["rows"] for s in by_batch.values()) == rows.num_rows
         kinds = sorted(r["run_type"] for r in runs)
         assert kinds.count("manual") == 2 and kinds.count("backfill") == 3, kinds
+
+
+def test_a_successful_ingest_log_is_short_and_tells_plan_rate_and_commit(world):
+    """What the user reads in the UI: our lines (plan, rate, commit, lag), not Spark's INFO chatter."""
+    server, run_id = world["server"], world["runs"]["backfill"][-1]
+    with debug_on_failure(world):
+        assert summary_of(world, run_id)["status"] == "committed"
+        path = server.task_logs(DAG_ID, run_id, "ingest")[-1]
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+        text = "\n".join(lines)
+        assert len(lines) < 40, server.task_log_tail(path, 200)
+        assert ": plan " in text and " offsets)" in text, text  # the plan: ranges and offsets
+        assert "rows/s" in text and "committed batch" in text, text  # rate and the commit
+        assert "airflow-eo committed: batch" in text and "lag {" in text, text  # the summary with the lag
+        # Spark's INFO output stops once spark.log.level=WARN applies: at most its start-up banner
+        spark_info = [line for line in lines if " INFO " in line and "airflow_eo." not in line]
+        assert len(spark_info) <= 5, "\n".join(spark_info)
+        assert "DeprecationWarning" not in text, text
