@@ -6,8 +6,9 @@ Trigger it with the run id to reprocess, e.g. from the UI or::
 
 It re-reads exactly the offsets that run ingested (from the plan logged in the table)
 and replaces that run's rows in one Delta commit; offsets and other rows do not change.
-The same happens when you clear a run of ``kafka_to_delta_scheduled`` with the DAG param
-``reprocess`` set. Needs the same connections and environment as that DAG.
+The same happens when you backfill that run's date in ``kafka_to_delta_scheduled`` with
+``reprocess_behavior="completed"`` and the run conf ``{"reprocess": true}`` (Airflow 3's clear
+takes no conf). Needs the same connections and environment as that DAG.
 """
 
 from __future__ import annotations

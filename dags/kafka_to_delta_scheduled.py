@@ -29,8 +29,11 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    # Airflow 3's Clear takes no conf: to replace a past run's rows, backfill its date with
+    # reprocess_behavior="completed" and conf {"reprocess": true} (README "Reruns, clears and backfills")
     params={"reprocess": Param(False, type="boolean",
-                               description="clear a finished run with this set to replace its rows")},
+                               description="re-read this run's committed ranges and replace its rows "
+                                           "(set in the conf of a backfill with reprocess_behavior)")},
     tags=["airflow-eo", "example"],
 ) as dag:
     wait = KafkaBacklogSensor(

@@ -396,3 +396,34 @@ def test_a_successful_ingest_log_is_short_and_tells_plan_rate_and_commit(world):
         spark_info = [line for line in lines if " INFO " in line and "airflow_eo." not in line]
         assert len(spark_info) <= 5, "\n".join(spark_info)
         assert "DeprecationWarning" not in text, text
+
+
+def test_a_backfill_with_reprocess_conf_replaces_one_past_runs_rows(world):
+    """Airflow 3's way to reprocess a past run (clear takes no conf): a backfill of its date
+    with ``reprocess_behavior`` and the run conf ``{"reprocess": true}``."""
+    api, feeder, table = world["api"], world["feeder"], world["table"]
+    run_id, date = world["runs"]["backfill"][1], BACKFILL_DATES[1]
+    with debug_on_failure(world):
+        settle(world)
+        before = summary_of(world, run_id)
+        rows_before, offsets = read_table(table).num_rows, feeder.committed()
+        feeder.ensure_backlog()  # the run's sensor passes as in a real deployment
+        api.post("/api/v2/backfills", json={
+            "dag_id": DAG_ID, "from_date": date, "to_date": date, "max_active_runs": 1,
+            "reprocess_behavior": "completed", "dag_run_conf": {"reprocess": True}})
+        deadline = time.monotonic() + 60
+        while api.dag_run(DAG_ID, run_id)["state"] == "success":  # the backfill clears the run first
+            assert time.monotonic() < deadline, "the backfill never re-ran the finished run"
+            time.sleep(1)
+        overlap = wait(world, [run_id])
+        summary = summary_of(world, run_id)
+        if before["status"] != "committed":  # an hourly run took that run's records: nothing to reprocess
+            assert overlap and api.task_instances(DAG_ID, run_id)["ingest"]["state"] == "failed"
+            return
+        assert summary["status"] == "reprocessed", summary
+        assert (summary["batch"], summary["ranges"], summary["rows"]) == (before["batch"], before["ranges"],
+                                                                          before["rows"])
+        table_rows = read_table(table)
+        assert duplicates(table_rows) == {}
+        if not overlap:
+            assert table_rows.num_rows == rows_before and feeder.committed() == offsets  # offsets did not move
