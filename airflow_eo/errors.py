@@ -17,6 +17,8 @@ Errors cross the Spark boundary as one line, ``<ErrorClass>: <message>``
 
 from __future__ import annotations
 
+import re
+
 
 class AirflowEoError(Exception):
     """Base class of every error airflow-eo raises on purpose."""
@@ -74,10 +76,22 @@ class SparkUnavailableError(AirflowEoError):
     retryable = True
 
 
+# An error raised in a Spark task reaches the driver wrapped (Py4JJavaError, PythonException)
+# with the worker's traceback in its text; its last line names our error.
+_TASK_ERROR = re.compile(r"airflow_eo\.errors\.(\w+Error): ([^\n]*)")
+
+
 def error_line(error: BaseException) -> str:
-    """``<ErrorClass>: <first line>``: how an error travels from the Spark driver to its caller."""
-    text = (str(error).strip().splitlines() or [""])[0]
-    return f"{error.__class__.__name__}: {text}"
+    """``<ErrorClass>: <first line>``: how an error travels from the Spark driver to its caller.
+
+    An airflow-eo error raised inside a Spark task keeps its own type, not the wrapper's."""
+    text = str(error)
+    if not isinstance(error, AirflowEoError):
+        found = _TASK_ERROR.findall(text)
+        if found and isinstance(globals().get(found[-1][0]), type):
+            return f"{found[-1][0]}: {found[-1][1].strip()}"
+    first = (text.strip().splitlines() or [""])[0]
+    return f"{error.__class__.__name__}: {first}"
 
 
 def error_from_line(line: str) -> AirflowEoError | None:
