@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from deltalake import DeltaTable
 
+from airflow_eo.offsets import TopicPartition
 from airflow_eo.table.ledger import Ledger
 from tests.conftest import SPARK_CONF
 from tests.airflow.dagtest import run_dag, xcom
@@ -98,7 +99,8 @@ def test_clear_of_successful_run_is_a_noop_without_spark(world, kafka_config):
 
 def test_reprocess_of_past_run_replaces_only_its_rows(world, kafka_config):
     run_id, first = world["runs"]["first"]
-    offsets = Ledger.open(world["table"]).committed_offsets
+    partitions = [TopicPartition(r["topic"], r["partition"]) for r in first["ranges"]]
+    offsets = Ledger.open(world["table"]).committed_offsets("orders", partitions)
     before = read_table(world["table"])
     dag = ingest_dag(world, dag_id="eo_reprocess", transform_sql=UPPER_SQL, reprocess=True,
                      reprocess_dag_id="eo_ingest", reprocess_run_id=run_id)
@@ -113,7 +115,7 @@ def test_reprocess_of_past_run_replaces_only_its_rows(world, kafka_config):
     upper = {k for k, v in bodies.items() if v.startswith("V")}
     assert len(upper) == first["rows"] == 30
     assert Ledger.open(world["table"]).last_batch("orders") == 2
-    assert Ledger.open(world["table"]).committed_offsets == offsets  # reprocess moves no offset
+    assert Ledger.open(world["table"]).committed_offsets("orders", partitions) == offsets  # no offset moved
 
 
 def test_crash_of_first_try_then_retry_replays_the_same_plan(world, kafka_config):
