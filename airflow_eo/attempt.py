@@ -46,13 +46,14 @@ class Env:
 
     KAFKA_CONFIG = "AIRFLOW_EO_KAFKA_CONFIG"  # JSON client config: may hold secrets
     STORAGE_OPTIONS = "AIRFLOW_EO_STORAGE_OPTIONS"  # JSON deltalake storage options: may hold secrets
+    SCHEMA_REGISTRY = "AIRFLOW_EO_SCHEMA_REGISTRY_CONFIG"  # JSON SchemaRegistryClient config: may hold secrets
     FAILPOINTS = "AIRFLOW_EO_FAILPOINTS"  # tests only: comma-separated failpoints
     PYSPARK_PYTHON = "PYSPARK_PYTHON"
     PYSPARK_DRIVER_PYTHON = "PYSPARK_DRIVER_PYTHON"
     SPARK_LOCAL_IP = "SPARK_LOCAL_IP"
     EXAMPLE_TABLE_URI = "AIRFLOW_EO_TABLE_URI"  # the example DAGs' table (dags/, the demo)
     EXAMPLE_TOPIC = "AIRFLOW_EO_TOPIC"  # the example DAGs' topic
-    SECRET = (KAFKA_CONFIG, STORAGE_OPTIONS)
+    SECRET = (KAFKA_CONFIG, STORAGE_OPTIONS, SCHEMA_REGISTRY)
     # on YARN / Kubernetes the secrets travel as a file shipped with --files (env vars would
     # be spark conf on the command line there); this names the file, it is not secret
     SECRETS_FILE = "AIRFLOW_EO_SECRETS_FILE"
@@ -71,6 +72,7 @@ class Secrets:
 
     kafka_config: Mapping[str, object] = field(default_factory=dict)
     storage_options: Mapping[str, str] | None = None
+    schema_registry: Mapping[str, object] | None = None  # confluent SchemaRegistryClient config
 
     def __repr__(self) -> str:
         return "Secrets(<hidden>)"
@@ -79,6 +81,8 @@ class Secrets:
         env = {Env.KAFKA_CONFIG: json.dumps(dict(self.kafka_config))}
         if self.storage_options:
             env[Env.STORAGE_OPTIONS] = json.dumps(dict(self.storage_options))
+        if self.schema_registry:
+            env[Env.SCHEMA_REGISTRY] = json.dumps(dict(self.schema_registry))
         return env
 
     @classmethod
@@ -96,9 +100,9 @@ class Secrets:
             else:
                 raise ConfigError(f"the secrets file {name!r} is not where the job runs: pass it with "
                                   "spark-submit --files (the operator does on YARN and Kubernetes)")
-        kafka = environ.get(Env.KAFKA_CONFIG)
-        storage = environ.get(Env.STORAGE_OPTIONS)
-        return cls(json.loads(kafka) if kafka else {}, json.loads(storage) if storage else None)
+        kafka, storage, registry = (environ.get(name) for name in Env.SECRET)
+        return cls(json.loads(kafka) if kafka else {}, json.loads(storage) if storage else None,
+                   json.loads(registry) if registry else None)
 
 
 @dataclass(frozen=True)
@@ -126,23 +130,62 @@ class Transform:
 
 @dataclass(frozen=True)
 class DecodeSpec:
-    """How values are decoded before the transform (:mod:`airflow_eo.driver.decode`).
+    """How keys and values are decoded before the transform (:mod:`airflow_eo.driver.decode`).
 
-    With ``value_schema`` (Spark DDL) the JSON value is parsed into the column ``data``;
-    values that do not parse, or are larger than ``max_value_bytes``, become dead letters.
+    ``value_format``: ``json`` (with ``value_schema``, Spark DDL, parsed into the column
+    ``data``), ``avro`` (Confluent wire format through the Schema Registry, reader schema
+    ``value_subject`` at ``value_schema_version``; or plain Avro of the inline ``avro_schema``)
+    or ``raw`` (bytes as they are). ``key_format`` the same for the key, into ``key_data``
+    (``key_schema`` for JSON, ``key_avro_schema`` / ``key_subject`` for Avro). Records that do
+    not decode, or values larger than ``max_value_bytes``, become dead letters.
+
+    >>> DecodeSpec(value_format="avro", avro_schema='"long"').enabled
+    True
     """
 
     value_schema: str | None = None
     value_format: str = "json"
     max_value_bytes: int | None = None
+    avro_schema: str | None = None
+    value_subject: str | None = None
+    value_schema_version: str = "latest"
+    key_format: str = "raw"
+    key_schema: str | None = None
+    key_avro_schema: str | None = None
+    key_subject: str | None = None
+
+    FORMATS = ("json", "avro", "raw")
 
     def __post_init__(self):
-        if self.value_format != "json":
-            raise ConfigError(f"value_format {self.value_format!r} is not supported: use 'json'")
+        for option in ("value_format", "key_format"):
+            if getattr(self, option) not in self.FORMATS:
+                raise ConfigError(f"{option} {getattr(self, option)!r} is not supported: use one of "
+                                  f"{', '.join(self.FORMATS)}")
+        if self.value_format != "json" and self.value_schema:
+            raise ConfigError("value_schema is the Spark DDL of JSON values: with value_format="
+                              f"{self.value_format!r} leave it unset (Avro: avro_schema or a Schema Registry)")
+        if self.key_format == "json" and not self.key_schema:
+            raise ConfigError("key_format='json' needs key_schema (Spark DDL, e.g. 'id STRING')")
+        if str(self.value_schema_version) != "latest" and not str(self.value_schema_version).isdigit():
+            raise ConfigError(f"value_schema_version {self.value_schema_version!r} is not 'latest' or a number")
+
+    @classmethod
+    def of(cls, topics: list[str], has_registry: bool, **options) -> "DecodeSpec":
+        """The spec of an ingest: Avro subjects default to ``<first topic>-value`` / ``-key``
+        (Confluent's TopicNameStrategy) when no inline schema is given."""
+        spec = cls(**{**options, "value_schema_version": str(options.get("value_schema_version") or "latest")})
+        avro_value = spec.value_format == "avro" and not spec.avro_schema
+        avro_key = spec.key_format == "avro" and not spec.key_avro_schema
+        if (avro_value or avro_key) and not has_registry:
+            raise ConfigError("Avro without an inline schema needs a Schema Registry: set schema_registry_conn_id "
+                              "(CLI --schema-registry URL), or avro_schema / key_avro_schema")
+        return replace(spec, value_subject=(spec.value_subject or f"{topics[0]}-value") if avro_value else None,
+                       key_subject=(spec.key_subject or f"{topics[0]}-key") if avro_key else None)
 
     @property
     def enabled(self) -> bool:
-        return bool(self.value_schema or self.max_value_bytes)
+        return bool(self.value_schema or self.max_value_bytes or self.value_format == "avro"
+                    or self.key_format != "raw")
 
 
 @dataclass(frozen=True)
@@ -195,7 +238,7 @@ class Attempt:
             raise ConfigError("an attempt needs a plan with an attempt id (plan.with_attempt(...))")
         if self.decode.enabled and not self.dead_letters.table_uri:
             raise ConfigError(
-                "value_schema/max_value_bytes need a dead_letter_table_uri: set where undecodable "
+                "decoding (value_schema, Avro, max_value_bytes, key_format) needs a dead_letter_table_uri: set where undecodable "
                 "records go (a Delta table path other than the main table)"
             )
         if self.kind is AttemptKind.REPROCESS and self.reprocess_from is None:

@@ -39,6 +39,30 @@ def _storage_options(args) -> dict | None:
     return _json_option(args.storage_options or os.environ.get(Env.STORAGE_OPTIONS))
 
 
+def _schema_registry(args) -> dict | None:
+    """SchemaRegistryClient config: ``--schema-registry URL`` over $AIRFLOW_EO_SCHEMA_REGISTRY_CONFIG
+    (JSON, where credentials go: ``basic.auth.user.info``, ``bearer.auth.*``)."""
+    from urllib.parse import urlsplit
+
+    from airflow_eo.errors import ConfigError
+
+    config = _json_option(os.environ.get(Env.SCHEMA_REGISTRY)) or {}
+    if args.schema_registry:
+        if any(urlsplit(u.strip()).password for u in args.schema_registry.split(",")):
+            raise ConfigError("--schema-registry has credentials in its URL, which would show in the process "
+                              f"list: put them in ${Env.SCHEMA_REGISTRY} as basic.auth.user.info")
+        config["url"] = args.schema_registry
+    return config or None
+
+
+def _text_option(text: str | None) -> str | None:
+    """A text given inline or as ``@file`` (an .avsc schema)."""
+    if text and text.startswith("@"):
+        with open(text[1:]) as f:
+            return f.read()
+    return text
+
+
 def _json_option(text: str | None) -> dict | None:
     """An option given as JSON, or as ``@file.json``; None when not given."""
     if not text:
@@ -61,6 +85,10 @@ def cmd_ingest(args) -> int:
         max_records_per_run=args.max_records_per_run, on_data_loss=args.on_data_loss,
         transform=Transform(sql=args.transform_sql, callable=args.transform),
         storage_options=_storage_options(args), value_schema=args.value_schema,
+        value_format=args.value_format, key_format=args.key_format, key_schema=args.key_schema,
+        schema_registry=_schema_registry(args), avro_schema=_text_option(args.avro_schema),
+        key_avro_schema=_text_option(args.key_avro_schema), value_subject=args.value_subject,
+        value_schema_version=args.value_schema_version, key_subject=args.key_subject,
         max_value_bytes=args.max_value_bytes, dead_letter_table_uri=args.dead_letter_table,
         max_dead_letters=args.max_dead_letters, max_dead_letter_fraction=args.max_dead_letter_fraction,
         schema_evolution=args.schema_evolution, mirror_consumer_group=args.mirror_consumer_group,
@@ -164,6 +192,20 @@ def parser() -> argparse.ArgumentParser:
     ing.add_argument("--value-schema", help="Spark DDL of the JSON value, e.g. 'id INT, name STRING': "
                      "decoded into column `data`, undecodable records become dead letters")
     ing.add_argument("--max-value-bytes", type=int, help="values larger than this become dead letters")
+    ing.add_argument("--value-format", choices=["json", "avro", "raw"], default="json",
+                     help="json (with --value-schema), avro (registry or --avro-schema) or raw bytes")
+    ing.add_argument("--key-format", choices=["json", "avro", "raw"], default="raw",
+                     help="decode the key too, into column `key_data` (json needs --key-schema)")
+    ing.add_argument("--key-schema", help="Spark DDL of a JSON key")
+    ing.add_argument("--schema-registry", metavar="URL",
+                     help=f"Confluent Schema Registry URL (credentials only in ${Env.SCHEMA_REGISTRY})")
+    ing.add_argument("--avro-schema", help="inline Avro schema of the value (JSON, or @file.avsc): plain Avro, "
+                     "no registry")
+    ing.add_argument("--key-avro-schema", help="inline Avro schema of the key (JSON or @file.avsc)")
+    ing.add_argument("--value-subject", help="registry subject of the reader schema (default <topic>-value)")
+    ing.add_argument("--value-schema-version", default="latest",
+                     help="version of the reader schema: latest (default) or a number")
+    ing.add_argument("--key-subject", help="registry subject of the key's reader schema (default <topic>-key)")
     ing.add_argument("--dead-letter-table", help="Delta table for records that cannot be decoded")
     ing.add_argument("--max-dead-letters", type=int, help="fail the run above this many dead letters")
     ing.add_argument("--max-dead-letter-fraction", type=float, help="fail the run above this fraction")

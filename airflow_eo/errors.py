@@ -64,6 +64,16 @@ class DeadLetterThresholdError(AirflowEoError):
     """More records could not be decoded than the dead-letter threshold allows."""
 
 
+class SchemaRegistryUnavailableError(AirflowEoError):
+    """The Schema Registry could not be reached or answered with a server error."""
+
+    retryable = True
+
+
+class IncompatibleSchemaError(AirflowEoError):
+    """Records were written with a schema that cannot be read as the table's reader schema."""
+
+
 class SparkJobError(AirflowEoError):
     """spark-submit ended without committing the batch."""
 

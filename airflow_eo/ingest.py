@@ -71,8 +71,18 @@ class IngestConfig:
     # optional decoding (airflow_eo.driver.decode): the value parsed as JSON into column
     # `data`; undecodable records go to dead_letter_table_uri instead of failing the batch
     value_schema: str | None = None  # Spark DDL, e.g. "id INT, name STRING"
-    value_format: str = "json"
+    value_format: str = "json"  # json | avro | raw
     max_value_bytes: int | None = None
+    # Avro (airflow_eo.driver.avro): a Schema Registry (config with credentials: a secret) and
+    # the reader schema's subject/version, or an inline schema; keys alike
+    schema_registry: dict | None = field(default=None, repr=False)
+    avro_schema: str | None = None
+    value_subject: str | None = None  # default "<first topic>-value" (TopicNameStrategy)
+    value_schema_version: str = "latest"
+    key_format: str = "raw"
+    key_schema: str | None = None
+    key_avro_schema: str | None = None
+    key_subject: str | None = None  # default "<first topic>-key"
     dead_letter_table_uri: str | None = None
     max_dead_letters: int | None = None
     max_dead_letter_fraction: float | None = None
@@ -95,14 +105,25 @@ class IngestConfig:
         """The typed value an attempt of ``plan`` runs from (no secrets)."""
         return Attempt(
             plan=plan, table_uri=self.table_uri, kind=kind, transform=self.transform,
-            decode=DecodeSpec(self.value_schema, self.value_format, self.max_value_bytes),
+            decode=self.decode_spec(),
             dead_letters=DeadLetterSpec(self.dead_letter_table_uri, self.max_dead_letters,
                                         self.max_dead_letter_fraction),
             spark=SparkSettings(self.max_offsets_per_task), schema_evolution=self.schema_evolution, **reprocess,
         )
 
+    def decode_spec(self) -> DecodeSpec:
+        names = ("value_schema", "value_format", "max_value_bytes", "avro_schema", "value_subject",
+                 "value_schema_version", "key_format", "key_schema", "key_avro_schema", "key_subject")
+        spec = DecodeSpec.of(self.topics, self.schema_registry is not None, **{n: getattr(self, n) for n in names})
+        if spec.avro_schema or spec.key_avro_schema:  # an inline schema is checked before any run
+            from airflow_eo.avro_schema import check_schema
+
+            for inline in filter(None, (spec.avro_schema, spec.key_avro_schema)):
+                check_schema(inline)
+        return spec
+
     def secrets(self) -> Secrets:
-        return Secrets(self.kafka_config, self.storage_options)
+        return Secrets(self.kafka_config, self.storage_options, self.schema_registry)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,24 @@ def produce(config: dict, topic: str, count: int, partitions: int = 3, prefix: s
     return values
 
 
+def produce_avro(config: dict, topic: str, records, schema: str, registry: dict, partitions: int = 3,
+                 subject_topic: str | None = None) -> None:
+    """Produce Avro in the Confluent wire format with confluent-kafka's own ``AvroSerializer``
+    (registering ``schema`` under ``<subject_topic or topic>-value``), round-robin over partitions."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serialize = AvroSerializer(SchemaRegistryClient(registry), schema)
+    context = SerializationContext(subject_topic or topic, MessageField.VALUE)
+    producer = Producer({**config, "enable.idempotence": True, "linger.ms": 20})
+    for i, record in enumerate(records):
+        producer.produce(topic, value=serialize(record, context), partition=i % partitions)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+
+
 def transactional_producer(config: dict) -> Producer:
     producer = Producer({**config, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
     producer.init_transactions(30)

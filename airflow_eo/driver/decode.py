@@ -30,7 +30,8 @@ import contextlib
 import logging
 from dataclasses import asdict
 
-from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec
+from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec, Secrets
+from airflow_eo.driver.avro import DATA_COLUMN_NAME, KEY_DATA_COLUMN_NAME, AvroColumn, avro_columns, decode_columns
 from airflow_eo.driver.session import for_session
 from airflow_eo.errors import ConfigError, DeadLetterThresholdError
 from airflow_eo.planning import BatchPlan
@@ -40,7 +41,7 @@ from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
 
-DATA_COLUMN = "data"
+DATA_COLUMN, KEY_DATA_COLUMN = DATA_COLUMN_NAME, KEY_DATA_COLUMN_NAME
 REASON_COLUMN = "_airflow_eo_reason"
 CORRUPT_COLUMN = "_airflow_eo_corrupt"
 DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "reason")
@@ -55,39 +56,54 @@ def functions_for(df):
         yield functions
 
 
-def decode(source, spec: DecodeSpec):
-    """Add ``data`` (the parsed value) and the dead-letter reason (null when decodable)."""
+def decode(source, spec: DecodeSpec, avro: tuple[AvroColumn, ...] = ()):
+    """Add ``data`` (the parsed value), ``key_data`` (a parsed key, if asked) and the
+    dead-letter reason (null when decodable). JSON is parsed by Spark; Avro in the tasks."""
     with functions_for(source) as F:
-        return _decode(source, spec, F)
+        out = _decode(source, spec, F)
+    return decode_columns(out, list(avro), REASON_COLUMN) if avro else out
 
 
 def _decode(source, spec: DecodeSpec, F):
-
-    reason = F.when(F.col("value").isNull(), F.lit("value is null"))
-    if spec.max_value_bytes:
-        size = F.length(F.col("value"))
-        reason = reason.when(size > spec.max_value_bytes, F.concat(
-            F.lit("value of "), size.cast("string"), F.lit(f" bytes exceeds max_value_bytes={spec.max_value_bytes}")))
-    out = source
+    checks = []  # (condition, reason), the first that holds names the record's reason
+    if spec.value_format != "avro" and (spec.value_schema or spec.max_value_bytes):
+        checks.append((F.col("value").isNull(), F.lit("value is null")))
+        if spec.max_value_bytes:
+            size = F.length(F.col("value"))
+            checks.append((size > spec.max_value_bytes, F.concat(
+                F.lit("value of "), size.cast("string"),
+                F.lit(f" bytes exceeds max_value_bytes={spec.max_value_bytes}"))))
+    out, finish = source, []
     if spec.value_schema:
-        # The DDL is parsed by the DataFrame's own session (classic or Spark Connect alike).
-        with_corrupt = f"{spec.value_schema}, {CORRUPT_COLUMN} STRING"
-        parsed = F.from_json(F.col("value").cast("string"), with_corrupt,
-                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN})
-        out = out.withColumn(DATA_COLUMN, parsed)
-        try:
-            fields = [c for c in out.select(f"{DATA_COLUMN}.*").columns if c != CORRUPT_COLUMN]
-        except Exception as exc:  # ParseException from Spark
-            raise ConfigError(f"value_schema {spec.value_schema!r} is not a Spark DDL schema "
-                              f"({str(exc).strip().splitlines()[0]}); write it like 'id INT, name STRING'") from exc
-        mismatch = F.lit(f"value does not match value_schema ({spec.value_schema}): malformed JSON, "
-                         "wrong types or not a JSON object")
-        reason = reason.when(F.col(DATA_COLUMN).isNull() | F.col(f"{DATA_COLUMN}.{CORRUPT_COLUMN}").isNotNull(),
-                             mismatch)
-        keep = [F.col(f"{DATA_COLUMN}.`{name}`").alias(name) for name in fields]
-        out = out.withColumn(REASON_COLUMN, reason).withColumn(DATA_COLUMN, F.struct(*keep))
-    else:
-        out = out.withColumn(REASON_COLUMN, reason)
+        out = _parse_json(out, F, "value", DATA_COLUMN, spec.value_schema, "value_schema", checks, finish)
+    if spec.key_format == "json":
+        out = _parse_json(out, F, "key", KEY_DATA_COLUMN, spec.key_schema, "key_schema", checks, finish)
+    reason = F.lit(None).cast("string")
+    for condition, message in reversed(checks):
+        reason = F.when(condition, message).otherwise(reason)
+    out = out.withColumn(REASON_COLUMN, reason)
+    for target, keep in finish:  # drop the corrupt-record field once the reason is computed
+        out = out.withColumn(target, keep)
+    return out
+
+
+def _parse_json(out, F, column: str, target: str, ddl: str, option: str, checks: list, finish: list):
+    # The DDL is parsed by the DataFrame's own session (classic or Spark Connect alike).
+    parsed = F.from_json(F.col(column).cast("string"), f"{ddl}, {CORRUPT_COLUMN} STRING",
+                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN})
+    out = out.withColumn(target, parsed)
+    try:
+        fields = [c for c in out.select(f"{target}.*").columns if c != CORRUPT_COLUMN]
+    except Exception as exc:  # ParseException from Spark
+        raise ConfigError(f"{option} {ddl!r} is not a Spark DDL schema "
+                          f"({str(exc).strip().splitlines()[0]}); write it like 'id INT, name STRING'") from exc
+    bad = F.col(target).isNull() | F.col(f"{target}.{CORRUPT_COLUMN}").isNotNull()
+    if column == "key":  # a record without a key is not a bad record
+        bad = F.col(column).isNotNull() & bad
+    checks.append((bad, F.lit(f"{column} does not match {option} ({ddl}): malformed JSON, wrong types or "
+                              "not a JSON object")))
+    finish.append((target, F.when(F.col(target).isNull(), F.lit(None)).otherwise(
+        F.struct(*[F.col(f"{target}.`{name}`").alias(name) for name in fields]))))
     return out
 
 
@@ -120,9 +136,12 @@ class DeadLetters:
         self.arrow_schema = None
 
     @classmethod
-    def of(cls, source, attempt: Attempt, storage_options) -> "DeadLetters | None":
-        """None unless the attempt decodes values."""
-        return cls(decode(source, attempt.decode), attempt, storage_options) if attempt.decode.enabled else None
+    def of(cls, source, attempt: Attempt, secrets: Secrets) -> "DeadLetters | None":
+        """None unless the attempt decodes keys or values."""
+        if not attempt.decode.enabled:
+            return None
+        avro = avro_columns(attempt.decode, secrets.schema_registry)
+        return cls(decode(source, attempt.decode, avro), attempt, secrets.storage_options)
 
     def stage(self, stage_fn) -> int:
         """Count, check the threshold, and stage the dead letters; returns how many there are."""

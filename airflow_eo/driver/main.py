@@ -69,7 +69,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     location = staging.loc
     failpoint("before_read")
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task)
-    dead = DeadLetters.of(source, attempt, storage_options)  # None unless decoding
+    dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     with Progress(spark, plan.batch, sum(r.size for r in plan.data_ranges)):  # Spark itself is at WARN
         try:

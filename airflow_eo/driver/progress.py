@@ -77,7 +77,7 @@ class Progress:
         while not self._stop.wait(self.interval):
             try:
                 message = self.line()
-            except Exception:  # the session is stopping: progress is best effort
-                return
+            except Exception:  # a tracker call that failed (the session busy or stopping): best effort
+                continue
             if message:
                 log.info("%s", message)

@@ -45,6 +45,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 from airflow_eo.attempt import Transform
 from airflow_eo.errors import AirflowEoError, error_line
 from airflow_eo.hooks.kafka import kafka_config_of
+from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.ingest import IngestConfig, Ingestion
@@ -130,7 +131,15 @@ class KafkaToDeltaOperator(BaseOperator):
     :param storage_options: non-secret deltalake storage options set in code.
     :param value_schema: Spark DDL of the JSON value, e.g. ``"id INT, name STRING"``: the value
         is decoded into column ``data`` and undecodable records become dead letters.
-    :param value_format: format of the value when ``value_schema`` is set (``json``).
+    :param value_format: ``json`` (with ``value_schema``), ``avro`` or ``raw``.
+    :param key_format: ``raw`` (default), ``json`` (with ``key_schema``) or ``avro``: the key is
+        decoded into column ``key_data``.
+    :param schema_registry_conn_id: connection of a Confluent-compatible Schema Registry (Avro in
+        the Confluent wire format); see :mod:`airflow_eo.hooks.schema_registry`.
+    :param avro_schema: inline Avro schema (JSON) of plain Avro values, instead of a registry;
+        ``key_avro_schema`` the same for keys.
+    :param value_subject: registry subject of the reader schema (default ``<first topic>-value``),
+        at ``value_schema_version`` (``latest`` or a number); ``key_subject`` for keys.
     :param max_value_bytes: values larger than this are dead letters.
     :param dead_letter_table_uri: the Delta table undecodable records go to (templated).
     :param max_dead_letters: fail the run (committing nothing) above this many dead letters;
@@ -146,7 +155,8 @@ class KafkaToDeltaOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "topics", "table_uri", "starting_offsets", "transform_sql", "spark_conf", "spark_env_vars",
-        "reprocess_run_id", "ingest_id", "dead_letter_table_uri", "value_schema",
+        "reprocess_run_id", "ingest_id", "dead_letter_table_uri", "value_schema", "avro_schema",
+        "value_schema_version",
     )
     template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json"}
     operator_extra_links = (DeltaBatchLink(),)
@@ -176,6 +186,14 @@ class KafkaToDeltaOperator(BaseOperator):
         value_schema: str | None = None,
         value_format: str = "json",
         max_value_bytes: int | None = None,
+        key_format: str = "raw",
+        key_schema: str | None = None,
+        schema_registry_conn_id: str | None = None,
+        avro_schema: str | None = None,
+        key_avro_schema: str | None = None,
+        value_subject: str | None = None,
+        value_schema_version: str | int = "latest",
+        key_subject: str | None = None,
         dead_letter_table_uri: str | None = None,
         max_dead_letters: int | None = None,
         max_dead_letter_fraction: float | None = None,
@@ -211,6 +229,10 @@ class KafkaToDeltaOperator(BaseOperator):
         self.value_schema = value_schema
         self.value_format = value_format
         self.max_value_bytes = max_value_bytes
+        self.key_format, self.key_schema = key_format, key_schema
+        self.schema_registry_conn_id = schema_registry_conn_id
+        self.avro_schema, self.key_avro_schema = avro_schema, key_avro_schema
+        self.value_subject, self.value_schema_version, self.key_subject = value_subject, value_schema_version, key_subject
         self.dead_letter_table_uri = dead_letter_table_uri
         self.max_dead_letters = max_dead_letters
         self.max_dead_letter_fraction = max_dead_letter_fraction
@@ -234,7 +256,12 @@ class KafkaToDeltaOperator(BaseOperator):
             value_schema=self.value_schema or None, value_format=self.value_format,
             max_value_bytes=self.max_value_bytes, dead_letter_table_uri=self.dead_letter_table_uri or None,
             max_dead_letters=self.max_dead_letters, max_dead_letter_fraction=self.max_dead_letter_fraction,
-            schema_evolution=self.schema_evolution,
+            schema_evolution=self.schema_evolution, key_format=self.key_format, key_schema=self.key_schema,
+            schema_registry=schema_registry_config_of(self.schema_registry_conn_id)
+            if self.schema_registry_conn_id else None,
+            avro_schema=self.avro_schema or None, key_avro_schema=self.key_avro_schema or None,
+            value_subject=self.value_subject, value_schema_version=str(self.value_schema_version),
+            key_subject=self.key_subject,
         )
 
     def resolved_storage_options(self) -> dict[str, str] | None:

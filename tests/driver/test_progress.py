@@ -19,13 +19,13 @@ def slow_tasks(spark, tasks: int, seconds: float) -> int:
 
 def test_a_long_batch_logs_tasks_done_and_an_offset_rate(spark, caplog):
     caplog.set_level(logging.INFO, logger="airflow_eo.driver.progress")
-    with Progress(spark, batch=7, planned_offsets=4000, interval=0.3):
-        assert slow_tasks(spark, 4, 1.0) == 4
+    with Progress(spark, batch=7, planned_offsets=4000, interval=0.2):
+        assert slow_tasks(spark, 4, 2.0) == 4
     lines = [r.getMessage() for r in caplog.records if r.name == "airflow_eo.driver.progress"]
-    assert lines, "no progress line during a 2 s job with a 0.3 s interval"
-    assert all(line.startswith("batch 7: ") and " of 4 Spark tasks done, ~" in line and "offsets/s" in line
-               for line in lines)
-    assert any(" of 4000 offsets" in line for line in lines)
+    assert lines, "no progress line during a 4 s job with a 0.2 s interval"
+    assert all(line.startswith("batch 7: ") and " Spark tasks done, ~" in line and " of 4000 offsets, ~" in line
+               and "offsets/s after" in line for line in lines), lines
+    assert any(" of 4 Spark tasks done" in line for line in lines), lines  # the stage of the 4 slow tasks
 
 
 def test_a_short_batch_logs_nothing_and_the_thread_ends(spark, caplog):

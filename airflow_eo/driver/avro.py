@@ -1,0 +1,198 @@
+"""Avro keys and values decoded into struct columns, a batch at a time inside Spark tasks.
+
+Spark's own ``from_avro`` lives in the spark-avro jar, which cannot be installed here, so
+the records are decoded in the executors' Python workers with **fastavro**, one Arrow batch
+at a time (a ``mapInArrow`` after the read): per batch one pass over the values, writer
+schemas fetched once per schema id and process (:class:`airflow_eo.registry.SchemaRegistry`),
+one Arrow conversion into the column's type.
+
+Two sources of schemas:
+
+- **Schema Registry** (Confluent wire format: magic byte 0, 4-byte schema id, Avro body).
+  Each record is read with the schema it was written with and *resolved* to the reader
+  schema (Avro schema resolution): by default the latest version of the subject
+  ``<topic>-value``, or a pinned version. A new optional field in the reader schema is a
+  new nullable column (null for older records); a writer schema that cannot be resolved
+  to the reader schema fails the batch (:class:`IncompatibleSchemaError`), nothing committed.
+- **An inline schema** (plain Avro binary, no header): writer and reader are that schema.
+
+A record that cannot be decoded (null value, too large, no wire header, an unknown schema id,
+a truncated or undecodable body, trailing bytes) is a dead letter with its reason; an
+unreachable registry fails the batch (retryable). Type mapping: :func:`spark_type`.
+
+Example::
+
+    >>> col = AvroColumn("value", "data", reader_schema='{"type": "record", ...}')   # doctest: +SKIP
+    >>> col.decode([b"\\x02..."])                                                      # doctest: +SKIP
+    ([{'id': 1, ...}], [None])
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+
+from airflow_eo.avro_schema import canonical, check_schema, converter, parse, spark_type
+from airflow_eo.driver.session import for_session
+from airflow_eo.errors import ConfigError, IncompatibleSchemaError
+from airflow_eo.registry import WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
+
+DATA_COLUMN_NAME, KEY_DATA_COLUMN_NAME = "data", "key_data"  # the columns decode.py documents
+
+@dataclass(frozen=True)
+class AvroColumn:
+    """How one Kafka column (``value`` or ``key``) is decoded into a struct column (``target``).
+
+    With ``registry`` the bytes are in the Confluent wire format and each record is resolved
+    from its writer schema to ``reader_schema``; without, they are plain Avro of ``reader_schema``.
+    """
+
+    source: str
+    target: str
+    reader_schema: str
+    registry: SchemaRegistry | None = None
+    reader_name: str = "the inline schema"  # for messages: "orders-value version 3"
+    max_bytes: int | None = None
+    null_is_bad: bool = True
+
+    def __post_init__(self):  # one text per schema: the same parsed object for reader and writer
+        object.__setattr__(self, "reader_schema", canonical(self.reader_schema))
+
+    def spark_type(self):
+        return spark_type(json.loads(self.reader_schema))
+
+    def decode(self, values: list) -> tuple[list, list]:
+        """(decoded records or None, dead-letter reason or None) for each raw value."""
+        from fastavro import schemaless_reader
+        from fastavro.read import SchemaResolutionError
+
+        reader = parse(self.reader_schema)
+        convert = converter(json.loads(self.reader_schema))
+        records, reasons = [], []
+        for raw in values:
+            record, reason = None, None
+            if raw is None:
+                reason = f"{self.source} is null" if self.null_is_bad else None
+            elif self.max_bytes and len(raw) > self.max_bytes:
+                reason = f"{self.source} of {len(raw)} bytes exceeds max_value_bytes={self.max_bytes}"
+            else:
+                writer, body, schema_id, reason = self._writer_of(raw, reader)
+                if reason is None:
+                    try:
+                        stream = io.BytesIO(body)
+                        record = schemaless_reader(stream, writer, None if writer is reader else reader)
+                        if stream.tell() != len(body):
+                            record, reason = None, (f"{self.source} has {len(body) - stream.tell()} bytes after "
+                                                    f"its Avro record ({self._which(schema_id)})")
+                    except SchemaResolutionError as exc:
+                        raise IncompatibleSchemaError(
+                            f"{self._which(schema_id)} cannot be read as {self.reader_name}: "
+                            f"{str(exc).splitlines()[0]}; nothing was committed: make the change compatible "
+                            "(e.g. give a new field a default) or pin the reader schema version") from exc
+                    except Exception as exc:  # truncated or corrupt body
+                        reason = (f"{self.source} is not decodable as Avro ({self._which(schema_id)}): "
+                                  f"{type(exc).__name__}: {str(exc)[:200]}")
+                if record is not None and convert is not None:
+                    record = convert(record)
+            records.append(record)
+            reasons.append(reason)
+        return records, reasons
+
+    def _which(self, schema_id: int | None) -> str:
+        return self.reader_name if schema_id is None else f"writer schema id {schema_id}"
+
+    def _writer_of(self, raw: bytes, reader):
+        """(writer schema, Avro body, schema id, reason if the record cannot be read)."""
+        if self.registry is None:
+            return reader, raw, None, None
+        if len(raw) < WIRE_HEADER_BYTES or raw[0] != WIRE_MAGIC:
+            return None, b"", None, (f"{self.source} is not in the Confluent wire format (magic byte 0 and a "
+                                     f"4-byte schema id; got first byte {raw[0] if raw else 'none'})")
+        schema_id = int.from_bytes(raw[1:WIRE_HEADER_BYTES], "big")
+        text = self.registry.writer_schema(schema_id)
+        if text is None:
+            return None, b"", schema_id, f"unknown schema id {schema_id} (not in the Schema Registry {self.registry.url})"
+        return parse(canonical(text)), raw[WIRE_HEADER_BYTES:], schema_id, None
+
+
+def decode_columns(df, columns: list[AvroColumn], reason_column: str):
+    """``df`` with each column's struct added and the first dead-letter reason of each record
+    kept in ``reason_column`` (an earlier reason, e.g. a JSON key's, wins)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    types = [c.spark_type() for c in columns]
+    kept = [f for f in df.schema.fields if f.name != reason_column]
+    out_schema = StructType([*kept, *(StructField(c.target, t, True) for c, t in zip(columns, types)),
+                             StructField(reason_column, StringType(), True)])
+    arrow_types = [to_arrow_type(t) for t in types]
+    names = [f.name for f in kept]
+    has_reason = reason_column in df.columns
+
+    def run(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            reasons = batch.column(reason_column).to_pylist() if has_reason else [None] * batch.num_rows
+            decoded = []
+            for column, arrow_type in zip(columns, arrow_types):
+                records, why = column.decode(batch.column(column.source).to_pylist())
+                decoded.append(_to_arrow(records, why, arrow_type))
+                reasons = [r if r is not None else w for r, w in zip(reasons, why)]
+            yield pa.RecordBatch.from_arrays([batch.column(n) for n in names] + decoded + [pa.array(reasons, pa.string())],
+                                             names=[*names, *(c.target for c in columns), reason_column])
+
+    with for_session(df):  # a Connect client elsewhere in this process must not turn the UDF into Connect's
+        return df.mapInArrow(run, out_schema)
+
+
+def _to_arrow(records: list, reasons: list, arrow_type):
+    """One conversion per batch; a record that does not fit its column (an out-of-range decimal,
+    a date beyond Arrow's) is found record by record and becomes a dead letter."""
+    import pyarrow as pa
+
+    try:
+        return pa.array(records, type=arrow_type)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):
+        fitted = []
+        for i, record in enumerate(records):
+            try:
+                pa.array([record], type=arrow_type)
+                fitted.append(record)
+            except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+                fitted.append(None)
+                if reasons[i] is None:
+                    reasons[i] = f"decoded Avro record does not fit its column type: {str(exc)[:200]}"
+        return pa.array(fitted, type=arrow_type)
+
+
+def avro_columns(spec, registry_config: dict | None) -> tuple[AvroColumn, ...]:
+    """The Avro columns of a :class:`~airflow_eo.attempt.DecodeSpec`, reader schemas resolved
+    (the registry's version of the subject, or the inline schema). Runs in the driver."""
+    import logging
+
+    registry = SchemaRegistry(registry_config) if registry_config else None
+    wanted = []
+    if spec.value_format == "avro":
+        wanted.append(("value", DATA_COLUMN_NAME, spec.avro_schema, spec.value_subject, spec.value_schema_version, True))
+    if spec.key_format == "avro":
+        wanted.append(("key", KEY_DATA_COLUMN_NAME, spec.key_avro_schema, spec.key_subject, "latest", False))
+    columns = []
+    for source, target, inline, subject, version, null_is_bad in wanted:
+        if inline:
+            columns.append(AvroColumn(source, target, inline, None, f"the inline {source} schema",
+                                      spec.max_value_bytes if source == "value" else None, null_is_bad))
+            continue
+        if registry is None:
+            raise ConfigError(f"{source}_format='avro' needs a Schema Registry (schema_registry_conn_id / "
+                              f"--schema-registry) or an inline schema ({'avro_schema' if source == 'value' else 'key_avro_schema'})")
+        found = registry.version(subject, version)
+        name = f"{found.subject} version {found.version} (schema id {found.schema_id})"
+        logging.getLogger(__name__).info("%s: Avro in the Confluent wire format, read as %s", source, name)
+        columns.append(AvroColumn(source, target, found.schema, registry, name,
+                                  spec.max_value_bytes if source == "value" else None, null_is_bad))
+    for column in columns:
+        check_schema(column.reader_schema)
+    return tuple(columns)
+

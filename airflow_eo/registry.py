@@ -1,0 +1,129 @@
+"""What the Schema Registry holds: writer schemas by id, reader schemas by subject version.
+
+Speaks the Confluent Schema Registry REST API through confluent-kafka's own
+``SchemaRegistryClient`` (basic auth, bearer tokens, TLS and retries as its config keys:
+``url``, ``basic.auth.user.info``, ``bearer.auth.*``, ``ssl.*``, ``timeout``, ``max.retries``).
+The config may hold credentials: it travels like the Kafka client config (see
+:class:`airflow_eo.attempt.Secrets`) and is never logged; messages name the URL without its
+user info.
+
+An unreachable registry (or a 5xx) is :class:`SchemaRegistryUnavailableError` (retryable:
+nothing is dead-lettered or committed); a schema id the registry does not know is an
+answer (``None``) that makes the record a dead letter; a refused login is a ConfigError.
+
+Example::
+
+    >>> registry = SchemaRegistry({"url": "http://127.0.0.1:8081"})            # doctest: +SKIP
+    >>> registry.version("orders-value").version                                # doctest: +SKIP
+    3
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from airflow_eo.errors import AirflowEoError, ConfigError, SchemaRegistryUnavailableError
+
+# Confluent wire format: magic byte 0, a 4-byte big-endian schema id, then the Avro binary body
+WIRE_MAGIC = 0
+WIRE_HEADER_BYTES = 5
+DEFAULT_REGISTRY_SETTINGS = {"timeout": 10, "max.retries": 2}
+
+
+@dataclass(frozen=True)
+class RegisteredSchema:
+    """One schema of a subject: its text (Avro JSON), id and version."""
+
+    subject: str
+    version: int
+    schema_id: int
+    schema: str
+
+    def parsed(self) -> dict | list | str:
+        return json.loads(self.schema)
+
+
+def public_url(url: str) -> str:
+    """The registry URL(s) without user info, for messages."""
+    def clean(one: str) -> str:
+        parts = urlsplit(one.strip())
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    return ",".join(clean(u) for u in url.split(","))
+
+
+class SchemaRegistry:
+    """A Schema Registry client that keeps schemas it fetched (one request per id per process)."""
+
+    def __init__(self, config: dict):
+        if not config.get("url"):
+            raise ConfigError("the Schema Registry config has no 'url': set e.g. http://registry:8081")
+        self.config = {**DEFAULT_REGISTRY_SETTINGS, **config}
+        self.url = public_url(str(config["url"]))
+        self._client = None
+        self._by_id: dict[int, str | None] = {}
+
+    def __getstate__(self):  # pickled into Spark tasks: no live client, no cache
+        return {"config": self.config, "url": self.url}
+
+    def __setstate__(self, state):
+        self.__init__(state["config"])
+
+    @property
+    def client(self):
+        if self._client is None:
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+
+            try:
+                self._client = SchemaRegistryClient(self.config)
+            except Exception as exc:  # unknown key, bad auth settings
+                raise ConfigError(f"Schema Registry config for {self.url} is not valid: {exc}") from exc
+        return self._client
+
+    def _call(self, what: str, fn):
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            return fn()
+        except SchemaRegistryError as exc:
+            if exc.http_status_code in (401, 403):
+                raise ConfigError(f"the Schema Registry at {self.url} refused {what} ({exc.http_status_code}): "
+                                  "check the registry connection's credentials") from exc
+            if exc.http_status_code == 404:
+                return None
+            if exc.http_status_code >= 500 or exc.http_status_code < 0:
+                raise SchemaRegistryUnavailableError(
+                    f"the Schema Registry at {self.url} failed on {what} ({exc.error_message}); nothing was "
+                    "committed, the run can be retried") from exc
+            raise ConfigError(f"the Schema Registry at {self.url} rejected {what}: {exc.error_message}") from exc
+        except AirflowEoError:
+            raise
+        except Exception as exc:  # httpx transport errors: refused, timeout, DNS
+            raise SchemaRegistryUnavailableError(
+                f"the Schema Registry at {self.url} is not reachable ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); nothing was committed, "
+                "the run can be retried") from exc
+
+    def writer_schema(self, schema_id: int) -> str | None:
+        """The schema text registered under ``schema_id``, or None when the registry has no such id."""
+        if schema_id not in self._by_id:
+            found = self._call(f"schema id {schema_id}", lambda: self.client.get_schema(schema_id))
+            if found is not None and found.schema_type not in (None, "AVRO"):
+                raise ConfigError(f"schema id {schema_id} at {self.url} is {found.schema_type}, not Avro")
+            self._by_id[schema_id] = None if found is None else found.schema_str
+        return self._by_id[schema_id]
+
+    def version(self, subject: str, version: str | int = "latest") -> RegisteredSchema:
+        """The reader schema: ``version`` (a number or ``latest``) of ``subject``."""
+        if str(version) == "latest":
+            found = self._call(f"the latest version of {subject!r}", lambda: self.client.get_latest_version(subject))
+        else:
+            found = self._call(f"version {version} of {subject!r}", lambda: self.client.get_version(subject, int(version)))
+        if found is None:
+            raise ConfigError(f"the Schema Registry at {self.url} has no version {version} of subject {subject!r}: "
+                              "register the schema, or set the subject (value_subject) and version")
+        return RegisteredSchema(subject, found.version, found.schema_id, found.schema.schema_str)
