@@ -11,7 +11,9 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * peak memory (PSS) of the Spark process tree for a run ``--memory-multiplier`` times larger;
 * the warm path (``bench_warm``): a batch on a long-lived Spark Connect server against a cold
   spark-submit, one plain consumer's fetch time, the exactly-once overhead there, where the
-  time goes, and the server's memory after many batches.
+  time goes, and the server's memory after many batches;
+* decoding (``bench_decode``): the same nested records as Avro (Schema Registry wire format,
+  fastavro in the tasks) and as JSON (Spark's ``from_json``), each one exactly-once ingest.
 
 Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
 
@@ -40,6 +42,7 @@ import psutil  # noqa: E402
 import bench_kafka  # noqa: E402
 import bench_ledger  # noqa: E402
 import bench_spark  # noqa: E402
+import bench_decode  # noqa: E402
 import bench_warm  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.planning import OffsetRange  # noqa: E402
@@ -81,7 +84,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--master", default="local[*]")
     p.add_argument("--small-records", type=int, default=1000, help="the small batch of the warm/cold comparison")
     p.add_argument("--server-batches", type=int, default=500, help="small batches for the server memory check")
-    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm"], action="append",
+    p.add_argument("--decode-records", type=int, default=1_000_000, help="records of the Avro/JSON decode run")
+    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode"], action="append",
                    help="run only these parts (repeatable; default: all)")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
@@ -258,10 +262,40 @@ class Bench:
         self.stop_broker()
 
 
+    # -- decoding: Avro (registry) against JSON, same records, same path ------------------
+    def decode(self) -> None:
+        from tests.registry_double import RegistryDouble
+
+        from airflow_eo.driver.session import build_session
+
+        a = self.args
+        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
+        registry = RegistryDouble().start()
+        spark = build_session("airflow-eo bench decode", {"spark.master": a.master, "spark.ui.enabled": "false",
+                                                                "spark.ui.showConsoleProgress": "false"})
+        try:
+            for topic in ("decode-json", "decode-avro"):
+                bench_kafka.create_topic(self.broker.config, topic, a.partitions)
+            say(f"loading {a.decode_records:,} nested records as JSON and as Avro")
+            say(f"loaded in {bench_decode.load(self.kafka_config, registry.url, 'decode-json', 'decode-avro', a.decode_records, a.partitions):.1f}s")
+            for rep, side in interleaved(["json", "avro"], a.repetitions):
+                out = bench_decode.ingest(spark, self.kafka_config, self.fresh(f"decode-{side}"), f"decode-{side}",
+                                          side, registry.url)
+                if out["rows"] != a.decode_records or out["dead_letters"]:
+                    raise RuntimeError(f"decode {side}: {out}")
+                self.record(f"decode.{side}", out["seconds"])
+                say(f"rep {rep + 1}/{a.repetitions}: decode {side} {out['seconds']:.2f}s")
+            self.results["decode_records"] = a.decode_records
+        finally:
+            spark.stop()
+            registry.stop()
+            self.stop_broker()
+
+
 def ratios(times: dict, a: argparse.Namespace) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     if "exactly_once.x1" not in med:
-        return warm_ratios(med)
+        return {**warm_ratios(med), **decode_ratios(med, a)}
     eo, alo, raw = med["exactly_once.x1"], med["at_least_once"], med["raw_fetch"]
     out = {
         "eo_over_alo": eo / alo,
@@ -283,7 +317,15 @@ def ratios(times: dict, a: argparse.Namespace) -> dict:
     out["reader_rate_over_raw_rate"] = raw / med["reader_fetch"]
     scales = sorted(int(k.split(".x")[1]) for k in med if k.startswith("exactly_once.x") and k.count(".") == 1)
     out["scaling_seconds_per_million"] = {f"x{s}": med[f"exactly_once.x{s}"] / (a.records * s) * 1e6 for s in scales}
-    return {**out, **warm_ratios(med)}
+    return {**out, **warm_ratios(med), **decode_ratios(med, a)}
+
+
+def decode_ratios(med: dict, a: argparse.Namespace) -> dict:
+    if "decode.avro" not in med:
+        return {}
+    return {"decode_avro_rate_over_json_rate": med["decode.json"] / med["decode.avro"],
+            "decode_avro_records_per_s": a.decode_records / med["decode.avro"],
+            "decode_json_records_per_s": a.decode_records / med["decode.json"]}
 
 
 def warm_ratios(med: dict) -> dict:
@@ -314,6 +356,8 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         "warm_server_memory_flat(after_N/after_10<=1.1)": None if "warm_server_rss_mb" not in results else (
             max(results["warm_server_rss_mb"].values()) / results["warm_server_rss_mb"]["after_10"] <= 1.1),
     }
+    if "decode_avro_rate_over_json_rate" in r:
+        warm = {**warm, "decode_avro_rate/json_rate>=0.8": r["decode_avro_rate_over_json_rate"] >= 0.8}
     if "eo_over_alo" not in r:
         return warm
     return {
@@ -355,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        for part in args.only or ["throughput", "planning", "memory", "warm"]:
+        for part in args.only or ["throughput", "planning", "memory", "warm", "decode"]:
             getattr(bench, part)()
     finally:
         bench.stop_broker()

@@ -8,6 +8,8 @@ one the pipeline reads with, so a reader bug cannot hide itself.
 
 from __future__ import annotations
 
+import json
+
 import uuid
 from collections import Counter
 
@@ -57,10 +59,46 @@ def produce_avro(config: dict, topic: str, records, schema: str, registry: dict,
     context = SerializationContext(subject_topic or topic, MessageField.VALUE)
     producer = Producer({**config, "enable.idempotence": True, "linger.ms": 20})
     for i, record in enumerate(records):
-        producer.produce(topic, value=serialize(record, context), partition=i % partitions)
-        if i % 10_000 == 0:
-            producer.poll(0)
+        send(producer, topic, serialize(record, context), i % partitions)
     producer.flush(60)
+
+
+def send(producer: Producer, topic: str, value: bytes, partition: int) -> None:
+    """``produce`` that waits while the client's local queue is full (large loads)."""
+    while True:
+        try:
+            producer.produce(topic, value=value, partition=partition)
+            break
+        except BufferError:  # let deliveries drain
+            producer.poll(0.5)
+    producer.poll(0)
+
+
+# A nested Avro schema with the types users meet most (record, array, map, decimal,
+# timestamp-millis, nullable union, enum) and its records: the Avro tests and the benchmark.
+ORDER_SCHEMA = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+        {"name": "name", "type": "string"}, {"name": "tags", "type": {"type": "array", "items": "string"}}]}},
+    {"name": "attrs", "type": {"type": "map", "values": "int"}},
+    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "note", "type": ["null", "string"], "default": None},
+    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
+]})
+ORDER_DDL = ("id BIGINT, customer STRUCT<name: STRING, tags: ARRAY<STRING>>, attrs MAP<STRING, INT>, "
+             "price DECIMAL(12,2), at TIMESTAMP, note STRING, status STRING")  # the same as JSON
+
+
+def order(i: int) -> dict:
+    """Record ``i`` of :data:`ORDER_SCHEMA`."""
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    return {"id": i, "customer": {"name": f"c{i % 97}", "tags": [f"t{j}" for j in range(i % 3)]},
+            "attrs": {"n": i % 7} if i % 2 else {}, "price": Decimal(i % 10_000_000) / 100,
+            "at": datetime.fromtimestamp(1_767_225_600 + i, timezone.utc), "note": None if i % 5 else f"note {i}",
+            "status": "PAID" if i % 4 == 0 else "NEW"}
 
 
 def transactional_producer(config: dict) -> Producer:

@@ -37,3 +37,31 @@ def test_cli_ingest_with_dead_letters_then_status(kafka_config, tmp_path, capsys
     # bad input: one line naming the cause, exit code 2, nothing changed
     assert main(["status", str(tmp_path / "nowhere"), "--ingest-id", "cli", "--json"]) == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_cli_ingest_avro_through_the_registry_with_credentials_from_the_environment(kafka_config, tmp_path, capsys,
+                                                                                    monkeypatch):
+    from tests.helpers import produce_avro
+    from tests.registry_double import RegistryDouble
+
+    schema = json.dumps({"type": "record", "name": "E", "fields": [{"name": "id", "type": "long"}]})
+    registry = RegistryDouble(user_info="cli:registry-pass").start()
+    try:
+        topic = new_topic(kafka_config, 1)
+        produce_avro(kafka_config, topic, [{"id": i} for i in range(7)], schema,
+                     {"url": registry.url, "basic.auth.user.info": "cli:registry-pass"}, 1)
+        table, dead = str(tmp_path / "events"), str(tmp_path / "events_dead")
+        args = ["ingest", "--table", table, "--ingest-id", "cli_avro", "--topics", topic, "--master", "local[1]",
+                "--bootstrap-servers", kafka_config["bootstrap.servers"], "--value-format", "avro",
+                "--dead-letter-table", dead, "--transform-sql", "SELECT topic, partition, offset, data.id FROM source",
+                "--run-key", "cli-avro-1", "--json"]
+        # credentials in the URL would show in the process list: refused, nothing written
+        assert main([*args, "--schema-registry", registry.url.replace("http://", "http://cli:registry-pass@")]) == 2
+        assert "credentials in its URL" in capsys.readouterr().err and not (tmp_path / "events").exists()
+        monkeypatch.setenv("AIRFLOW_EO_SCHEMA_REGISTRY_CONFIG", json.dumps({"basic.auth.user.info": "cli:registry-pass"}))
+        assert main([*args, "--schema-registry", registry.url]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["status"] == "committed" and summary["rows"] == 7
+        assert sorted(read_table(table, ["id"])["id"].to_pylist()) == list(range(7))
+    finally:
+        registry.stop()

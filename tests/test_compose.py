@@ -46,7 +46,7 @@ def test_published_ports_bind_loopback_and_stateful_services_are_health_checked(
     for name, svc in resolved["services"].items():
         for port in svc.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
-    for name in ("kafka", "postgres"):
+    for name in ("kafka", "postgres", "schema-registry"):
         assert resolved["services"][name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
     for name in AIRFLOW_SERVICES:  # Airflow starts only after what it needs is healthy
         depends = resolved["services"][name]["depends_on"]
@@ -163,3 +163,17 @@ def test_the_spark_connection_resolves_to_the_compose_master(resolved, monkeypat
     master = resolved["services"]["spark-master"]["command"]
     assert conn["master"] == f"spark://{master[master.index('--host') + 1]}:{master[master.index('--port') + 1]}"
     assert conn["deploy_mode"] == "client" and conn["spark_binary"] == "spark-submit"
+
+
+def test_the_schema_registry_connection_points_at_the_registry_service(resolved, monkeypatch):
+    """Avro DAGs' schema_registry_conn_id resolves to the schema-registry service, which stores
+    its schemas in the compose Kafka."""
+    from airflow_eo.hooks.schema_registry import schema_registry_config_of
+
+    services = resolved["services"]
+    registry = services["schema-registry"]
+    listener_port = registry["environment"]["SCHEMA_REGISTRY_LISTENERS"].rsplit(":", 1)[1]
+    assert registry["environment"]["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"] == "PLAINTEXT://kafka:9092"
+    env = services["airflow-scheduler"]["environment"]
+    monkeypatch.setenv("AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT", env["AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"])
+    assert schema_registry_config_of("schema_registry_default")["url"] == f"http://schema-registry:{listener_port}"

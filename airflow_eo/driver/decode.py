@@ -31,7 +31,7 @@ import logging
 from dataclasses import asdict
 
 from airflow_eo.attempt import Attempt, DeadLetterSpec, DecodeSpec, Secrets
-from airflow_eo.driver.avro import DATA_COLUMN_NAME, KEY_DATA_COLUMN_NAME, AvroColumn, avro_columns, decode_columns
+from airflow_eo.driver.avro import DATA_COLUMN_NAME, KEY_DATA_COLUMN_NAME, REASON_COLUMN
 from airflow_eo.driver.session import for_session
 from airflow_eo.errors import ConfigError, DeadLetterThresholdError
 from airflow_eo.planning import BatchPlan
@@ -42,7 +42,6 @@ from airflow_eo.table.storage import TableLocation
 log = logging.getLogger(__name__)
 
 DATA_COLUMN, KEY_DATA_COLUMN = DATA_COLUMN_NAME, KEY_DATA_COLUMN_NAME
-REASON_COLUMN = "_airflow_eo_reason"
 CORRUPT_COLUMN = "_airflow_eo_corrupt"
 DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "reason")
 
@@ -56,12 +55,13 @@ def functions_for(df):
         yield functions
 
 
-def decode(source, spec: DecodeSpec, avro: tuple[AvroColumn, ...] = ()):
+def decode(source, spec: DecodeSpec):
     """Add ``data`` (the parsed value), ``key_data`` (a parsed key, if asked) and the
-    dead-letter reason (null when decodable). JSON is parsed by Spark; Avro in the tasks."""
+    dead-letter reason (null when decodable). JSON is parsed here by Spark; Avro columns were
+    decoded by the read step's tasks (:class:`airflow_eo.driver.avro.AvroDecoder`), whose
+    reasons come first."""
     with functions_for(source) as F:
-        out = _decode(source, spec, F)
-    return decode_columns(out, list(avro), REASON_COLUMN) if avro else out
+        return _decode(source, spec, F)
 
 
 def _decode(source, spec: DecodeSpec, F):
@@ -78,7 +78,7 @@ def _decode(source, spec: DecodeSpec, F):
         out = _parse_json(out, F, "value", DATA_COLUMN, spec.value_schema, "value_schema", checks, finish)
     if spec.key_format == "json":
         out = _parse_json(out, F, "key", KEY_DATA_COLUMN, spec.key_schema, "key_schema", checks, finish)
-    reason = F.lit(None).cast("string")
+    reason = F.col(REASON_COLUMN) if REASON_COLUMN in source.columns else F.lit(None).cast("string")
     for condition, message in reversed(checks):
         reason = F.when(condition, message).otherwise(reason)
     out = out.withColumn(REASON_COLUMN, reason)
@@ -140,8 +140,7 @@ class DeadLetters:
         """None unless the attempt decodes keys or values."""
         if not attempt.decode.enabled:
             return None
-        avro = avro_columns(attempt.decode, secrets.schema_registry)
-        return cls(decode(source, attempt.decode, avro), attempt, secrets.storage_options)
+        return cls(decode(source, attempt.decode), attempt, secrets.storage_options)
 
     def stage(self, stage_fn) -> int:
         """Count, check the threshold, and stage the dead letters; returns how many there are."""

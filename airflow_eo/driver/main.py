@@ -29,6 +29,7 @@ import os
 import time
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
+from airflow_eo.driver.avro import avro_decoder
 from airflow_eo.driver.decode import DeadLetters
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
@@ -68,7 +69,9 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     plan, storage_options = attempt.plan, secrets.storage_options
     location = staging.loc
     failpoint("before_read")
-    source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task)
+    decoder = avro_decoder(attempt.decode, secrets.schema_registry)  # None unless keys or values are Avro
+    source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
+                       decoder=decoder)
     dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     with Progress(spark, plan.batch, sum(r.size for r in plan.data_ranges)):  # Spark itself is at WARN

@@ -49,6 +49,19 @@ SPARK_KAFKA_SCHEMA = (
 )
 
 
+def spark_kafka_struct():
+    """:data:`SPARK_KAFKA_SCHEMA` as a ``StructType`` (decoders add columns to it)."""
+    from pyspark.sql.types import (
+        ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType,
+    )
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    return StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
+                       StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+                       StructField("timestampType", IntegerType()), StructField("key", BinaryType()),
+                       StructField("value", BinaryType()), StructField("headers", ArrayType(header))])
+
+
 def read_range(
     config: Mapping[str, object], r: OffsetRange, *, batch_rows: int = 10_000, stall_timeout: float = 60.0,
 ) -> Iterator[pa.RecordBatch]:

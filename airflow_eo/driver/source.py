@@ -101,31 +101,34 @@ def read_with_data_source(spark, ranges: Iterable[OffsetRange], kafka_config: di
     return spark.read.format(SOURCE_NAME).options(**options).load()
 
 
-def _slice_reader(slices: list[OffsetRange], kafka_config: dict):
+def _slice_reader(slices: list[OffsetRange], kafka_config: dict, decoder=None):
     """The function each Spark task runs (pickled to the Python workers): row ``i`` of the
-    range DataFrame means "read slice ``i``"."""
+    range DataFrame means "read slice ``i``"; a ``decoder`` decodes each batch right there."""
 
     def read(batches):
         from airflow_eo.driver.reader import read_range  # imported in the executor's Python worker
 
         for batch in batches:
             for i in batch.column(0).to_pylist():
-                yield from read_range(kafka_config, slices[i])
+                for records in read_range(kafka_config, slices[i]):
+                    yield records if decoder is None else decoder(records)
 
     return read
 
 
-def read_with_map_in_arrow(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int):
+def read_with_map_in_arrow(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int,
+                           decoder=None):
     """The records of ``ranges`` through ``mapInArrow``: one task per slice. The client config
     travels inside the pickled task function, never as a plan option or a column."""
-    from airflow_eo.driver.reader import SPARK_KAFKA_SCHEMA
+    from airflow_eo.driver.reader import SPARK_KAFKA_SCHEMA, spark_kafka_struct
 
     from airflow_eo.driver.session import for_session
 
     slices = [p for r in ranges for p in split_range(r, max_offsets_per_task)]
+    schema = SPARK_KAFKA_SCHEMA if decoder is None else decoder.schema(spark_kafka_struct())
     with for_session(spark):
         tasks = spark.range(0, len(slices), 1, max(1, len(slices)))  # row i alone in partition i
-        return tasks.mapInArrow(_slice_reader(slices, dict(kafka_config)), SPARK_KAFKA_SCHEMA)
+        return tasks.mapInArrow(_slice_reader(slices, dict(kafka_config), decoder), schema)
 
 
 READERS = {"arrow": read_with_map_in_arrow, "datasource": read_with_data_source}
@@ -133,7 +136,11 @@ DEFAULT_READER = "arrow"
 
 
 def read_plan(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int,
-              reader: str = DEFAULT_READER):
-    """A DataFrame of exactly the records of ``ranges`` (read_committed)."""
-    return READERS[reader](spark, list(ranges), kafka_config, max_offsets_per_task)
+              reader: str = DEFAULT_READER, decoder=None):
+    """A DataFrame of exactly the records of ``ranges`` (read_committed); with a ``decoder``
+    (:class:`airflow_eo.driver.avro.AvroDecoder`) each batch is decoded by the task that read it."""
+    if reader == "arrow":
+        return read_with_map_in_arrow(spark, list(ranges), kafka_config, max_offsets_per_task, decoder)
+    df = READERS[reader](spark, list(ranges), kafka_config, max_offsets_per_task)
+    return df if decoder is None else decoder.apply(df)
 

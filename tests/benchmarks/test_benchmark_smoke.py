@@ -19,7 +19,7 @@ def test_benchmark_smoke(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "benchmark.py"), "--records", "5000",
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--cache-dir", str(tmp_path / "cache"),
-           "--small-records", "100", "--server-batches", "12", "--out", str(out)]
+           "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -28,7 +28,8 @@ def test_benchmark_smoke(tmp_path):
     for key in ("raw_fetch", "reader_fetch", "at_least_once", "at_least_once.in_spark", "exactly_once.x1",
                 "exactly_once.x1.in_spark", "committed_rerun.small_table", "planning.200.at_checkpoint",
                 "planning.200.checkpoint_plus_5", "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
-                "warm.raw_single_consumer", "warm.warm_full", "warm.warm_at_least_once", "warm.warm_alo_datasource"):
+                "warm.raw_single_consumer", "warm.warm_full", "warm.warm_at_least_once", "warm.warm_alo_datasource",
+                "decode.json", "decode.avro"):
         assert key in times, key
         assert 0 < times[key]["min"] <= times[key]["median"] <= times[key]["max"] < 600, (key, times[key])
     # a Spark run costs at least the JVM start; a committed rerun starts no Spark at all
@@ -37,6 +38,7 @@ def test_benchmark_smoke(tmp_path):
 
     ratios = report["ratios"]
     assert ratios["eo_over_alo"] > 0 and ratios["raw_rate_records_per_s"] > 0
+    assert ratios["decode_avro_rate_over_json_rate"] > 0
     assert set(report["targets"]) >= {"eo_over_alo<=1.03", "eo_rate/raw>=0.70", "committed_rerun<=3s"}
     build = report["planning_tables"]["200"]
     assert build["commits"] == 200 and build["checkpoints"] >= 1  # delta-rs checkpoints by itself

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from datetime import datetime, timezone
-from decimal import Decimal
 
 import fastavro
 import pytest
@@ -23,27 +21,11 @@ from airflow_eo.errors import ConfigError, IncompatibleSchemaError, SchemaRegist
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
 from airflow_eo.table.commit import COMMITTED
-from tests.helpers import new_topic, produce_avro, read_table
+from tests.helpers import ORDER_SCHEMA as ORDER
+from tests.helpers import new_topic, order, produce_avro, read_table
 from tests.registry_double import RegistryDouble
 
-ORDER = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
-        {"name": "name", "type": "string"}, {"name": "tags", "type": {"type": "array", "items": "string"}}]}},
-    {"name": "attrs", "type": {"type": "map", "values": "int"}},
-    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
-    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    {"name": "note", "type": ["null", "string"], "default": None},
-    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
-]})
 ALL_COLUMNS = "SELECT topic, partition, offset, data.* FROM source"
-
-
-def order(i: int) -> dict:
-    return {"id": i, "customer": {"name": f"c{i % 97}", "tags": [f"t{j}" for j in range(i % 3)]},
-            "attrs": {"n": i % 7} if i % 2 else {}, "price": Decimal(i) / 100,
-            "at": datetime.fromtimestamp(1_767_225_600 + i, timezone.utc), "note": None if i % 5 else f"note {i}",
-            "status": "PAID" if i % 4 == 0 else "NEW"}
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +191,30 @@ def test_bad_decoding_options_are_one_line_config_errors(kafka_config, tmp_path,
     with pytest.raises(ConfigError, match=message) as raised:
         config_for("orders", tmp_path, kafka_config=kafka_config, **options)
     assert "\n" not in str(raised.value)
+
+
+def test_avro_keys_beside_json_values(spark, kafka_config, tmp_path):
+    topic = new_topic(kafka_config, 1)
+    key_schema = json.dumps({"type": "record", "name": "K", "fields": [{"name": "k", "type": "string"}]})
+    parsed = fastavro.parse_schema(json.loads(key_schema))
+
+    def key(text):
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed, {"k": text})
+        return out.getvalue()
+
+    producer = Producer(kafka_config)
+    for k, v in [(key("a"), b'{"id": 1}'), (None, b'{"id": 2}'), (b"\x09", b'{"id": 3}'), (key("d"), b"{bad")]:
+        producer.produce(topic, key=k, value=v, partition=0)
+    producer.flush(30)
+    config = config_for(topic, tmp_path, kafka_config=kafka_config, value_format="json", value_schema="id INT",
+                        key_format="avro", key_avro_schema=key_schema,
+                        sql="SELECT topic, partition, offset, key_data.k AS k, data.id AS id FROM source")
+    result = run(config, InProcessSubmitter(spark))
+    assert result.rows == 2 and result.dead_letters == 2
+    assert sorted(read_table(config.table_uri, ["id", "k"]).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "k": "a"}, {"id": 2, "k": None}]  # a record without a key is not a bad record
+    letters = sorted(read_table(config.dead_letter_table_uri, ["offset", "reason"]).to_pylist(),
+                     key=lambda r: r["offset"])
+    assert [r["offset"] for r in letters] == [2, 3]
+    assert "key is not decodable as Avro" in letters[0]["reason"] and "does not match value_schema" in letters[1]["reason"]
