@@ -2,9 +2,9 @@
 
 Spark's own ``from_avro`` lives in the spark-avro jar, which cannot be installed here, so
 the records are decoded in the executors' Python workers with **fastavro**, one Arrow batch
-at a time (a ``mapInArrow`` after the read): per batch one pass over the values, writer
-schemas fetched once per schema id and process (:class:`airflow_eo.registry.SchemaRegistry`),
-one Arrow conversion into the column's type.
+at a time, in the task that read the batch (:class:`AvroDecoder`, applied by the read step):
+per batch one pass over the values, writer schemas fetched once per schema id and task
+(:class:`airflow_eo.registry.SchemaRegistry`), one Arrow conversion into the column's type.
 
 Two sources of schemas:
 
@@ -41,6 +41,7 @@ from airflow_eo.registry import WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
 
 DATA_COLUMN_NAME, KEY_DATA_COLUMN_NAME = "data", "key_data"  # the columns decode.py documents
 REASON_COLUMN = "_airflow_eo_reason"  # a record's dead-letter reason; null when it decoded
+
 
 @dataclass(frozen=True)
 class AvroColumn:

@@ -6,6 +6,7 @@ import logging
 import time
 
 from airflow_eo.driver.progress import Progress
+from airflow_eo.driver.session import for_session
 
 
 def slow_tasks(spark, tasks: int, seconds: float) -> int:
@@ -14,7 +15,8 @@ def slow_tasks(spark, tasks: int, seconds: float) -> int:
             time.sleep(seconds)
             yield batch
 
-    return spark.range(0, tasks, 1, tasks).mapInPandas(sleepy, "id long").count()
+    with for_session(spark):  # a Connect test earlier in this process must not turn the UDF into Connect's
+        return spark.range(0, tasks, 1, tasks).mapInPandas(sleepy, "id long").count()
 
 
 def test_a_long_batch_logs_tasks_done_and_an_offset_rate(spark, caplog):
