@@ -150,9 +150,9 @@ def test_racing_commits_of_same_range(broker, kafka_config, spark_path, table_ur
     threads = [threading.Thread(target=go, args=(i,)) for i in ids]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert sorted(o.split(":")[0] for o in outcomes.values())[0] == "already_committed" or \
-        sorted(outcomes.values()).count("committed") == 1
-    assert list(outcomes.values()).count("committed") == 1, outcomes
+    assert sorted(outcomes) == ids, outcomes  # both attempts ended (a thread that crashed has no outcome)
+    kinds = sorted(o.split(":")[0] for o in outcomes.values())
+    assert kinds in (["already_committed", "committed"], ["committed", "conflict"]), outcomes
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 120
 
 
@@ -297,3 +297,35 @@ def test_orphans_of_running_attempts_are_never_collected(table_uri):
     assert staging.collect_orphans(set()) == []
     staging.end_attempt(plan.attempt_id)
     assert staging.collect_orphans(set()) == [path.rsplit("/", 1)[1]]
+
+
+def test_an_orphan_that_cannot_be_removed_yet_is_left_for_the_next_run(table_uri):
+    """A dead driver's tasks may still write into its directory (a Connect server finishes
+    them), so deleting it can fail; that must not fail the run that collects, and the next
+    pass removes it."""
+    import dataclasses
+
+    from airflow_eo.attempt import Attempt
+    from airflow_eo.planning import BatchPlan, OffsetRange
+
+    class StillBeingWritten:  # the local filesystem, whose delete_dir loses a race with a writer
+        def __init__(self, fs):
+            self.fs = fs
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+        def delete_dir(self, path):
+            raise OSError(39, f"Cannot delete directory '{path}': Directory not empty")
+
+    loc = TableLocation.of(table_uri)
+    staging = StagingArea(loc)
+    plan = BatchPlan("test", 1, (OffsetRange("t", 0, 0, 5),), RunIdentity("r"), attempt_id="e" * 16)
+    path = staging.begin_attempt(Attempt(plan=plan, table_uri=table_uri))
+    loc.write_text(path + "/part-0.parquet", "x")
+    staging.end_attempt(plan.attempt_id)
+    racing = StagingArea(dataclasses.replace(loc, fs=StillBeingWritten(loc.fs)))
+    assert racing.collect_orphans(set()) == []
+    assert loc.fs.get_file_info(path).type.name == "Directory"  # untouched, marker too
+    assert staging.collect_orphans(set()) == [path.rsplit("/", 1)[1]]
+    assert loc.fs.get_file_info(path).type.name == "NotFound"

@@ -147,8 +147,8 @@ class DeadLetters:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         with functions_for(self.decoded) as F:
-            counts = self.decoded.agg(F.count(F.lit(1)).alias("n"),
-                                      F.count(F.col(REASON_COLUMN)).alias("bad")).collect()[0]
+            totals = self.decoded.agg(F.count(F.lit(1)).alias("n"), F.count(F.col(REASON_COLUMN)).alias("bad"))
+        counts = totals.collect()[0]
         check_threshold(self.spec, counts["bad"], counts["n"], self.plan)
         location = TableLocation.of(self.spec.table_uri, self.storage_options)
         self.arrow_schema = to_arrow_schema(self.bad.schema)

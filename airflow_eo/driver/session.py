@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 from airflow_eo.attempt import SPARK_APP_DEFAULTS, Env
 
@@ -30,21 +31,30 @@ def is_connect(spark_or_df) -> bool:
     return isinstance(spark_or_df, (ConnectSession, ConnectDataFrame))
 
 
+# The mark is process-wide, so two threads building plans (racing attempts in one worker)
+# must take turns, or one restores the mark while the other is still building.
+_BUILDING = threading.RLock()
+
+
 @contextlib.contextmanager
 def for_session(spark_or_df):
-    """Within the block, pyspark builds objects for ``spark_or_df``'s kind of session."""
-    saved = os.environ.get(_MARK)
-    if is_connect(spark_or_df):
-        os.environ[_MARK] = "1"
-    else:
-        os.environ.pop(_MARK, None)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(_MARK, None)
+    """Within the block, pyspark builds objects for ``spark_or_df``'s kind of session.
+
+    Hold it only while building a plan, not while running one: other threads wait for it.
+    """
+    with _BUILDING:
+        saved = os.environ.get(_MARK)
+        if is_connect(spark_or_df):
+            os.environ[_MARK] = "1"
         else:
-            os.environ[_MARK] = saved
+            os.environ.pop(_MARK, None)
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop(_MARK, None)
+            else:
+                os.environ[_MARK] = saved
 
 
 def classic_process() -> None:

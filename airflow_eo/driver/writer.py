@@ -73,10 +73,9 @@ def stage_with_arrow(df, location: TableLocation, target: str, storage_options: 
     """
     from airflow_eo.driver.session import for_session
 
-    with for_session(df):
-        written = df.mapInArrow(
-            _task_writer(location.uri, storage_options, target, arrow_schema), WRITTEN_SCHEMA
-        ).collect()
+    with for_session(df):  # only the plan is built under the mark; running it needs none
+        plan = df.mapInArrow(_task_writer(location.uri, storage_options, target, arrow_schema), WRITTEN_SCHEMA)
+    written = plan.collect()
     reported = {row["path"]: row["rows"] for row in written}
     staged = StagingArea(location).staged_files(target, only=set(reported))
     missing = set(reported) - {location.join(f.path) for f in staged}

@@ -232,7 +232,13 @@ class StagingArea:
             ended = marker is not None and (marker.ended_at is not None or _driver_gone(marker))
             if not ended and now - started < grace_seconds:
                 continue
-            self.loc.fs.delete_dir(info.path)
+            try:
+                self.loc.fs.delete_dir(info.path)
+            except OSError as exc:
+                # A dead driver's tasks may still be writing here (a Connect server finishes
+                # them): housekeeping must not fail the ingest; the next run tries again.
+                log.info("left the staged files of ended attempt %s for the next run: %s", name, exc)
+                continue
             if marker is not None and marker.ended_at is not None:
                 # A driver that died without ending its attempt may leave Spark tasks writing
                 # for a while (a Connect server finishes them): keep its marker, so files
