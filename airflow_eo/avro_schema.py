@@ -50,7 +50,7 @@ def spark_type(schema, names: dict | None = None, stack: tuple = ()):
     ==============================  ==========================================
     """
     T = _spark_types()
-    names = {} if names is None else names
+    names = named_types(schema) if names is None else names
     if isinstance(schema, str):
         if schema in _PRIMITIVES:
             return {"null": T.StringType, "boolean": T.BooleanType, "int": T.IntegerType, "long": T.LongType,
@@ -103,13 +103,39 @@ def _full_name(schema: dict) -> str:
 
 
 def _register(schema: dict, names: dict) -> None:
-    names[schema["name"]] = names[_full_name(schema)] = schema
+    names.setdefault(schema["name"], schema)
+    names.setdefault(_full_name(schema), schema)
+
+
+def named_types(schema, namespace: str | None = None, names: dict | None = None) -> dict:
+    """Every named type of ``schema`` under its short and full name; a name without a namespace
+    takes the enclosing one (Avro's rule), so ``"shop.Money"`` finds a ``Money`` defined in ``shop``."""
+    names = {} if names is None else names
+    if isinstance(schema, list):
+        for branch in schema:
+            named_types(branch, namespace, names)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind in ("record", "error", "enum", "fixed") and "name" in schema:
+            name = schema["name"]
+            space = name.rsplit(".", 1)[0] if "." in name else schema.get("namespace", namespace)
+            names.setdefault(name.rsplit(".", 1)[-1], schema)
+            names.setdefault(f"{space}.{name.rsplit('.', 1)[-1]}" if space else name, schema)
+            namespace = space
+        for field in schema.get("fields", ()) if kind in ("record", "error") else ():
+            named_types(field.get("type"), namespace, names)
+        for key in ("items", "values"):
+            if key in schema:
+                named_types(schema[key], namespace, names)
+        if isinstance(kind, (dict, list)):
+            named_types(kind, namespace, names)
+    return names
 
 
 def converter(schema, names: dict | None = None, stack: tuple = ()):
     """A function fixing what fastavro returns where the column type differs (several-type
     unions → JSON text, decimals over 38 digits → text), or None where nothing needs fixing."""
-    names = {} if names is None else names
+    names = named_types(schema) if names is None else names
     if isinstance(schema, str):
         if schema in _PRIMITIVES or schema in stack or schema not in names:
             return None
@@ -142,29 +168,77 @@ def converter(schema, names: dict | None = None, stack: tuple = ()):
     return None
 
 
-def _plain(schema):
-    """The schema with the logical types that have no column type of their own removed."""
+def _plain(schema, strip: frozenset | set = frozenset(_PLAIN_LOGICAL)):
+    """The schema with the logical types in ``strip`` removed (read as their underlying type)."""
     if isinstance(schema, list):
-        return [_plain(b) for b in schema]
+        return [_plain(b, strip) for b in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _plain(v) if k in ("type", "items", "values") else v for k, v in schema.items()}
-    if out.get("logicalType") in _PLAIN_LOGICAL:
+    out = {k: _plain(v, strip) if k in ("type", "items", "values") else v for k, v in schema.items()}
+    if out.get("logicalType") in strip:
         del out["logicalType"]
     if "fields" in out:
-        out["fields"] = [{**f, "type": _plain(f["type"])} for f in out["fields"]]
+        out["fields"] = [{**f, "type": _plain(f["type"], strip)} for f in out["fields"]]
     return out
 
 
+# logical types converted a column at a time in Arrow (airflow_eo.driver.avro_columns)
+COLUMNAR_LOGICAL = frozenset({"date", "timestamp-millis", "timestamp-micros", "local-timestamp-millis",
+                              "local-timestamp-micros", "decimal"})
+
+
 @lru_cache(maxsize=256)
-def parse(text: str):
-    """fastavro's parsed form of an Avro schema text (cached per process: one parse per schema)."""
+def parse(text: str, columnar: bool = False):
+    """fastavro's parsed form of an Avro schema text (cached per process: one parse per schema).
+
+    ``columnar`` also removes :data:`COLUMNAR_LOGICAL`: fastavro then returns integers and bytes
+    for them, converted later in Arrow (only for schemas :func:`is_columnar` accepts)."""
     import fastavro
 
+    strip = _PLAIN_LOGICAL | COLUMNAR_LOGICAL if columnar else _PLAIN_LOGICAL
     try:
-        return fastavro.parse_schema(_plain(json.loads(text)))
+        return fastavro.parse_schema(_plain(json.loads(text), strip))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
         raise ConfigError(f"not a valid Avro schema ({exc}): {text[:200]}") from exc
+
+
+def is_columnar(schema) -> bool:
+    """Whether records of ``schema`` can be decoded without their logical types and converted
+    in Arrow: it has a timestamp, date or decimal to gain on, and nothing whose Python value is
+    reshaped first (a several-type union becomes JSON text, a decimal over 38 digits text).
+    Every named type is defined once in the schema, so its nodes are enough (no references)."""
+    found = 0
+    for node in _type_nodes(schema):
+        if isinstance(node, list):
+            if len([b for b in node if b != "null"]) > 1:
+                return False
+            continue
+        kind, logical = node.get("type"), node.get("logicalType")
+        if logical in COLUMNAR_LOGICAL:  # on the underlying type spark_type maps, or not at all
+            fits = {"decimal": kind in ("bytes", "fixed") and int(node.get("precision", 0)) <= 38,
+                    "date": kind == "int"}.get(logical, kind == "long")
+            if not fits:
+                return False
+            found += 1
+    return found > 0
+
+
+def _type_nodes(schema):
+    """Every union (a list) and type object (a dict) written in ``schema``."""
+    if isinstance(schema, list):
+        yield schema
+        for branch in schema:
+            yield from _type_nodes(branch)
+    elif isinstance(schema, dict):
+        yield schema
+        kind = schema.get("type")
+        for field in schema.get("fields", ()) if kind in ("record", "error") else ():
+            yield from _type_nodes(field.get("type"))
+        for key in ("items", "values"):
+            if key in schema:
+                yield from _type_nodes(schema[key])
+        if isinstance(kind, (dict, list)):
+            yield from _type_nodes(kind)
 
 
 def check_schema(text: str) -> None:

@@ -26,6 +26,23 @@ from urllib.parse import urlsplit, urlunsplit
 
 from airflow_eo.errors import AirflowEoError, ConfigError, SchemaRegistryUnavailableError
 
+
+def _transport_errors() -> tuple:
+    """The HTTP client's "could not talk to the server" errors: confluent-kafka's registry client
+    uses httpx2 when it is installed, httpx otherwise."""
+    import importlib
+
+    found: list = [OSError]
+    for module in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(module).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+_TRANSPORT_ERRORS = _transport_errors()
+
 # Confluent wire format: magic byte 0, a 4-byte big-endian schema id, then the Avro binary body
 WIRE_MAGIC = 0
 WIRE_HEADER_BYTES = 5
@@ -102,7 +119,7 @@ class SchemaRegistry:
             raise ConfigError(f"the Schema Registry at {self.url} rejected {what}: {exc.error_message}") from exc
         except AirflowEoError:
             raise
-        except Exception as exc:  # httpx transport errors: refused, timeout, DNS
+        except _TRANSPORT_ERRORS as exc:  # refused, timeout, DNS; a bug of ours is not "unreachable"
             raise SchemaRegistryUnavailableError(
                 f"the Schema Registry at {self.url} is not reachable ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); nothing was committed, "

@@ -33,8 +33,10 @@ import gc
 import io
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 
-from airflow_eo.avro_schema import canonical, check_schema, converter, parse, spark_type
+from airflow_eo.avro_schema import canonical, check_schema, converter, is_columnar, parse, spark_type
+from airflow_eo.driver.avro_columns import NotColumnar, to_column
 from airflow_eo.driver.session import for_session
 from airflow_eo.errors import ConfigError, IncompatibleSchemaError
 from airflow_eo.registry import WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
@@ -65,23 +67,39 @@ class AvroColumn:
     def spark_type(self):
         return spark_type(json.loads(self.reader_schema))
 
-    def decode(self, values: list) -> tuple[list, list]:
-        """(decoded records or None, dead-letter reason or None) for each raw value."""
-        reader = parse(self.reader_schema)
-        convert = converter(json.loads(self.reader_schema))
+    def to_arrow(self, values: list, arrow_type) -> tuple:
+        """(the Arrow column of the decoded values, dead-letter reason or None per value).
+
+        A batch written with the reader schema itself is decoded without its timestamps', dates'
+        and decimals' logical types and those are converted in Arrow (:mod:`.avro_columns`);
+        any other batch, value by value."""
+        if _columnar(self.reader_schema):
+            try:
+                records, reasons = self.decode(values, columnar=True)
+                return to_column(records, json.loads(self.reader_schema), arrow_type), reasons
+            except NotColumnar:  # an older writer schema, or a value the column cannot hold
+                pass
+        records, reasons = self.decode(values)
+        return _to_arrow(records, reasons, arrow_type), reasons
+
+    def decode(self, values: list, columnar: bool = False) -> tuple[list, list]:
+        """(decoded records or None, dead-letter reason or None) for each raw value; ``columnar``
+        leaves timestamps, dates and decimals as integers and bytes (:func:`.avro_columns.to_column`)."""
+        reader = parse(self.reader_schema, columnar)
+        convert = None if columnar else converter(json.loads(self.reader_schema))
         records, reasons = [], []
         # the decoded records hold no reference cycles; with the collector on, each new dict
         # makes it rescan the growing batch (measured: half the decode time)
         collecting = gc.isenabled()
         gc.disable()
         try:
-            self._decode_into(values, reader, convert, records, reasons)
+            self._decode_into(values, reader, convert, records, reasons, columnar)
         finally:
             if collecting:
                 gc.enable()
         return records, reasons
 
-    def _decode_into(self, values: list, reader, convert, records: list, reasons: list) -> None:
+    def _decode_into(self, values: list, reader, convert, records: list, reasons: list, columnar: bool) -> None:
         from fastavro import schemaless_reader
         from fastavro.read import SchemaResolutionError
 
@@ -93,7 +111,9 @@ class AvroColumn:
             elif self.max_bytes and len(raw) > self.max_bytes:
                 reason = f"{self.source} of {len(raw)} bytes exceeds max_value_bytes={self.max_bytes}"
             else:
-                writer, body, schema_id, reason = self._writer_of(raw, reader, writers)
+                writer, body, schema_id, reason = self._writer_of(raw, reader, writers, columnar)
+                if columnar and writer is not None and writer is not reader:
+                    raise NotColumnar(f"writer schema id {schema_id} is not the reader schema")
                 if reason is None:
                     try:
                         stream = io.BytesIO(body)
@@ -117,7 +137,7 @@ class AvroColumn:
     def _which(self, schema_id: int | None) -> str:
         return self.reader_name if schema_id is None else f"writer schema id {schema_id}"
 
-    def _writer_of(self, raw: bytes, reader, writers: dict):
+    def _writer_of(self, raw: bytes, reader, writers: dict, columnar: bool = False):
         """(writer schema, Avro body, schema id, reason if the record cannot be read);
         ``writers`` keeps the parsed writer schema of each id for the batch."""
         if self.registry is None:
@@ -131,7 +151,7 @@ class AvroColumn:
         text = self.registry.writer_schema(schema_id)
         if text is None:
             return None, b"", schema_id, f"unknown schema id {schema_id} (not in the Schema Registry {self.registry.url})"
-        writers[schema_id] = parse(canonical(text))
+        writers[schema_id] = parse(canonical(text), columnar)  # the reader's own text: the reader itself
         return writers[schema_id], raw[WIRE_HEADER_BYTES:], schema_id, None
 
 
@@ -168,8 +188,8 @@ class AvroDecoder:
         reasons = batch.column(REASON_COLUMN).to_pylist() if has_reason else [None] * batch.num_rows
         decoded = []
         for column, arrow_type in zip(self.columns, self.arrow_types):
-            records, why = column.decode(batch.column(column.source).to_pylist())
-            decoded.append(_to_arrow(records, why, arrow_type))
+            array, why = column.to_arrow(batch.column(column.source).to_pylist(), arrow_type)
+            decoded.append(array)
             reasons = [r if r is not None else w for r, w in zip(reasons, why)]
         return pa.RecordBatch.from_arrays(
             [batch.column(n) for n in names] + decoded + [pa.array(reasons, pa.string())],
@@ -185,6 +205,11 @@ class AvroDecoder:
 
         with for_session(df):  # a Connect client elsewhere in this process must not turn the UDF into Connect's
             return df.mapInArrow(run, self.schema(df.schema))
+
+
+@lru_cache(maxsize=64)
+def _columnar(reader_schema: str) -> bool:
+    return is_columnar(json.loads(reader_schema))
 
 
 def _to_arrow(records: list, reasons: list, arrow_type):

@@ -25,6 +25,13 @@ from airflow_eo.errors import DataLossError, ReadIncompleteError
 from airflow_eo.kafka import client_config
 from airflow_eo.planning import OffsetRange
 
+BATCH_ROWS = 10_000
+# librdkafka prefetches up to queued.min.messages (default 100,000) per partition; while the
+# task converts or decodes a batch, that fetcher runs ahead and takes the task's CPU (measured:
+# reading and Avro-decoding 300k records took 2.9 s with the defaults, 1.4 s with these; a
+# plain read 0.9 s against 0.5 s). Two batches ahead keep the pipe full. A connection may
+# still set them.
+_PREFETCH = {"queued.min.messages": 2 * BATCH_ROWS, "queued.max.messages.kbytes": 16384}
 # Client settings this project owns: a user's connection must not change them.
 _READER_SETTINGS = {
     "isolation.level": "read_committed",
@@ -63,7 +70,7 @@ def spark_kafka_struct():
 
 
 def read_range(
-    config: Mapping[str, object], r: OffsetRange, *, batch_rows: int = 10_000, stall_timeout: float = 60.0,
+    config: Mapping[str, object], r: OffsetRange, *, batch_rows: int = BATCH_ROWS, stall_timeout: float = 60.0,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``[r.start, r.end)`` as Arrow batches, read_committed.
 
@@ -75,6 +82,7 @@ def read_range(
     if r.size <= 0:
         return
     consumer = Consumer({
+        **_PREFETCH,
         **client_config(config),
         "group.id": str(config.get("group.id", "airflow-eo-reader")),
         **_READER_SETTINGS,
