@@ -1,4 +1,4 @@
-"""The ``airflow-eo`` command: ``ingest``, ``status``, ``connect-server`` and ``demo``.
+"""The ``airflow-eo`` command: ``ingest``, ``status``, ``maintain``, ``connect-server`` and ``demo``.
 
 ``airflow-eo ingest`` runs one batch through the same loop the Airflow operator uses
 (plan, log the plan, spark-submit, verify); ``airflow-eo status`` reads a table's ledger
@@ -22,7 +22,7 @@ import sys
 import uuid
 
 from airflow_eo.attempt import Env
-from airflow_eo.errors import AirflowEoError
+from airflow_eo.errors import AirflowEoError, ConfigError
 
 log = logging.getLogger("airflow_eo")
 
@@ -43,8 +43,6 @@ def _schema_registry(args) -> dict | None:
     """SchemaRegistryClient config: ``--schema-registry URL`` over $AIRFLOW_EO_SCHEMA_REGISTRY_CONFIG
     (JSON, where credentials go: ``basic.auth.user.info``, ``bearer.auth.*``)."""
     from urllib.parse import urlsplit
-
-    from airflow_eo.errors import ConfigError
 
     config = _json_option(os.environ.get(Env.SCHEMA_REGISTRY)) or {}
     if args.schema_registry:
@@ -119,6 +117,26 @@ def _stop_spark_on_sigterm(submitter) -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def cmd_maintain(args) -> int:
+    from airflow_eo.table.maintenance import DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
+
+    chosen = {"compact": args.compact or bool(args.z_order), "vacuum": args.vacuum, "checkpoint": args.checkpoint,
+              "cleanup_log": args.cleanup_log}
+    if not any(chosen.values()):  # none named: the default set
+        chosen = dict.fromkeys(chosen, True)
+    if args.retain_hours is not None and args.retain_hours < 0:
+        raise ConfigError(f"--retain-hours {args.retain_hours} is negative: give hours >= 0")
+    plan = MaintenancePlan(z_order=tuple(c.strip() for c in (args.z_order or "").split(",") if c.strip()),
+                           target_file_bytes=args.target_file_bytes,
+                           retain_hours=DEFAULT_RETAIN_HOURS if args.retain_hours is None else args.retain_hours,
+                           **chosen)
+    done = {"table": maintain(args.table, _storage_options(args), plan)}
+    if args.dead_letter_table:
+        done["dead_letter_table"] = maintain(args.dead_letter_table, _storage_options(args), plan)
+    _print(done, False)
+    return 0
+
+
 def cmd_status(args) -> int:
     from airflow_eo.status import table_status
 
@@ -130,6 +148,9 @@ def cmd_status(args) -> int:
     print(f"{'topic':<24}{'partition':>10}{'committed':>12}{'end':>12}{'lag':>10}")
     for p in status["partitions"]:
         print(f"{p['topic']:<24}{p['partition']:>10}{_n(p['committed']):>12}{_n(p['end']):>12}{_n(p['lag']):>10}")
+    lay = status["layout"]
+    print(f"files {lay['files']}  average {lay['average_file_bytes']:,} bytes  commits since checkpoint "
+          f"{lay['versions_since_checkpoint']}  maintenance due: {'; '.join(lay['due']) or 'none'}")
     print("last batches:")
     for b in status["batches"]:
         print(f"  batch {b['batch']:>5}  version {b['version']:>5}  rows {b['rows']:>9}  {b['operation']}  {', '.join(b['ranges'])}")
@@ -220,6 +241,19 @@ def parser() -> argparse.ArgumentParser:
     _storage_args(st)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+    mt = sub.add_parser("maintain", help="compact, vacuum, checkpoint and clean the log of a table, keeping its "
+                        "offsets and reprocess; no option: all four")
+    mt.add_argument("table")
+    mt.add_argument("--compact", action="store_true", help="bin-pack small files (deltalake optimize.compact)")
+    mt.add_argument("--z-order", metavar="COLS", help="compact with Z-order on these comma-separated columns")
+    mt.add_argument("--target-file-bytes", type=int, help="target size of compacted files (default 100 MB)")
+    mt.add_argument("--vacuum", action="store_true", help="delete files that commits removed, after --retain-hours")
+    mt.add_argument("--retain-hours", type=int, help="keep removed files this long (default 168, Delta's)")
+    mt.add_argument("--checkpoint", action="store_true", help="write a checkpoint of the log")
+    mt.add_argument("--cleanup-log", action="store_true", help="delete expired log files a checkpoint covers")
+    mt.add_argument("--dead-letter-table", help="maintain this dead-letter table the same way")
+    _storage_args(mt)
+    mt.set_defaults(func=cmd_maintain)
     srv = sub.add_parser("connect-server", help="run a local Spark Connect server (127.0.0.1) for --remote / "
                          "spark_connect connections; prints its sc:// URL, stops on SIGTERM")
     srv.add_argument("--port", type=int, default=15002)

@@ -184,7 +184,7 @@ class Ingestion:
 
     def ledger(self) -> Ledger:
         ledger = Ledger.open(self.config.table_uri, self.config.storage_options)
-        ledger.check_owner(self.config.ingest_id)
+        ledger.check_writable(self.config.ingest_id)
         return ledger
 
     # -- step 1: plan -------------------------------------------------------------

@@ -34,7 +34,8 @@ def provider_info() -> dict:
              "python-modules": ["airflow_eo.hooks.kafka", "airflow_eo.hooks.spark", "airflow_eo.hooks.storage"]},
         ],
         "operators": [
-            {"integration-name": "airflow-eo", "python-modules": ["airflow_eo.operators.kafka_to_delta"]},
+            {"integration-name": "airflow-eo",
+             "python-modules": ["airflow_eo.operators.kafka_to_delta", "airflow_eo.operators.delta_maintenance"]},
         ],
         "sensors": [
             {"integration-name": "airflow-eo", "python-modules": ["airflow_eo.sensors.kafka_backlog"]},

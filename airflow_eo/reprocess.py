@@ -18,8 +18,9 @@ The loop side lives here; the commit is :func:`airflow_eo.table.commit.commit` w
 ``REPROCESS``, run by the attempt's driver.
 
 Refused, with nothing changed: a run whose batch never committed (clear it without
-``reprocess`` to replay it), a batch whose rows sit in files that are not one attempt's
-directory (compacted/rewritten tables), and ranges Kafka no longer fully holds.
+``reprocess`` to replay it), and ranges Kafka no longer fully holds. After a compaction the
+batch's rows are found by its offset ranges, not its original files (the commit rewrites
+the files it shares with other batches).
 
 Example::
 
@@ -72,7 +73,6 @@ class Reprocessor:
             if counter == pending.from_version:
                 log.info("replaying the pending reprocess of batch %s", plan.batch)
         request = ReprocessRequest(requester.run_key, target, plan.batch, counter)
-        ledger.batch_files(plan.batch)  # refuse compacted tables before any work
         self._check_kafka(plan)
         self.requests.record(request)
         return self._execute(plan, request, requester)

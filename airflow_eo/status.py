@@ -45,7 +45,8 @@ def measure_lag(kafka_config: Mapping[str, object], topics: list[str], ledger: L
 
 def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limit: int = 5,
                  storage_options: dict | None = None) -> dict:
-    """Per partition committed offset, Kafka end offset and lag; the last batches."""
+    """Per partition committed offset, Kafka end offset and lag; the last batches; the table's
+    files and log (:class:`airflow_eo.table.maintenance.Layout`) and which maintenance is due."""
     ledger = Ledger.open(table_uri, storage_options)
     if not ledger.exists:
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
@@ -66,9 +67,16 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
     committed = ledger.committed_offsets(ingest_id, partitions)
     rows = [{"topic": tp.topic, "partition": tp.partition, "committed": committed[tp],
              "end": bounds[tp].end if tp in bounds else None, "lag": lag.get(tp)} for tp in partitions]
+    from airflow_eo.table.maintenance import layout
+
+    table_layout = layout(ledger).to_dict()
+    try:
+        ledger.check_txn_retention()
+    except AirflowEoError as exc:
+        table_layout["due"].insert(0, str(exc))
     return {
         "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
-        "last_batch": ledger.last_batch(ingest_id), "partitions": rows,
+        "last_batch": ledger.last_batch(ingest_id), "layout": table_layout, "partitions": rows,
         "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation,
                      "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size]} for b in batches],
     }

@@ -46,6 +46,18 @@ def bodies(table_uri):
     return dict(zip(keys_of(t), t["body"].to_pylist()))
 
 
+def assert_only_run_replaced(table_uri, run, rows: int, replaced: int) -> None:
+    """The table holds ``rows`` rows once each; exactly ``run``'s ``replaced`` rows are upper-cased."""
+    table = read_table(table_uri)
+    assert duplicates(table) == {} and table.num_rows == rows
+    after = bodies(table_uri)
+    in_run = {k for k in after if any(r["partition"] == k[1] and r["start"] <= k[2] < r["end"]
+                                      for r in run.to_dict()["ranges"])}
+    assert len(in_run) == replaced
+    assert all(after[k].startswith("V") for k in in_run)  # the run's rows, replaced
+    assert all(after[k].startswith("v") for k in set(after) - in_run)  # the others, untouched
+
+
 def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafka_config, table_uri):
     topic = new_topic(kafka_config)
     produce(kafka_config, topic, 30)
@@ -60,14 +72,7 @@ def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafk
 
     assert result.status == REPROCESSED and result.batch == first.batch and result.spark_started
     assert result.version == version_before + 1 and result.rows == 30
-    table = read_table(table_uri)
-    assert duplicates(table) == {} and table.num_rows == 42
-    after = bodies(table_uri)
-    in_run1 = {k for k in after if any(r["partition"] == k[1] and r["start"] <= k[2] < r["end"]
-                                       for r in first.to_dict()["ranges"])}
-    assert len(in_run1) == 30
-    assert all(after[k].startswith("V") for k in in_run1)  # run 1's rows, replaced
-    assert all(after[k].startswith("v") for k in set(after) - in_run1)  # run 2's rows, untouched
+    assert_only_run_replaced(table_uri, first, rows=42, replaced=30)
     assert committed_offsets(table_uri, "orders", topic, 3) == offsets_before
     history = DeltaTable(table_uri).history(1)[0]  # the one reprocess commit
     assert '"operation": "reprocess"' in history["airflow_eo.batch"]
@@ -112,3 +117,37 @@ def test_reprocess_refuses_unknown_run_and_lost_ranges(spark_path, kafka_config,
         Reprocessor(ing).run(RunIdentity("dag/r1/t/-1"))
     assert ing.submitter.calls == 0 and DeltaTable(table_uri).version() == version
     assert read_table(table_uri).num_rows == 10
+
+
+def test_reprocess_after_compaction_replaces_exactly_its_rows(spark, kafka_config, table_uri):
+    """Compaction mixes batches in one file: the reprocess finds its rows by offset range and
+    rewrites the shared file without them, in the same one commit."""
+    from airflow_eo.table.maintenance import MaintenancePlan, maintain
+    from tests.conftest import SparkPath
+
+    path = SparkPath("local", spark)
+    topic = new_topic(kafka_config)
+    produce(kafka_config, topic, 30)
+    first = ingestion(path, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    produce(kafka_config, topic, 12, start=30)
+    second = ingestion(path, kafka_config, table_uri, topic).run(RunIdentity("dag/run2/t/-1"))
+    maintain(table_uri, plan=MaintenancePlan(vacuum=False, checkpoint=False, cleanup_log=False))
+    assert len(DeltaTable(table_uri).file_uris()) == 1  # both batches in one file now
+    offsets_before = committed_offsets(table_uri, "orders", topic, 3)
+
+    result = Reprocessor(ingestion(path, kafka_config, table_uri, topic, sql=UPPER)).run(RunIdentity("dag/run1/t/-1"))
+
+    assert result.status == REPROCESSED and result.batch == first.batch and result.rows == 30
+    assert_only_run_replaced(table_uri, first, rows=42, replaced=30)  # the rest copied out of the shared file
+    assert committed_offsets(table_uri, "orders", topic, 3) == offsets_before
+    meta = DeltaTable(table_uri).history(1)[0]["airflow_eo.batch"]
+    assert '"rewritten_shared_files": 1' in meta, meta
+
+    # the copy of run 2's rows is a shared file too: reprocessing run 2, then run 1 again,
+    # finds each run's rows wherever they are and never drops or doubles the other's
+    Reprocessor(ingestion(path, kafka_config, table_uri, topic, sql=UPPER)).run(RunIdentity("dag/run2/t/-1"))
+    again = Reprocessor(ingestion(path, kafka_config, table_uri, topic, sql=PLAIN)).run(
+        RunIdentity("dag/run9/t/-1"), target_run_key="dag/run1/t/-1")
+    assert again.status == REPROCESSED
+    assert_only_run_replaced(table_uri, second, rows=42, replaced=12)  # run 2 upper-cased, run 1 plain again
+    assert committed_offsets(table_uri, "orders", topic, 3) == offsets_before

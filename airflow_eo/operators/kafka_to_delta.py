@@ -39,16 +39,16 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
-from airflow.providers.common.compat.sdk import AirflowFailException
 from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 
 from airflow_eo.attempt import Transform
-from airflow_eo.errors import AirflowEoError, error_line
+from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.metrics import emit_run_metrics
 from airflow_eo.planning import RunIdentity
 from airflow_eo.table.storage import is_local, normalize_table_uri
@@ -315,12 +315,7 @@ class KafkaToDeltaOperator(BaseOperator):
                 self.log.info("reprocess requested for run %s", target)
                 result = Reprocessor(ingestion).run(run, target_run_key=target)
         except AirflowEoError as exc:
-            self.log.error("airflow-eo: %s", error_line(exc))
-            if exc.retryable:
-                raise
-            # configuration, data loss, a recreated topic, an incompatible table: a retry
-            # would fail the same way, so none is spent
-            raise AirflowFailException(str(exc)) from exc
+            raise_for_airflow(self.log, exc)
         self.summary = summary = result.to_dict()
         self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s",
                       summary["status"], summary["batch"], summary["version"], summary["rows"],

@@ -7,8 +7,9 @@ is compared and what is set:
   adds the staged files and sets the offsets to the plan's ends and the batch counter to
   the plan's batch;
 * ``REPROCESS`` (replace a committed batch's rows): the batch's reprocess counter must
-  be where the request found it; the commit removes the batch's files, adds the new ones
-  and moves the counter on by one; offsets do not move;
+  be where the request found it; the commit removes the batch's files (and, after a
+  compaction, replaces each file the batch shares with others by a copy without its rows),
+  adds the new ones and moves the counter on by one; offsets do not move;
 * ``DEAD_LETTERS`` (the dead-letter table, after the main commit decided): the dead-letter
   table's ``dlq`` counter must be below the batch; the commit adds the batch's dead
   letters and sets the counter to it, so a replay never writes them twice.
@@ -50,7 +51,7 @@ from airflow_eo.table.ledger import (
     METADATA_KEY, Ledger, batch_app_id, dlq_app_id, partition_app_id, reprocess_app_id,
 )
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
-from airflow_eo.table.staging import StagedFile, attempt_dir_of
+from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of, rewrite_without
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class _Batch:
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         ledger = Ledger.open(table_uri, storage_options)
-        ledger.check_owner(self.plan.ingest_id)
+        ledger.check_writable(self.plan.ingest_id)
         return ledger
 
     def check(self, ledger: Ledger) -> CommitCheck:
@@ -192,7 +193,7 @@ class _Reprocess(_Batch):
     def __init__(self, staged: StagedBatch, reprocess_from: int, requested_by: RunIdentity | None = None, **_):
         super().__init__(staged)
         self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
-        self.removed = 0
+        self.removed = self.rewritten = 0
 
     def check(self, ledger: Ledger) -> CommitCheck:
         counter = ledger.reprocess_count(self.plan.ingest_id, self.plan.batch)
@@ -212,12 +213,21 @@ class _Reprocess(_Batch):
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
-        new_dir = attempt_dir_of(self.staged.files[0].path) if self.staged.files else None
+        """Remove the batch's own files; rewrite files it shares with other batches (after a
+        compaction) without its rows; add the new rows. One commit, so readers see either."""
+        new_dir = attempt_dir_name(self.plan)
         now_ms = int(time.time() * 1000)
-        removes = [RemoveAction(path, True, now_ms, size, {})
-                   for path, size in ledger.batch_files(self.plan.batch).items() if attempt_dir_of(path) != new_dir]
-        self.removed = len(removes)
-        return [*removes, *add_actions(self.staged.files)]
+        whole, mixed = ledger.files_of_batch(self.plan.batch, self.plan.ranges)
+        whole = {path: size for path, size in whole.items() if attempt_dir_of(path) != new_dir}
+        # Not in the attempt's own directory: these copies hold other batches' rows, so they must
+        # stay "shared" files for later reprocesses (found by their stats, never removed whole).
+        # Uncommitted, they are orphans like any attempt's files (the collector's "b…-…" rule).
+        kept = [rewrite_without(ledger.location(), path, self.plan.ranges, new_dir + KEPT_SUFFIX) for path in mixed]
+        removes = [RemoveAction(path, True, now_ms, size, {}) for path, size in {**whole, **mixed}.items()]
+        self.removed, self.rewritten = len(removes), len(mixed)
+        # the other batches' rows, copied out of shared files: not a change of data
+        unchanged = [AddAction(f.path, f.size, {}, f.modification_time, False, f.stats) for f in kept if f]
+        return [*removes, *add_actions(self.staged.files), *unchanged]
 
     def transactions(self) -> list[Transaction]:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
@@ -225,6 +235,7 @@ class _Reprocess(_Batch):
     def metadata(self) -> dict:
         meta = batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value, self.staged.files)
         meta["reprocess"] = {"from_version": self.reprocess_from, "removed_files": self.removed,
+                             "rewritten_shared_files": self.rewritten,
                              "requested_by": asdict(self.requested_by) if self.requested_by else {}}
         return meta
 
@@ -303,6 +314,7 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
         log.info("batch %s was committed before (%s): committing nothing", staged.plan.batch, rule.kind.value)
         return rule.outcome(ALREADY_COMMITTED, ledger.version)
     ledger = rule.prepare(ledger, table_uri, storage_options)
+    actions = rule.actions(ledger)  # before the metadata, which counts what they remove
     properties = CommitProperties(custom_metadata={METADATA_KEY: json.dumps(rule.metadata())},
                                   app_transactions=rule.transactions())
     read_version = ledger.version
@@ -310,10 +322,10 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
     try:
         if ledger.table is None and rule.creates_table:
             create_table_with_add_actions(ledger.table_uri, delta_schema_of(staged.arrow_schema),
-                                          rule.actions(ledger), mode="error", storage_options=storage_options,
+                                          actions, mode="error", storage_options=storage_options,
                                           commit_properties=properties)
         else:
-            ledger.table.create_write_transaction(rule.actions(ledger), mode="append", schema=ledger.table.schema(),
+            ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
                                                   commit_properties=properties)
     except (CommitFailedError, DeltaError) as exc:
         if not (isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()):

@@ -40,6 +40,8 @@ APP_PREFIX = "airflow-eo"
 METADATA_KEY = "airflow_eo.batch"
 # Commits that hold a batch's rows (the others: dead letters, schema changes).
 DATA_OPERATIONS = ("ingest", "reprocess")
+# Expires txn actions, i.e. committed offsets: a table that sets it is refused.
+TXN_RETENTION = "delta.setTransactionRetentionDuration"
 _INGEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -109,6 +111,17 @@ class BatchRecord:
 
 _OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")
 _ATTEMPT_DIR = re.compile(r"^b(\d{8})-[0-9a-f]+$")
+
+
+def _may_hold(row: dict, names: set, ranges: Iterable[OffsetRange]) -> bool:
+    """Whether a file's min/max stats (``min.offset``…) allow rows of ``ranges`` (no stats: yes)."""
+    keys = ("topic", "partition", "offset")
+    if not all(f"min.{k}" in names and f"max.{k}" in names for k in keys) or \
+            any(row[f"min.{k}"] is None or row[f"max.{k}"] is None for k in keys):
+        return True
+    return any(row["min.topic"] <= r.topic <= row["max.topic"]
+               and row["min.partition"] <= r.partition <= row["max.partition"]
+               and row["min.offset"] < r.end and r.start <= row["max.offset"] for r in ranges if r.size)
 
 
 def _refuse_foreign_directory(uri: str) -> None:
@@ -181,6 +194,23 @@ class Ledger:
             "it, or another table path; nothing was changed"
         )
 
+    def check_txn_retention(self) -> None:
+        """Refuse a table whose ``txn`` actions expire: they are its committed offsets."""
+        setting = self.table.metadata().configuration.get(TXN_RETENTION) if self.table is not None else None
+        if setting is not None:
+            raise ConfigError(
+                f"the Delta table at {self.table_uri} sets {TXN_RETENTION}={setting!r}: Delta would drop its "
+                "committed offsets (txn actions) after that time and a later run would duplicate records; "
+                f"remove the property (Spark SQL: ALTER TABLE delta.`{self.table_uri}` UNSET TBLPROPERTIES "
+                f"('{TXN_RETENTION}')); nothing was changed"
+            )
+
+    def check_writable(self, ingest_id: str) -> None:
+        """What ingestion checks before it plans and again when it commits: the table is this
+        ingest's (:meth:`check_owner`) and keeps its offsets (:meth:`check_txn_retention`)."""
+        self.check_owner(ingest_id)
+        self.check_txn_retention()
+
     def committed_offsets(
         self, ingest_id: str, partitions: Iterable[TopicPartition]
     ) -> dict[TopicPartition, int | None]:
@@ -209,29 +239,30 @@ class Ledger:
 
         return set(pa.table(self.table.get_add_actions(flatten=True)).column("path").to_pylist())
 
-    def batch_files(self, batch: int) -> dict[str, int]:
-        """Paths (and sizes) of the files holding ``batch``'s rows, by attempt directory.
+    def files_of_batch(self, batch: int, ranges: Iterable[OffsetRange]) -> tuple[dict[str, int], dict[str, int]]:
+        """The files holding ``batch``'s rows, as (paths → sizes of files that hold only this
+        batch's rows, paths → sizes of files that may also hold other rows).
 
-        Raises when the table holds files outside attempt directories: a compaction or another
-        writer may have mixed batches in one file, and removing it would drop other rows.
+        An ingest writes each batch into its own attempt directory, so the first kind are the
+        batch's directories. A compaction (or another writer) leaves files outside them that
+        may mix batches; those whose key-column stats overlap ``ranges`` (or that have none)
+        are the second kind: a reprocess rewrites them without the batch's rows.
         """
         import pyarrow as pa
 
         actions = pa.table(self.table.get_add_actions(flatten=True))
-        found, foreign = {}, []
-        for path, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()):
+        names = set(actions.column_names)
+        rows = actions.to_pylist()
+        whole, mixed = {}, {}
+        for row in rows:
+            path = row["path"]
             match = _ATTEMPT_DIR.match(path.split("/", 1)[0]) if "/" in path else None
-            if match is None:
-                foreign.append(path)
-            elif int(match.group(1)) == batch:
-                found[path] = size
-        if foreign:
-            raise TableError(
-                f"{self.table_uri} holds files outside airflow-eo attempt directories (e.g. {foreign[0]}; "
-                "rewritten by OPTIMIZE or another writer): they may mix batches, so a reprocess cannot "
-                "replace one batch's rows without touching others. Nothing was changed"
-            )
-        return found
+            if match is not None:
+                if int(match.group(1)) == batch:
+                    whole[path] = row["size_bytes"]
+            elif _may_hold(row, names, ranges):
+                mixed[path] = row["size_bytes"]
+        return whole, mixed
 
     def state_of(self, plan: BatchPlan) -> CommitCheck:
         """Is ``plan`` committable (READY), in the table (ALREADY_COMMITTED), or overtaken

@@ -47,6 +47,11 @@ def attempt_dir_name(plan: BatchPlan) -> str:
     return f"b{plan.batch:08d}-{plan.attempt_id}"
 
 
+# Beside a reprocess attempt's directory: its copies of files shared with other batches
+# (rows of other batches, so never one batch's directory; see commit._Reprocess.actions).
+KEPT_SUFFIX = "-kept"
+
+
 def attempt_dir_of(path: str) -> str:
     """The attempt directory a staged file's relative path lies in."""
     return path.split("/", 1)[0]
@@ -224,7 +229,7 @@ class StagingArea:
             name = info.base_name
             if not name.startswith("b") or "-" not in name or name in referenced_dirs:
                 continue
-            attempt_id = name.split("-", 1)[1]
+            attempt_id = name.split("-", 1)[1].removesuffix(KEPT_SUFFIX)  # a reprocess's copies go with it
             marker = self.read_marker(attempt_id)
             if marker is not None and marker.committed:
                 continue
@@ -274,6 +279,32 @@ def collect_orphans(table_uri: str, storage_options: dict | None, grace_seconds:
         return []
     referenced = Ledger.open(table_uri, storage_options).file_paths()
     return StagingArea(location).collect_orphans(referenced, grace_seconds)
+
+
+def rewrite_without(location: TableLocation, path: str, ranges, target_dir: str) -> StagedFile | None:
+    """Copy the table file ``path`` into ``target_dir`` without the rows of ``ranges`` (offset
+    ranges: their topic, partition and offsets); the copy, or None when no row remains. For a
+    reprocess of a compacted table: its one commit removes ``path`` and adds the copy."""
+    import uuid
+
+    import pyarrow.compute as pc
+
+    table = pq.read_table(location.join(path), filesystem=location.fs)
+    inside = None
+    for r in ranges:
+        match = pc.and_(pc.and_(pc.equal(table["topic"], r.topic), pc.equal(table["partition"], r.partition)),
+                        pc.and_(pc.greater_equal(table["offset"], r.start), pc.less(table["offset"], r.end)))
+        inside = match if inside is None else pc.or_(inside, match)
+    kept = table if inside is None else table.filter(pc.invert(pc.fill_null(inside, False)))
+    if kept.num_rows == 0:
+        return None
+    relative = f"{target_dir}/kept-{uuid.uuid4().hex}.parquet"
+    full = location.join(relative)
+    location.fs.create_dir(location.join(target_dir), recursive=True)
+    pq.write_table(kept, full, filesystem=location.fs)
+    info = location.fs.get_file_info(full)
+    meta = pq.read_metadata(full, filesystem=location.fs)
+    return StagedFile(relative, info.size, int(time.time() * 1000), meta.num_rows, json.dumps(file_stats(meta)))
 
 
 def file_stats(meta: pq.FileMetaData) -> dict:

@@ -1,0 +1,81 @@
+"""DeltaMaintenanceOperator: compaction, vacuum, checkpoint and log cleanup of an airflow-eo
+table (and its dead-letter table), keeping its offsets and its batches' reprocess.
+
+Thin, like the ingest operator: it builds a :class:`~airflow_eo.table.maintenance.MaintenancePlan`
+from its (templated) arguments and runs :func:`~airflow_eo.table.maintenance.maintain` with
+the same storage connection the ingest uses. Safe beside running ingests (see that
+function); the summary (files compacted and deleted, checkpoint version, layout after) is the
+XCom, with no credentials in it.
+
+Example::
+
+    DeltaMaintenanceOperator(
+        task_id="maintain", table_uri="/data/orders", dead_letter_table_uri="/data/orders_dlq",
+        retain_hours=168, z_order=["partition", "offset"],
+    )
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_eo.errors import AirflowEoError
+from airflow_eo.hooks.storage import storage_options_of
+from airflow_eo.operators.failures import raise_for_airflow
+from airflow_eo.table.maintenance import DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
+
+
+class DeltaMaintenanceOperator(BaseOperator):
+    """Maintain a Delta table written by :class:`~airflow_eo.operators.kafka_to_delta.KafkaToDeltaOperator`.
+
+    :param table_uri: the table (local path or ``s3://…``), templated.
+    :param dead_letter_table_uri: its dead-letter table, maintained the same way (optional).
+    :param compact: bin-pack small files; ``z_order`` (columns) compacts with Z-ordering instead.
+    :param target_file_bytes: size of compacted files (deltalake's default, 100 MB, when None).
+    :param vacuum: delete files that commits removed more than ``retain_hours`` ago (never a
+        staged file of a running attempt: no commit names it).
+    :param checkpoint: write a checkpoint of the log; ``cleanup_log``: delete expired log files
+        a checkpoint covers (``delta.logRetentionDuration``).
+    :param prune_orphans: delete staged files of attempts that ended without committing.
+    :param storage_conn_id: the ``aws`` connection of the ingest, for object storage;
+        ``storage_options`` override it.
+    """
+
+    template_fields: Sequence[str] = ("table_uri", "dead_letter_table_uri", "z_order", "retain_hours",
+                                      "target_file_bytes")
+    ui_color = "#c6e6f5"
+
+    def __init__(self, *, table_uri: str, dead_letter_table_uri: str | None = None, compact: bool = True,
+                 z_order: Sequence[str] = (), target_file_bytes: int | None = None, vacuum: bool = True,
+                 retain_hours: int = DEFAULT_RETAIN_HOURS, checkpoint: bool = True, cleanup_log: bool = True,
+                 prune_orphans: bool = True, storage_conn_id: str | None = None,
+                 storage_options: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.table_uri, self.dead_letter_table_uri = table_uri, dead_letter_table_uri
+        self.compact, self.z_order, self.target_file_bytes = compact, z_order, target_file_bytes
+        self.vacuum, self.retain_hours = vacuum, retain_hours
+        self.checkpoint, self.cleanup_log, self.prune_orphans = checkpoint, cleanup_log, prune_orphans
+        self.storage_conn_id, self.storage_options = storage_conn_id, storage_options
+
+    def plan(self) -> MaintenancePlan:
+        return MaintenancePlan(
+            compact=self.compact or bool(self.z_order), z_order=tuple(self.z_order or ()),
+            target_file_bytes=int(self.target_file_bytes) if self.target_file_bytes else None,
+            vacuum=self.vacuum, retain_hours=int(self.retain_hours), checkpoint=self.checkpoint,
+            cleanup_log=self.cleanup_log, prune_orphans=self.prune_orphans,
+        )
+
+    def execute(self, context) -> dict:
+        options = {**(storage_options_of(self.storage_conn_id) or {}), **(self.storage_options or {})} or None
+        plan, done = self.plan(), {}
+        try:
+            for name, uri in (("table", self.table_uri), ("dead_letter_table", self.dead_letter_table_uri)):
+                if uri:
+                    done[name] = maintain(uri, options, plan)
+                    self.log.info("maintained %s: %s", uri, {k: v for k, v in done[name].items() if k != "layout"})
+        except AirflowEoError as exc:  # a lost race is a retryable CommitConflictError
+            raise_for_airflow(self.log, exc)
+        return done

@@ -1,0 +1,161 @@
+"""Table maintenance (airflow_eo.table.maintenance) on tables written by real ingests:
+the offsets, every record and the staged files of running attempts survive it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import PostCommitHookProperties
+
+from airflow_eo.attempt import Attempt
+from airflow_eo.errors import ConfigError
+from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
+from airflow_eo.status import table_status
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.maintenance import MaintenancePlan, layout, maintain
+from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.storage import TableLocation
+from tests.conftest import SparkPath
+from tests.helpers import assert_exactly_once, committed_offsets, new_topic, produce
+
+NOTHING = MaintenancePlan(compact=False, vacuum=False, checkpoint=False, cleanup_log=False, prune_orphans=False)
+
+
+def small_batches(spark_path, kafka_config, table_uri, topic, batches: int, per_batch: int = 6) -> Ingestion:
+    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
+                          max_records_per_run=per_batch)  # the identity transform: values comparable to Kafka's
+    ing = Ingestion(config, spark_path.submitter())
+    for _ in range(batches):
+        assert ing.run(RunIdentity(uuid.uuid4().hex)).status == "committed"
+    return ing
+
+
+def test_compaction_keeps_every_record_and_the_offsets_and_ingestion_continues(broker, kafka_config, spark, table_uri):
+    topic = new_topic(kafka_config, 3)
+    produce(kafka_config, topic, 240, partitions=3)
+    ing = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 40)
+    before = layout(Ledger.open(table_uri))
+    offsets = committed_offsets(table_uri, "test", topic, 3)
+    assert before.files >= 40 and before.due[0].startswith("compaction:")  # a file per task and batch
+
+    done = maintain(table_uri, plan=MaintenancePlan(vacuum=False))
+    after = layout(Ledger.open(table_uri))
+    assert after.files == 1 == done["compaction"]["numFilesAdded"]  # 240 small rows bin-pack into one file
+    assert done["compaction"]["numFilesRemoved"] == before.files
+    assert committed_offsets(table_uri, "test", topic, 3) == offsets
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 240
+    assert after.versions_since_checkpoint == 0 and done["checkpoint_version"] == after.version
+
+    produce(kafka_config, topic, 30, partitions=3, start=240)
+    assert ing.run(RunIdentity("after-compaction")).status == "committed"  # continues from the offsets
+    while ing.run(RunIdentity(uuid.uuid4().hex)).status == "committed":  # 6 per batch
+        pass
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 270
+
+
+def test_vacuum_deletes_removed_files_but_never_a_running_attempts_staged_files(broker, kafka_config, spark,
+                                                                                  table_uri):
+    topic = new_topic(kafka_config, 1)
+    produce(kafka_config, topic, 12, partitions=1)
+    small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 2)
+    staging = StagingArea(TableLocation.of(table_uri))
+    plan = BatchPlan("test", 3, (OffsetRange(topic, 0, 12, 18),), RunIdentity("running"), attempt_id="a" * 16)
+    running = staging.begin_attempt(Attempt(plan=plan, table_uri=table_uri))
+    staging.driver_started(plan.attempt_id)  # this process: alive, so the attempt is running
+    staging.loc.write_text(running + "/part-00000.parquet", "staged rows")
+    old = os.path.getmtime(running + "/part-00000.parquet") - 30 * 24 * 3600
+    os.utime(running + "/part-00000.parquet", (old, old))  # older than any retention
+    compacted_away = set(Ledger.open(table_uri).file_paths())
+
+    done = maintain(table_uri, plan=MaintenancePlan(retain_hours=0))
+    assert done["vacuum"]["files_deleted"] == len(compacted_away) == 2
+    assert not any(os.path.exists(os.path.join(table_uri, p)) for p in compacted_away)
+    assert os.path.exists(running + "/part-00000.parquet") and done["orphans_removed"] == []
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 12
+
+    staging.end_attempt(plan.attempt_id)  # it ended without committing: now an orphan
+    pruned = maintain(table_uri, plan=dataclasses.replace(NOTHING, prune_orphans=True))
+    assert pruned["orphans_removed"] == [os.path.basename(running)]
+    assert not os.path.exists(running)
+
+
+def test_a_table_whose_txn_actions_expire_is_refused_by_ingest_and_maintenance(kafka_config, spark, table_uri):
+    topic = new_topic(kafka_config, 1)
+    produce(kafka_config, topic, 6, partitions=1)
+    ing = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 1)
+    version = DeltaTable(table_uri).version()
+    DeltaTable(table_uri).alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 1 days"})
+    produce(kafka_config, topic, 6, partitions=1, start=6)
+    with pytest.raises(ConfigError, match="setTransactionRetentionDuration.*UNSET TBLPROPERTIES"):
+        ing.run(RunIdentity("refused"))
+    with pytest.raises(ConfigError, match="setTransactionRetentionDuration"):
+        maintain(table_uri)
+    assert DeltaTable(table_uri).version() == version + 1  # only the property change; nothing of ours
+    assert "setTransactionRetentionDuration" in table_status(table_uri, "test", None)["layout"]["due"][0]
+
+
+def test_layout_says_when_maintenance_is_due(tmp_path):
+    uri = str(tmp_path / "t")
+    no_checkpoints = PostCommitHookProperties(create_checkpoint=False)  # a writer that never checkpoints
+    for i in range(102):  # more files than SMALL_FILES_DUE, more commits than the checkpoint interval (100)
+        write_deltalake(uri, pa.table({"a": [i]}), mode="append", post_commithook_properties=no_checkpoints)
+    due = layout(Ledger.open(uri)).due
+    assert [d.split(":")[0] for d in due] == ["compaction", "checkpoint"], due
+    maintain(uri, plan=MaintenancePlan(retain_hours=0))
+    assert layout(Ledger.open(uri)).due == []
+
+
+def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(broker, kafka_config, spark,
+                                                                                table_uri):
+    """Compactions commit while batches commit: each batch lands (a lost race is a retryable
+    conflict, retried here as Airflow would) and every record is in the table once."""
+    import threading
+    import time
+
+    from airflow_eo.errors import CommitConflictError
+
+    topic = new_topic(kafka_config, 3)
+    produce(kafka_config, topic, 60, partitions=3)
+    ing = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 1, per_batch=30)
+    stop, produced, compactions, conflicts = threading.Event(), [60], [], []
+
+    def keep_producing():
+        while not stop.is_set():
+            produce(kafka_config, topic, 15, partitions=3, start=produced[-1])
+            produced.append(produced[-1] + 15)
+            time.sleep(0.2)
+
+    def keep_compacting():
+        while not stop.is_set():
+            try:
+                compactions.append(maintain(table_uri, plan=MaintenancePlan(retain_hours=0, checkpoint=False,
+                                                                            cleanup_log=False)))
+            except CommitConflictError as exc:
+                conflicts.append(str(exc))
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (keep_producing, keep_compacting)]
+    [t.start() for t in threads]
+    try:
+        for i in range(5):
+            for attempt in range(5):  # Airflow's retries
+                try:
+                    assert ing.run(RunIdentity(f"race-{i}")).status in ("committed", "already_committed",
+                                                                         "nothing_new")
+                    break
+                except CommitConflictError as exc:
+                    conflicts.append(str(exc))
+            else:
+                raise AssertionError(f"batch {i} did not land in 5 tries: {conflicts[-1]}")
+    finally:
+        stop.set()
+        [t.join(60) for t in threads]
+    assert compactions, "no compaction ran beside the ingests"
+    catch_up = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 0, per_batch=10 ** 6)
+    assert catch_up.run(RunIdentity("catch-up")).status == "committed"  # the rest of what was produced
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == produced[-1]
