@@ -217,6 +217,22 @@ class AttemptKind(str, enum.Enum):
     REPROCESS = "reprocess"  # replace a committed batch's rows (compare-and-set on its counter)
 
 
+# Expires Delta txn actions, i.e. a table's committed offsets: refused at creation and later.
+TXN_RETENTION = "delta.setTransactionRetentionDuration"
+
+
+def check_table_properties(properties: dict) -> None:
+    """Delta table properties set when a batch creates the table: text keys and values, and
+    never one that would expire the committed offsets."""
+    for key, value in properties.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ConfigError(f"table property {key!r}={value!r}: give keys and values as text, "
+                              "e.g. {'delta.checkpointInterval': '50'}")
+    if TXN_RETENTION in properties:
+        raise ConfigError(f"table property {TXN_RETENTION} would expire the table's committed offsets (txn "
+                          "actions) and make a later run duplicate records: leave it unset")
+
+
 @dataclass(frozen=True)
 class Attempt:
     """Everything one Spark attempt of a logged plan needs (no secrets)."""
@@ -229,6 +245,7 @@ class Attempt:
     dead_letters: DeadLetterSpec = field(default_factory=DeadLetterSpec)
     spark: SparkSettings = field(default_factory=SparkSettings)
     schema_evolution: bool = False
+    table_properties: dict = field(default_factory=dict)  # Delta properties of a table this attempt creates
     reprocess_from: int | None = None  # REPROCESS: the batch's reprocess counter it was planned at
     requested_by: RunIdentity | None = None  # REPROCESS: the run that asked for it
 
@@ -241,6 +258,7 @@ class Attempt:
                 "decoding (value_schema, Avro, max_value_bytes, key_format) needs a dead_letter_table_uri: set where undecodable "
                 "records go (a Delta table path other than the main table)"
             )
+        check_table_properties(self.table_properties)
         if self.kind is AttemptKind.REPROCESS and self.reprocess_from is None:
             raise ConfigError("a reprocess attempt needs the reprocess counter it starts from")
 
@@ -269,6 +287,7 @@ class Attempt:
             dead_letters=DeadLetterSpec(**raw.get("dead_letters", {})),
             spark=SparkSettings(**raw.get("spark", {})),
             schema_evolution=bool(raw.get("schema_evolution", False)),
+            table_properties=dict(raw.get("table_properties") or {}),
             reprocess_from=raw.get("reprocess_from"),
             requested_by=RunIdentity(**raw["requested_by"]) if raw.get("requested_by") else None,
         )

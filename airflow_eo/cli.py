@@ -71,6 +71,14 @@ def _json_option(text: str | None) -> dict | None:
     return json.loads(text)
 
 
+def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
+    """``KEY=VALUE`` options (repeatable) as a dict."""
+    bad = [v for v in values or [] if "=" not in v]
+    if bad:
+        raise ConfigError(f"{option} {bad[0]!r} is not KEY=VALUE: write e.g. {option} delta.checkpointInterval=50")
+    return dict(v.split("=", 1) for v in values or [])
+
+
 def cmd_ingest(args) -> int:
     from airflow_eo.attempt import Transform
     from airflow_eo.ingest import IngestConfig, Ingestion
@@ -90,8 +98,9 @@ def cmd_ingest(args) -> int:
         max_value_bytes=args.max_value_bytes, dead_letter_table_uri=args.dead_letter_table,
         max_dead_letters=args.max_dead_letters, max_dead_letter_fraction=args.max_dead_letter_fraction,
         schema_evolution=args.schema_evolution, mirror_consumer_group=args.mirror_consumer_group,
+        table_properties=_pairs(args.table_property, "--table-property"),
     )
-    conf = dict(kv.split("=", 1) for kv in args.conf or [])
+    conf = _pairs(args.conf, "--conf")
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
     if args.remote:  # the warm path: each batch on a long-lived Spark Connect server
         from airflow_eo.submit.connect import ConnectSubmitter
@@ -121,9 +130,11 @@ def cmd_maintain(args) -> int:
     from airflow_eo.table.maintenance import DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
 
     chosen = {"compact": args.compact or bool(args.z_order), "vacuum": args.vacuum, "checkpoint": args.checkpoint,
-              "cleanup_log": args.cleanup_log}
+              "cleanup_log": args.cleanup_log, "prune_orphans": args.prune, "prune_records": args.prune}
     if not any(chosen.values()):  # none named: the default set
         chosen = dict.fromkeys(chosen, True)
+    if args.keep_days is not None:
+        chosen["keep_days"] = args.keep_days
     if args.retain_hours is not None and args.retain_hours < 0:
         raise ConfigError(f"--retain-hours {args.retain_hours} is negative: give hours >= 0")
     plan = MaintenancePlan(z_order=tuple(c.strip() for c in (args.z_order or "").split(",") if c.strip()),
@@ -160,7 +171,7 @@ def cmd_status(args) -> int:
 def cmd_connect_server(args) -> int:
     from airflow_eo.submit.connect_server import serve
 
-    return serve(args.port, args.master, dict(kv.split("=", 1) for kv in args.conf or []), args.log_level)
+    return serve(args.port, args.master, _pairs(args.conf, "--conf"), args.log_level)
 
 
 def cmd_demo(args) -> int:
@@ -231,6 +242,9 @@ def parser() -> argparse.ArgumentParser:
     ing.add_argument("--max-dead-letters", type=int, help="fail the run above this many dead letters")
     ing.add_argument("--max-dead-letter-fraction", type=float, help="fail the run above this fraction")
     ing.add_argument("--schema-evolution", action="store_true", help="add new transform columns to the table")
+    ing.add_argument("--table-property", action="append", metavar="KEY=VALUE",
+                     help="Delta table property of the table the first batch creates (repeatable), e.g. "
+                     "delta.logRetentionDuration='interval 30 days'")
     ing.add_argument("--mirror-consumer-group", help="also commit the offsets to this consumer group")
     ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)
@@ -241,8 +255,8 @@ def parser() -> argparse.ArgumentParser:
     _storage_args(st)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
-    mt = sub.add_parser("maintain", help="compact, vacuum, checkpoint and clean the log of a table, keeping its "
-                        "offsets and reprocess; no option: all four")
+    mt = sub.add_parser("maintain", help="compact, vacuum, checkpoint, clean the log and prune a table, keeping "
+                        "its offsets and reprocess; no action named: all of them")
     mt.add_argument("table")
     mt.add_argument("--compact", action="store_true", help="bin-pack small files (deltalake optimize.compact)")
     mt.add_argument("--z-order", metavar="COLS", help="compact with Z-order on these comma-separated columns")
@@ -251,6 +265,9 @@ def parser() -> argparse.ArgumentParser:
     mt.add_argument("--retain-hours", type=int, help="keep removed files this long (default 168, Delta's)")
     mt.add_argument("--checkpoint", action="store_true", help="write a checkpoint of the log")
     mt.add_argument("--cleanup-log", action="store_true", help="delete expired log files a checkpoint covers")
+    mt.add_argument("--prune", action="store_true", help="delete staged files of dead attempts, and plan logs and "
+                    "attempt records older than --keep-days that nothing needs")
+    mt.add_argument("--keep-days", type=float, help="age of plan logs and attempt records --prune deletes (default 30)")
     mt.add_argument("--dead-letter-table", help="maintain this dead-letter table the same way")
     _storage_args(mt)
     mt.set_defaults(func=cmd_maintain)

@@ -88,6 +88,7 @@ class IngestConfig:
     max_dead_letter_fraction: float | None = None
     # opt-in: new columns of the transform's output are added to the table
     schema_evolution: bool = False
+    table_properties: dict[str, str] = field(default_factory=dict)  # of the table the first batch creates
 
     def __post_init__(self):
         validate_ingest_id(self.ingest_id)
@@ -108,7 +109,8 @@ class IngestConfig:
             decode=self.decode_spec(),
             dead_letters=DeadLetterSpec(self.dead_letter_table_uri, self.max_dead_letters,
                                         self.max_dead_letter_fraction),
-            spark=SparkSettings(self.max_offsets_per_task), schema_evolution=self.schema_evolution, **reprocess,
+            spark=SparkSettings(self.max_offsets_per_task), schema_evolution=self.schema_evolution,
+            table_properties=dict(self.table_properties), **reprocess,
         )
 
     def decode_spec(self) -> DecodeSpec:

@@ -13,7 +13,9 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   spark-submit, one plain consumer's fetch time, the exactly-once overhead there, where the
   time goes, and the server's memory after many batches;
 * decoding (``bench_decode``): the same nested records as Avro (Schema Registry wire format,
-  fastavro in the tasks) and as JSON (Spark's ``from_json``), each one exactly-once ingest.
+  fastavro in the tasks) and as JSON (Spark's ``from_json``), each one exactly-once ingest;
+* maintenance (``bench_maintenance``): reading a table of 10k small batch files before and
+  after ``maintain``'s compaction, and the compaction's wall time and peak memory.
 
 Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
 
@@ -43,6 +45,7 @@ import bench_kafka  # noqa: E402
 import bench_ledger  # noqa: E402
 import bench_spark  # noqa: E402
 import bench_decode  # noqa: E402
+import bench_maintenance  # noqa: E402
 import bench_warm  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.planning import OffsetRange  # noqa: E402
@@ -85,7 +88,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--small-records", type=int, default=1000, help="the small batch of the warm/cold comparison")
     p.add_argument("--server-batches", type=int, default=500, help="small batches for the server memory check")
     p.add_argument("--decode-records", type=int, default=1_000_000, help="records of the Avro/JSON decode run")
-    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode"], action="append",
+    p.add_argument("--maintenance-files", type=int, default=10_000, help="small files of the maintenance table")
+    p.add_argument("--maintenance-rows", type=int, default=1_000_000, help="rows of the maintenance table")
+    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "maintenance"],
+                   action="append",
                    help="run only these parts (repeatable; default: all)")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
@@ -295,6 +301,13 @@ class Bench:
             self.stop_broker()
 
 
+    # -- maintenance: reading before / after compaction, and the compaction's cost ----------
+    def maintenance(self) -> None:
+        a = self.args
+        self.results["maintenance"] = bench_maintenance.run(self.work, a.maintenance_files, a.maintenance_rows,
+                                                            a.repetitions, say)
+
+
 def ratios(times: dict, a: argparse.Namespace) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     if "exactly_once.x1" not in med:
@@ -359,6 +372,10 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         "warm_server_memory_flat(after_N/after_10<=1.1)": None if "warm_server_rss_mb" not in results else (
             max(results["warm_server_rss_mb"].values()) / results["warm_server_rss_mb"]["after_10"] <= 1.1),
     }
+    if "maintenance" in results:
+        m = results["maintenance"]
+        warm = {**warm, "read_after_compaction>=5x_faster": m["read_speedup"] >= 5,
+                "compaction_in_minutes(<=10)": m["seconds"] <= 600}
     if "decode_avro_rate_over_json_rate" in r:
         warm = {**warm, "decode_avro_rate/json_rate>=0.8": r["decode_avro_rate_over_json_rate"] >= 0.8}
     if "eo_over_alo" not in r:
@@ -387,6 +404,11 @@ def print_table(report: dict) -> None:
     for multiple, m in report.get("memory", {}).items():
         print(f"  peak PSS {multiple:>4} ({m['records']:,} records): " +
               ", ".join(f"{k} {v:,.0f} MB" for k, v in m["peak_pss_mb"].items()))
+    if "maintenance" in report:
+        m = report["maintenance"]
+        print(f"  maintenance: read of {m['rows']:,} rows in {m['files']:,} files {statistics.median(m['read_before_seconds']):.2f}s, "
+              f"after compaction {statistics.median(m['read_after_seconds']):.3f}s ({m['read_speedup']:.1f}x); "
+              f"compaction {m['seconds']:.1f}s, peak RSS {m['peak_rss_mb']:.0f} MB")
     print("\ntargets: " + ", ".join(f"{k}: {'met' if v else ('n/a' if v is None else 'MISSED')}"
                                     for k, v in report["targets"].items()))
 
@@ -402,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        for part in args.only or ["throughput", "planning", "memory", "warm", "decode"]:
+        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "maintenance"]:
             getattr(bench, part)()
     finally:
         bench.stop_broker()

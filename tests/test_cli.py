@@ -34,9 +34,22 @@ def test_cli_ingest_with_dead_letters_then_status(kafka_config, tmp_path, capsys
     assert status["last_batch"] == 1
     assert status["partitions"] == [{"topic": topic, "partition": 0, "committed": 3, "end": 3, "lag": 0}]
 
+    assert status["layout"]["files"] == 1 and status["layout"]["due"] == []
+
+    # maintenance of both tables, every action: the offsets and the rows stay
+    assert main(["maintain", table, "--dead-letter-table", dead, "--retain-hours", "0"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert set(done) == {"table", "dead_letter_table"}
+    assert done["table"]["layout"]["versions_since_checkpoint"] == 0 and "records_removed" in done["table"]
+    assert main(["status", table, "--ingest-id", "cli", *common, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["partitions"][0]["committed"] == 3
+    assert sorted(read_table(table, ["id"])["id"].to_pylist()) == [1, 2]
+
     # bad input: one line naming the cause, exit code 2, nothing changed
     assert main(["status", str(tmp_path / "nowhere"), "--ingest-id", "cli", "--json"]) == 2
     assert "nowhere" in capsys.readouterr().err
+    assert main(["maintain", table, "--vacuum", "--retain-hours", "-1"]) == 2
+    assert "--retain-hours -1" in capsys.readouterr().err
 
 
 def test_cli_ingest_avro_through_the_registry_with_credentials_from_the_environment(kafka_config, tmp_path, capsys,

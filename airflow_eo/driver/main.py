@@ -104,7 +104,8 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     else:
         extra = {"dead_letters": dead.manifest()} if dead is not None else None
         outcome = commit(CommitKind.BATCH, location.uri, batch, storage_options,
-                         schema_evolution=attempt.schema_evolution, extra_metadata=extra)
+                         schema_evolution=attempt.schema_evolution, extra_metadata=extra,
+                         table_properties=attempt.table_properties)
         if dead is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
             commit_dead_letters_of(Ledger.open(location.uri, storage_options), plan.ingest_id, storage_options)
     staging.end_attempt(attempt.attempt_id, committed=outcome.status == COMMITTED)

@@ -25,7 +25,7 @@ from airflow.sdk import BaseOperator
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.operators.failures import raise_for_airflow
-from airflow_eo.table.maintenance import DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
+from airflow_eo.table.maintenance import DEFAULT_KEEP_DAYS, DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
 
 
 class DeltaMaintenanceOperator(BaseOperator):
@@ -39,25 +39,26 @@ class DeltaMaintenanceOperator(BaseOperator):
         staged file of a running attempt: no commit names it).
     :param checkpoint: write a checkpoint of the log; ``cleanup_log``: delete expired log files
         a checkpoint covers (``delta.logRetentionDuration``).
-    :param prune_orphans: delete staged files of attempts that ended without committing.
+    :param prune: delete staged files of attempts that ended without committing, and plan logs
+        and attempt records older than ``keep_days`` (default 30) that nothing needs.
     :param storage_conn_id: the ``aws`` connection of the ingest, for object storage;
         ``storage_options`` override it.
     """
 
     template_fields: Sequence[str] = ("table_uri", "dead_letter_table_uri", "z_order", "retain_hours",
-                                      "target_file_bytes")
+                                      "target_file_bytes", "keep_days")
     ui_color = "#c6e6f5"
 
     def __init__(self, *, table_uri: str, dead_letter_table_uri: str | None = None, compact: bool = True,
                  z_order: Sequence[str] = (), target_file_bytes: int | None = None, vacuum: bool = True,
                  retain_hours: int = DEFAULT_RETAIN_HOURS, checkpoint: bool = True, cleanup_log: bool = True,
-                 prune_orphans: bool = True, storage_conn_id: str | None = None,
+                 prune: bool = True, keep_days: float = DEFAULT_KEEP_DAYS, storage_conn_id: str | None = None,
                  storage_options: dict[str, str] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.table_uri, self.dead_letter_table_uri = table_uri, dead_letter_table_uri
         self.compact, self.z_order, self.target_file_bytes = compact, z_order, target_file_bytes
         self.vacuum, self.retain_hours = vacuum, retain_hours
-        self.checkpoint, self.cleanup_log, self.prune_orphans = checkpoint, cleanup_log, prune_orphans
+        self.checkpoint, self.cleanup_log, self.prune, self.keep_days = checkpoint, cleanup_log, prune, keep_days
         self.storage_conn_id, self.storage_options = storage_conn_id, storage_options
 
     def plan(self) -> MaintenancePlan:
@@ -65,7 +66,8 @@ class DeltaMaintenanceOperator(BaseOperator):
             compact=self.compact or bool(self.z_order), z_order=tuple(self.z_order or ()),
             target_file_bytes=int(self.target_file_bytes) if self.target_file_bytes else None,
             vacuum=self.vacuum, retain_hours=int(self.retain_hours), checkpoint=self.checkpoint,
-            cleanup_log=self.cleanup_log, prune_orphans=self.prune_orphans,
+            cleanup_log=self.cleanup_log, prune_orphans=self.prune, prune_records=self.prune,
+            keep_days=float(self.keep_days),
         )
 
     def execute(self, context) -> dict:

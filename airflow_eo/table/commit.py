@@ -303,8 +303,9 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
            **options) -> CommitOutcome:
     """Commit ``staged`` to the table if the table is where the attempt found it (see module doc).
 
-    ``options``: ``schema_evolution`` and ``extra_metadata`` (BATCH; the latter is merged into
-    the commit's metadata, e.g. the dead-letter files that follow it), ``reprocess_from`` and
+    ``options``: ``schema_evolution``, ``extra_metadata`` (BATCH; merged into the commit's
+    metadata, e.g. the dead-letter files that follow it) and ``table_properties`` (BATCH: the
+    Delta properties of the table the first batch creates), ``reprocess_from`` and
     ``requested_by`` (REPROCESS). Returns ``committed`` or ``already_committed`` (an earlier
     attempt landed it); raises :class:`CommitConflictError` when another run moved the table.
     """
@@ -323,6 +324,7 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
         if ledger.table is None and rule.creates_table:
             create_table_with_add_actions(ledger.table_uri, delta_schema_of(staged.arrow_schema),
                                           actions, mode="error", storage_options=storage_options,
+                                          configuration=options.get("table_properties") or None,
                                           commit_properties=properties)
         else:
             ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),

@@ -29,6 +29,7 @@ from typing import Iterable
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from airflow_eo.attempt import TXN_RETENTION
 from airflow_eo.errors import ConfigError, TableError
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, OffsetRange, SkippedRange, TopicPartition, batch_state,
@@ -40,8 +41,6 @@ APP_PREFIX = "airflow-eo"
 METADATA_KEY = "airflow_eo.batch"
 # Commits that hold a batch's rows (the others: dead letters, schema changes).
 DATA_OPERATIONS = ("ingest", "reprocess")
-# Expires txn actions, i.e. committed offsets: a table that sets it is refused.
-TXN_RETENTION = "delta.setTransactionRetentionDuration"
 _INGEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

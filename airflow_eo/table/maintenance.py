@@ -37,7 +37,7 @@ from deltalake.exceptions import CommitFailedError
 
 from airflow_eo.errors import CommitConflictError, TableError
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, collect_orphans
+from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, KEPT_SUFFIX, collect_orphans
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ def _last_checkpoint(ledger: Ledger) -> int | None:
 
 
 DEFAULT_RETAIN_HOURS = 168  # Delta's own default (delta.deletedFileRetentionDuration, 7 days)
+DEFAULT_KEEP_DAYS = 30.0  # plan logs and attempt records: as long as Delta keeps its log by default
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ class MaintenancePlan:
     cleanup_log: bool = True
     prune_orphans: bool = True
     staging_grace_seconds: float = DEFAULT_GRACE_SECONDS
+    prune_records: bool = True
+    keep_days: float = DEFAULT_KEEP_DAYS
 
 
 def maintain(table_uri: str, storage_options: dict | None = None,
@@ -177,8 +180,67 @@ def _maintain(ledger: Ledger, table_uri: str, storage_options: dict | None, plan
         log.info("removed %s expired log file(s) of %s", done["log_files_removed"], ledger.table_uri)
     if plan.prune_orphans:  # staged files of attempts that ended without committing (never a running one)
         done["orphans_removed"] = collect_orphans(ledger.table_uri, storage_options, plan.staging_grace_seconds)
+    if plan.prune_records:
+        done["records_removed"] = prune_records(Ledger.open(table_uri, storage_options), plan.keep_days)
     done["layout"] = layout(Ledger.open(table_uri, storage_options)).to_dict()
     return done
+
+
+def prune_records(ledger: Ledger, keep_days: float, now: float | None = None) -> dict[str, int]:
+    """Delete airflow-eo's own records beside the table that are older than ``keep_days`` and
+    that nothing needs any more: plan logs of committed (or abandoned) batches, finished
+    reprocess requests, and markers of ended attempts whose files are gone.
+
+    What that gives up: a *clear* of a run older than ``keep_days`` no longer finds its plan,
+    so it plans anew and takes the next range like a new run (never a duplicate: the offsets
+    decide). A plan of a batch not yet in the table, a reprocess not yet done, and the marker of
+    an attempt whose directory still exists are always kept.
+    """
+    import time
+
+    from airflow_eo.planning import BatchPlan
+    from airflow_eo.table.plan_log import PLANS_DIR, REPROCESS_DIR
+    from airflow_eo.table.staging import ATTEMPTS_DIR
+
+    location = ledger.location()
+    cutoff = (time.time() if now is None else now) - keep_days * 86400
+    dirs = {d.base_name for d in location.list_dirs(location.root)}
+
+    def old_records(directory: str):
+        for info in location.list_files(location.join(directory)):
+            if info.base_name.endswith(".json") and info.mtime is not None and info.mtime.timestamp() < cutoff:
+                text = location.read_text(info.path)
+                try:
+                    yield info.path, json.loads(text) if text else {}
+                except ValueError:
+                    yield info.path, {}  # unreadable: nothing can replay from it
+
+    def plan_done(record: dict) -> bool:  # its batch number is taken: by this plan, or by another run
+        try:
+            plan = BatchPlan.from_json(json.dumps(record))
+        except (KeyError, TypeError, ValueError):
+            return True  # unreadable: PlanLog.load ignores it too
+        return plan.batch <= ledger.last_batch(plan.ingest_id)
+
+    def data_files(directory: str) -> list:  # Spark's _SUCCESS and .crc files are no data
+        return [i for i in location.list_files(location.join(directory))
+                if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_"))]
+
+    def attempt_gone(record: dict) -> bool:  # ended, and no data file of it left (vacuumed or collected)
+        ended = record.get("ended_at") is not None or record.get("committed")
+        name = f"b{int(record.get('batch', 0)):08d}-{record.get('attempt_id', '')}"
+        return bool(ended) and not any(d in dirs and data_files(d) for d in (name, name + KEPT_SUFFIX))
+
+    removed = {"plans": 0, "reprocess_requests": 0, "attempt_markers": 0}
+    for directory, key, finished in ((PLANS_DIR, "plans", plan_done),
+                                     (REPROCESS_DIR, "reprocess_requests", lambda r: not r or r.get("done")),
+                                     (ATTEMPTS_DIR, "attempt_markers", attempt_gone)):
+        for path, record in old_records(directory):
+            if finished(record):
+                location.fs.delete_file(path)
+                removed[key] += 1
+    log.info("pruned records older than %s days beside %s: %s", keep_days, ledger.table_uri, removed)
+    return removed
 
 
 def _log_files(ledger: Ledger) -> int:

@@ -19,7 +19,8 @@ def test_benchmark_smoke(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "benchmark.py"), "--records", "5000",
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--cache-dir", str(tmp_path / "cache"),
-           "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--out", str(out)]
+           "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200",
+           "--maintenance-rows", "20000", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -48,3 +49,7 @@ def test_benchmark_smoke(tmp_path):
     assert set(report["warm_server_rss_mb"]) == {"after_10", "after_12"}
     assert "warm_small_batch<=5s" in report["targets"]
     assert "exactly_once.x1" in done.stdout  # the printed table
+    maintenance = report["maintenance"]  # 200 files of 100 rows compacted into one, read before and after
+    assert maintenance["rows"] == 20000 and maintenance["files_after"] == 1
+    assert maintenance["compaction"]["numFilesRemoved"] == 200 and maintenance["peak_rss_mb"] > 0
+    assert maintenance["read_speedup"] > 0 and "read_after_compaction>=5x_faster" in report["targets"]

@@ -24,7 +24,8 @@ from airflow_eo.table.storage import TableLocation
 from tests.conftest import SparkPath
 from tests.helpers import assert_exactly_once, committed_offsets, new_topic, produce
 
-NOTHING = MaintenancePlan(compact=False, vacuum=False, checkpoint=False, cleanup_log=False, prune_orphans=False)
+NOTHING = MaintenancePlan(compact=False, vacuum=False, checkpoint=False, cleanup_log=False, prune_orphans=False,
+                          prune_records=False)
 
 
 def small_batches(spark_path, kafka_config, table_uri, topic, batches: int, per_batch: int = 6) -> Ingestion:
@@ -36,27 +37,27 @@ def small_batches(spark_path, kafka_config, table_uri, topic, batches: int, per_
     return ing
 
 
-def test_compaction_keeps_every_record_and_the_offsets_and_ingestion_continues(broker, kafka_config, spark, table_uri):
+def test_300_small_batches_compact_keeping_every_record_and_the_offsets_and_ingestion_continues(broker, kafka_config, spark, table_uri):
     topic = new_topic(kafka_config, 3)
-    produce(kafka_config, topic, 240, partitions=3)
-    ing = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 40)
+    produce(kafka_config, topic, 600, partitions=3)
+    ing = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 300, per_batch=2)
     before = layout(Ledger.open(table_uri))
     offsets = committed_offsets(table_uri, "test", topic, 3)
-    assert before.files >= 40 and before.due[0].startswith("compaction:")  # a file per task and batch
+    assert before.files >= 300 and before.due[0].startswith("compaction:")  # a file per task and batch
 
     done = maintain(table_uri, plan=MaintenancePlan(vacuum=False))
     after = layout(Ledger.open(table_uri))
-    assert after.files == 1 == done["compaction"]["numFilesAdded"]  # 240 small rows bin-pack into one file
+    assert after.files == 1 == done["compaction"]["numFilesAdded"]  # 600 small rows bin-pack into one file
     assert done["compaction"]["numFilesRemoved"] == before.files
     assert committed_offsets(table_uri, "test", topic, 3) == offsets
-    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 240
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 600
     assert after.versions_since_checkpoint == 0 and done["checkpoint_version"] == after.version
 
-    produce(kafka_config, topic, 30, partitions=3, start=240)
+    produce(kafka_config, topic, 30, partitions=3, start=600)
     assert ing.run(RunIdentity("after-compaction")).status == "committed"  # continues from the offsets
-    while ing.run(RunIdentity(uuid.uuid4().hex)).status == "committed":  # 6 per batch
+    while ing.run(RunIdentity(uuid.uuid4().hex)).status == "committed":  # 2 per batch
         pass
-    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 270
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 630
 
 
 def test_vacuum_deletes_removed_files_but_never_a_running_attempts_staged_files(broker, kafka_config, spark,
@@ -159,3 +160,90 @@ def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(
     catch_up = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 0, per_batch=10 ** 6)
     assert catch_up.run(RunIdentity("catch-up")).status == "committed"  # the rest of what was produced
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == produced[-1]
+
+
+def test_old_records_that_nothing_needs_are_pruned_and_the_rest_kept(broker, kafka_config, spark, table_uri):
+    from airflow_eo.table.plan_log import PLANS_DIR, PlanLog
+    from airflow_eo.table.staging import ATTEMPTS_DIR
+
+    topic = new_topic(kafka_config, 1)
+    produce(kafka_config, topic, 12, partitions=1)
+    ing = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 2)  # batches 1 and 2
+    location = TableLocation.of(table_uri)
+    pending = BatchPlan("test", 3, (OffsetRange(topic, 0, 12, 18),), RunIdentity("pending"))
+    PlanLog(location).record(pending)  # logged, not committed: a retry may still replay it
+    running = BatchPlan("test", 3, (OffsetRange(topic, 0, 12, 18),), RunIdentity("pending"), attempt_id="c" * 16)
+    ing.staging.begin_attempt(Attempt(plan=running, table_uri=table_uri))  # its directory does not exist yet
+    records = [i.path for d in (PLANS_DIR, ATTEMPTS_DIR) for i in location.list_files(location.join(d))]
+    month_ago = os.path.getmtime(records[0]) - 31 * 86400
+    for path in records:
+        os.utime(path, (month_ago, month_ago))
+
+    removed = maintain(table_uri, plan=dataclasses.replace(NOTHING, prune_records=True))["records_removed"]
+    assert removed == {"plans": 2, "reprocess_requests": 0, "attempt_markers": 0}  # their files are the table's
+    for path in records:
+        if os.path.exists(path):
+            os.utime(path, (month_ago, month_ago))
+    removed = maintain(table_uri, plan=MaintenancePlan(retain_hours=0))["records_removed"]  # files compacted away
+    assert removed == {"plans": 0, "reprocess_requests": 0, "attempt_markers": 2}  # batches 1 and 2
+    assert PlanLog(location).load("pending") == pending
+    assert ing.staging.read_marker(running.attempt_id) is not None  # not ended: kept
+    produce(kafka_config, topic, 6, partitions=1, start=12)
+    assert ing.run(RunIdentity("pending")).status == "committed"  # the logged plan replays
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 18
+
+
+def test_maintenance_while_an_attempt_is_staged_keeps_its_files_and_it_commits(broker, kafka_config, spark, table_uri,
+                                                                              monkeypatch):
+    """The attempt is held open between staging and its commit (its ``after_stage`` fault point
+    waits instead of killing); every maintenance action with ``--retain-hours 0`` runs then."""
+    import threading
+
+    from airflow_eo.driver import main as driver_main
+
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 40, partitions=2)
+    ing = small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 3, per_batch=10)
+    staged, release = threading.Event(), threading.Event()
+
+    def hold(name):
+        if name == "after_stage":
+            staged.set()
+            assert release.wait(120), "the test never released the attempt"
+
+    monkeypatch.setattr(driver_main, "failpoint", hold)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=ing.run(RunIdentity("held"))))
+    runner.start()
+    try:
+        assert staged.wait(120), "the attempt never staged"
+        running = [d for d in os.listdir(table_uri) if d.startswith("b00000004-")]
+        files = [os.path.join(table_uri, running[0], f) for f in os.listdir(os.path.join(table_uri, running[0]))]
+        for path in files:  # older than any retention
+            os.utime(path, (1_000_000_000, 1_000_000_000))
+        done = maintain(table_uri, plan=MaintenancePlan(retain_hours=0, keep_days=0))
+        assert done["compaction"]["numFilesRemoved"] >= 3 and done["vacuum"]["files_deleted"] >= 3
+        assert all(os.path.exists(p) for p in files)  # the staged files survived every action
+    finally:
+        release.set()
+        runner.join(120)
+    assert outcome["result"].status == "committed" and outcome["result"].batch == 4
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 40
+
+
+def test_table_properties_are_set_when_the_first_batch_creates_the_table(kafka_config, spark, table_uri):
+    topic = new_topic(kafka_config, 1)
+    produce(kafka_config, topic, 4, partitions=1)
+    properties = {"delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 60 days"}
+    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
+                          table_properties=properties)
+    assert Ingestion(config, SparkPath("local", spark).submitter()).run(RunIdentity("first")).status == "committed"
+    assert DeltaTable(table_uri).metadata().configuration == properties
+    assert layout(Ledger.open(table_uri)).checkpoint_interval == 10
+
+    with pytest.raises(ConfigError, match="setTransactionRetentionDuration would expire"):
+        IngestConfig(table_uri=table_uri + "2", ingest_id="test", topics=[topic], kafka_config=kafka_config,
+                     table_properties={"delta.setTransactionRetentionDuration": "interval 1 days"})
+    with pytest.raises(ConfigError, match="as text"):
+        IngestConfig(table_uri=table_uri + "2", ingest_id="test", topics=[topic], kafka_config=kafka_config,
+                     table_properties={"delta.checkpointInterval": 10})
