@@ -83,7 +83,8 @@ class Reprocessor:
         if plan is None:
             raise ConfigError(
                 f"nothing to reprocess: no batch was planned for run {target!r} in {ledger.table_uri} "
-                f"(ingest {ingest_id}). Reprocess a run that committed a batch; nothing was changed"
+                f"(ingest {ingest_id}), or its plan log was pruned (`maintain --prune`, older than keep_days). "
+                "Reprocess a run that committed a batch; nothing was changed"
             )
         if ledger.state_of(plan) is not CommitCheck.ALREADY_COMMITTED:
             raise ConfigError(
