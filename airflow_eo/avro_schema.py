@@ -68,8 +68,6 @@ def spark_type(schema, names: dict | None = None, stack: tuple = ()):
     kind, logical = schema.get("type"), schema.get("logicalType")
     if isinstance(kind, (dict, list)):
         return spark_type(kind, names, stack)
-    if kind in ("record", "error", "enum", "fixed"):
-        _register(schema, names)
     if kind in ("record", "error"):
         full = _full_name(schema)
         inner = (*stack, schema["name"], full)
@@ -102,11 +100,6 @@ def _full_name(schema: dict) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
-def _register(schema: dict, names: dict) -> None:
-    names.setdefault(schema["name"], schema)
-    names.setdefault(_full_name(schema), schema)
-
-
 def named_types(schema, namespace: str | None = None, names: dict | None = None) -> dict:
     """Every named type of ``schema`` under its short and full name; a name without a namespace
     takes the enclosing one (Avro's rule), so ``"shop.Money"`` finds a ``Money`` defined in ``shop``."""
@@ -132,6 +125,21 @@ def named_types(schema, namespace: str | None = None, names: dict | None = None)
     return names
 
 
+def resolve(schema, names: dict):
+    """The schema itself: a named reference looked up (``names``: :func:`named_types`), ``[null, T]`` as ``T``."""
+    while True:
+        if isinstance(schema, str):
+            if schema not in names:
+                return schema
+            schema = names[schema]
+        elif isinstance(schema, list):
+            schema = next(b for b in schema if b != "null")
+        elif isinstance(schema, dict) and (isinstance(schema.get("type"), (dict, list)) or schema["type"] in names):
+            schema = schema["type"]  # {"type": {...}} or {"type": "SomeNamedType"}
+        else:
+            return schema
+
+
 def converter(schema, names: dict | None = None, stack: tuple = ()):
     """A function fixing what fastavro returns where the column type differs (several-type
     unions → JSON text, decimals over 38 digits → text), or None where nothing needs fixing."""
@@ -148,8 +156,6 @@ def converter(schema, names: dict | None = None, stack: tuple = ()):
     kind = schema.get("type")
     if isinstance(kind, (dict, list)):
         return converter(kind, names, stack)
-    if kind in ("record", "error", "enum", "fixed"):
-        _register(schema, names)
     if kind in ("record", "error"):
         inner = (*stack, schema["name"], _full_name(schema))
         fields = {f["name"]: converter(f["type"], names, inner) for f in schema["fields"]}

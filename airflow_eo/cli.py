@@ -129,7 +129,7 @@ def _stop_spark_on_sigterm(submitter) -> None:
 def cmd_maintain(args) -> int:
     from airflow_eo.table.maintenance import DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
 
-    chosen = {"compact": args.compact or bool(args.z_order), "vacuum": args.vacuum, "checkpoint": args.checkpoint,
+    chosen = {"compact": args.compact, "vacuum": args.vacuum, "checkpoint": args.checkpoint,
               "cleanup_log": args.cleanup_log, "prune_orphans": args.prune, "prune_records": args.prune}
     if not any(chosen.values()):  # none named: the default set
         chosen = dict.fromkeys(chosen, True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from airflow_eo.avro_schema import named_types
+from airflow_eo.avro_schema import named_types, resolve
 
 _MIN_MS, _MAX_MS = -62_135_596_800_000, 253_402_300_799_999  # 0001-01-01 .. 9999-12-31 (UTC)
 _MIN_DAY, _MAX_DAY = -719_162, 2_932_896
@@ -37,7 +37,7 @@ class NotColumnar(Exception):
 def raw_type(schema, target: pa.DataType, names: dict | None = None) -> pa.DataType:
     """``target`` with each columnar logical type replaced by what fastavro returns without it."""
     names = named_types(schema) if names is None else names
-    schema = _resolve(schema, names)
+    schema = resolve(schema, names)
     logical = schema.get("logicalType") if isinstance(schema, dict) else None
     if logical == "decimal":
         return pa.binary()
@@ -63,7 +63,7 @@ def to_column(records: list, schema, target: pa.DataType) -> pa.Array:
 
 
 def convert(array: pa.Array, schema, target: pa.DataType, names: dict) -> pa.Array:
-    schema = _resolve(schema, names)
+    schema = resolve(schema, names)
     logical = schema.get("logicalType") if isinstance(schema, dict) else None
     if logical == "decimal":
         return _decimal(array, target)
@@ -86,21 +86,6 @@ def convert(array: pa.Array, schema, target: pa.DataType, names: dict) -> pa.Arr
         values = convert(array.values, schema["items"], target.value_type, names)
         return pa.ListArray.from_arrays(array.offsets, values, type=target, mask=mask)
     return array.cast(target)
-
-
-def _resolve(schema, names: dict):
-    """The schema itself: a named reference looked up (``names``: :func:`named_types`), ``[null, T]`` as ``T``."""
-    while True:
-        if isinstance(schema, str):
-            if schema not in names:
-                return schema
-            schema = names[schema]
-        elif isinstance(schema, list):
-            schema = next(b for b in schema if b != "null")
-        elif isinstance(schema, dict) and (isinstance(schema.get("type"), (dict, list)) or schema["type"] in names):
-            schema = schema["type"]  # {"type": {...}} or {"type": "SomeNamedType"}
-        else:
-            return schema
 
 
 def _check_range(array: pa.Array, low: int, high: int, what: str) -> None:

@@ -57,16 +57,10 @@ SPARK_KAFKA_SCHEMA = (
 
 
 def spark_kafka_struct():
-    """:data:`SPARK_KAFKA_SCHEMA` as a ``StructType`` (decoders add columns to it)."""
-    from pyspark.sql.types import (
-        ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType,
-    )
+    """:data:`KAFKA_SCHEMA` as a Spark ``StructType`` (decoders add columns to it)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    return StructType([StructField("topic", StringType()), StructField("partition", IntegerType()),
-                       StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-                       StructField("timestampType", IntegerType()), StructField("key", BinaryType()),
-                       StructField("value", BinaryType()), StructField("headers", ArrayType(header))])
+    return from_arrow_schema(KAFKA_SCHEMA)
 
 
 def read_range(

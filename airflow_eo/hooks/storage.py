@@ -90,6 +90,8 @@ def storage_options_from_airflow(conn_id: str) -> dict[str, str]:
                                            getattr(credentials, "secret_key", None), extra)
 
 
-def storage_options_of(conn_id: str | None) -> dict[str, str] | None:
-    """The options of ``conn_id``, or None when no connection is named."""
-    return storage_options_from_airflow(conn_id) if conn_id else None
+def storage_options_of(conn_id: str | None, overrides: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The options of ``conn_id`` updated with ``overrides`` (options set in code), or None when
+    there are none."""
+    options = {**(storage_options_from_airflow(conn_id) if conn_id else {}), **(overrides or {})}
+    return options or None

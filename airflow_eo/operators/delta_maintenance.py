@@ -63,7 +63,7 @@ class DeltaMaintenanceOperator(BaseOperator):
 
     def plan(self) -> MaintenancePlan:
         return MaintenancePlan(
-            compact=self.compact or bool(self.z_order), z_order=tuple(self.z_order or ()),
+            compact=self.compact, z_order=tuple(self.z_order or ()),
             target_file_bytes=int(self.target_file_bytes) if self.target_file_bytes else None,
             vacuum=self.vacuum, retain_hours=int(self.retain_hours), checkpoint=self.checkpoint,
             cleanup_log=self.cleanup_log, prune_orphans=self.prune, prune_records=self.prune,
@@ -71,7 +71,7 @@ class DeltaMaintenanceOperator(BaseOperator):
         )
 
     def execute(self, context) -> dict:
-        options = {**(storage_options_of(self.storage_conn_id) or {}), **(self.storage_options or {})} or None
+        options = storage_options_of(self.storage_conn_id, self.storage_options)
         plan, done = self.plan(), {}
         try:
             for name, uri in (("table", self.table_uri), ("dead_letter_table", self.dead_letter_table_uri)):

@@ -270,9 +270,7 @@ class KafkaToDeltaOperator(BaseOperator):
 
     def resolved_storage_options(self) -> dict[str, str] | None:
         """The ``storage_conn_id`` connection's options, overridden by ``storage_options``."""
-        options: dict[str, str] = dict(storage_options_of(self.storage_conn_id) or {})
-        options.update(self.storage_options or {})
-        return options or None
+        return storage_options_of(self.storage_conn_id, self.storage_options)
 
     def make_submitter(self):
         """spark-submit through SparkSubmitHook for a ``spark`` connection; the warm Spark

@@ -250,8 +250,9 @@ class Ledger:
         import pyarrow as pa
 
         actions = pa.table(self.table.get_add_actions(flatten=True))
+        wanted = ["path", "size_bytes", *(f"{s}.{k}" for s in ("min", "max") for k in ("topic", "partition", "offset"))]
         names = set(actions.column_names)
-        rows = actions.to_pylist()
+        rows = actions.select([c for c in wanted if c in names]).to_pylist()  # not every stat of every file
         whole, mixed = {}, {}
         for row in rows:
             path = row["path"]

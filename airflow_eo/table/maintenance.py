@@ -127,6 +127,10 @@ class MaintenancePlan:
     prune_records: bool = True
     keep_days: float = DEFAULT_KEEP_DAYS
 
+    def __post_init__(self):
+        if self.z_order:  # Z-ordering is a compaction
+            object.__setattr__(self, "compact", True)
+
 
 def maintain(table_uri: str, storage_options: dict | None = None,
              plan: MaintenancePlan = MaintenancePlan()) -> dict:
@@ -180,9 +184,10 @@ def _maintain(ledger: Ledger, table_uri: str, storage_options: dict | None, plan
         log.info("removed %s expired log file(s) of %s", done["log_files_removed"], ledger.table_uri)
     if plan.prune_orphans:  # staged files of attempts that ended without committing (never a running one)
         done["orphans_removed"] = collect_orphans(ledger.table_uri, storage_options, plan.staging_grace_seconds)
+    after = Ledger.open(table_uri, storage_options)  # one snapshot of the table as maintained
     if plan.prune_records:
-        done["records_removed"] = prune_records(Ledger.open(table_uri, storage_options), plan.keep_days)
-    done["layout"] = layout(Ledger.open(table_uri, storage_options)).to_dict()
+        done["records_removed"] = prune_records(after, plan.keep_days)
+    done["layout"] = layout(after).to_dict()
     return done
 
 

@@ -181,16 +181,7 @@ class StagingArea:
                 continue
             if only is not None and info.path not in only:
                 continue
-            meta = pq.read_metadata(info.path, filesystem=self.loc.fs)
-            staged.append(
-                StagedFile(
-                    path=self.loc.relative(info.path),
-                    size=info.size,
-                    modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
-                    num_records=meta.num_rows,
-                    stats=json.dumps(file_stats(meta)),
-                )
-            )
+            staged.append(staged_file(self.loc, info))
         return sorted(staged, key=lambda f: f.path)
 
     def rows_per_partition(self, files: list[StagedFile]) -> dict[str, int]:
@@ -302,9 +293,19 @@ def rewrite_without(location: TableLocation, path: str, ranges, target_dir: str)
     full = location.join(relative)
     location.fs.create_dir(location.join(target_dir), recursive=True)
     pq.write_table(kept, full, filesystem=location.fs)
-    info = location.fs.get_file_info(full)
-    meta = pq.read_metadata(full, filesystem=location.fs)
-    return StagedFile(relative, info.size, int(time.time() * 1000), meta.num_rows, json.dumps(file_stats(meta)))
+    return staged_file(location, location.fs.get_file_info(full))
+
+
+def staged_file(location: TableLocation, info) -> StagedFile:
+    """A written Parquet file (``info``: its pyarrow ``FileInfo``) with what its add action needs."""
+    meta = pq.read_metadata(info.path, filesystem=location.fs)
+    return StagedFile(
+        path=location.relative(info.path),
+        size=info.size,
+        modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
+        num_records=meta.num_rows,
+        stats=json.dumps(file_stats(meta)),
+    )
 
 
 def file_stats(meta: pq.FileMetaData) -> dict:
