@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,13 +59,20 @@ class ConnectServer:
         self.log_level = log_level
         self.log_file = log_file
         self.process: subprocess.Popen | None = None
-        self._dir = tempfile.mkdtemp(prefix="airflow-eo-connect-")
+        self._dir: str | None = None  # log4j config and warehouse; lives from start() to stop()
+
+    @property
+    def scratch_dir(self) -> str | None:
+        """The server's log4j config and warehouse while it runs (removed by stop/kill)."""
+        return self._dir
 
     @property
     def url(self) -> str:
         return f"sc://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="airflow-eo-connect-")
         log4j = os.path.join(self._dir, "log4j2.properties")
         with open(log4j, "w") as f:
             f.write(_LOG4J.format(level=self.log_level.lower()))
@@ -121,23 +129,29 @@ class ConnectServer:
             return False
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server's process group (JVM and Python workers), SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return
+        """SIGTERM the server's process group (JVM and Python workers), SIGKILL if it lingers;
+        then remove its scratch directory."""
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        except ProcessLookupError:
-            pass
+            if self.process is not None and self.process.poll() is None:
+                try:
+                    os.killpg(self.process.pid, signal.SIGTERM)
+                    self.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait()
+                except ProcessLookupError:
+                    pass
+        finally:
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
 
     def kill(self) -> None:
         """SIGKILL the whole server (a crash, for tests)."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        self.stop()  # the process is gone: only its scratch directory is left to remove
 
     def __enter__(self) -> "ConnectServer":
         return self.start()

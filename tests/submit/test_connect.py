@@ -107,6 +107,7 @@ def test_server_killed_mid_batch_fails_fast_and_the_retry_commits_once(broker, k
     config = IngestConfig(table_uri=table_uri, ingest_id="warm", topics=[topic], kafka_config=kafka_config,
                           max_offsets_per_task=20_000)
     server = ConnectServer(port=port, master="local[2]", log_file=str(tmp_path / "server1.log")).start()
+    scratch = server.scratch_dir
     errors: list[BaseException] = []
 
     def run():
@@ -127,6 +128,7 @@ def test_server_killed_mid_batch_fails_fast_and_the_retry_commits_once(broker, k
     assert took < 30, f"the server's death surfaced only after {took:.0f}s"
     assert "Retry when the server is back" in str(errors[0])
     assert not os.path.exists(os.path.join(table_uri, "_delta_log")), "nothing may be committed"
+    assert scratch and not os.path.exists(scratch), "the killed server's scratch directory is left behind"
 
     with ConnectServer(port=port, master="local[2]", log_file=str(tmp_path / "server2.log")) as again:
         result = Ingestion(config, ConnectSubmitter(again.url)).run(RunIdentity("server-dies"))
