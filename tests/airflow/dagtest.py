@@ -29,12 +29,13 @@ def run_dag(dag, **kwargs):
     return dr, states
 
 
-def xcom(dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
+def xcom(dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1):
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        row = session.query(XComModel).filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key).one_or_none()
+        row = session.query(XComModel).filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key,
+                                                 map_index=map_index).one_or_none()
         if row is None:
             return None
         value = row.value

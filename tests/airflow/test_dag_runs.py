@@ -3,7 +3,8 @@
 
 One module-scoped topic and table; the tests run in file order and build on each other:
 a scheduled run, a manual run (logical_date None), a clear of the first run (no Spark),
-a reprocess of the first run, and a run whose first try crashes before its commit.
+a reprocess of the first run, and a run whose first try crashes before its commit. Last, a
+mapped ingest of two tables of their own.
 """
 
 from __future__ import annotations
@@ -132,3 +133,32 @@ def test_crash_of_first_try_then_retry_replays_the_same_plan(world, kafka_config
     assert new == {summary["attempt_id"] + ".json"}
     assert_summary_matches_log(summary, world["table"])
     assert_exactly_once(world, kafka_config)
+
+
+def test_mapped_ingest_of_two_tables_commits_each_table_once(world, kafka_config, tmp_path):
+    """One mapped task over two tables (``expand_kwargs``): each map index ingests its own
+    topic into its own table, with its own run key. Nothing limits the task to one instance
+    per DAG: runs of one table take turns (the table wait) and the commit is compare-and-set per
+    table, so the scheduler may run both at once."""
+    from airflow.sdk import DAG
+
+    from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
+
+    tables = [{"topics": [new_topic(kafka_config, 2)], "table_uri": str(tmp_path / name), "ingest_id": name}
+              for name in ("orders", "payments")]
+    for i, kwargs in enumerate(tables):
+        produce(kafka_config, kwargs["topics"][0], 20 + i, partitions=2)
+    with DAG("eo_mapped", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+        KafkaToDeltaOperator.partial(task_id="ingest", transform_sql=SQL, spark_conf=SPARK_CONF) \
+            .expand_kwargs(tables)
+    dr, states = run_dag(dag, logical_date=None)
+    assert states["ingest"][0] == "success"
+    summaries = [xcom("eo_mapped", dr.run_id, "ingest", map_index=i) for i in range(len(tables))]
+    assert [s["status"] for s in summaries] == ["committed", "committed"], summaries
+    for index, (kwargs, summary) in enumerate(zip(tables, summaries)):
+        assert summary["rows"] == 20 + index and summary["run_key"] == f"eo_mapped/{dr.run_id}/ingest/{index}"
+        record = Ledger.open(kwargs["table_uri"]).find_batch(kwargs["ingest_id"], attempt_id=summary["attempt_id"])
+        assert record is not None and record.rows == summary["rows"]
+        table = read_table(kwargs["table_uri"])
+        assert duplicates(table) == {}
+        assert set(keys_of(table)) == set(broker_records(kafka_config["bootstrap.servers"], kwargs["topics"][0]))
