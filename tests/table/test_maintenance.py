@@ -4,20 +4,23 @@ the offsets, every record and the staged files of running attempts survive it.""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import uuid
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
-from deltalake.transaction import PostCommitHookProperties
+from deltalake import DeltaTable, Transaction, write_deltalake
+from deltalake.transaction import CommitProperties, PostCommitHookProperties
 
 from airflow_eo.attempt import Attempt
 from airflow_eo.errors import ConfigError
 from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.offsets import TopicPartition
 from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
 from airflow_eo.status import table_status
-from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.commit import batch_metadata
+from airflow_eo.table.ledger import METADATA_KEY, Ledger, batch_app_id, partition_app_id
 from airflow_eo.table.maintenance import MaintenancePlan, layout, maintain
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
@@ -247,3 +250,48 @@ def test_table_properties_are_set_when_the_first_batch_creates_the_table(kafka_c
     with pytest.raises(ConfigError, match="as text"):
         IngestConfig(table_uri=table_uri + "2", ingest_id="test", topics=[topic], kafka_config=kafka_config,
                      table_properties={"delta.checkpointInterval": 10})
+
+
+def test_a_table_of_10k_commits_plans_from_one_checkpoint_after_maintain(broker, kafka_config, spark, table_uri):
+    """10,000 commits (the writer checkpoints every 100 but never cleans its log): after
+    ``maintain`` the log holds one checkpoint and no commit before it, so planning can only read
+    the checkpoint plus the few commits after it — and finds the offsets there, and ingestion
+    continues from them."""
+    topic = new_topic(kafka_config, 1)
+    produce(kafka_config, topic, 12, partitions=1)
+    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
+                          table_properties={"delta.logRetentionDuration": "interval 0 seconds"})
+    ing = Ingestion(config, SparkPath("local", spark).submitter())
+    first = ing.run(RunIdentity("first"))
+    assert first.status == "committed" and first.rows == 12
+    # 10k commits carrying what an ingest's commit carries but no file: the partition's txn, the
+    # batch's txn and the batch metadata (about 4 minutes: each commit lists a log of up to 10k files)
+    table, no_cleanup = DeltaTable(table_uri), PostCommitHookProperties(cleanup_expired_logs=False)
+    schema, tp = table.schema(), TopicPartition(topic, 0)
+    for batch in range(first.batch + 1, first.batch + 10_001):
+        plan = BatchPlan("test", batch, (OffsetRange(topic, 0, 12, 12),), RunIdentity(f"r{batch}"),
+                         attempt_id=f"{batch:016x}")
+        table.create_write_transaction([], mode="append", schema=schema, commit_properties=CommitProperties(
+            custom_metadata={METADATA_KEY: json.dumps(batch_metadata(plan, {}))},
+            app_transactions=[Transaction(partition_app_id("test", tp), 12), Transaction(batch_app_id("test"), batch)]),
+            post_commithook_properties=no_cleanup)
+        table.update_incremental()
+    log_dir = os.path.join(table_uri, "_delta_log")
+    assert len([f for f in os.listdir(log_dir) if f.endswith(".json")]) > 10_000
+    assert len([f for f in os.listdir(log_dir) if f.endswith(".checkpoint.parquet")]) >= 100
+
+    maintain(table_uri)
+    names = os.listdir(log_dir)
+    checkpoints = [n for n in names if n.endswith(".checkpoint.parquet")]
+    commits = sorted(int(n.split(".")[0]) for n in names if n.endswith(".json"))
+    assert len(checkpoints) == 1, checkpoints
+    checkpoint_version = int(checkpoints[0].split(".")[0])
+    assert commits and commits[0] >= checkpoint_version and len(commits) <= 3, commits  # nothing older is left
+    ledger = Ledger.open(table_uri)
+    assert ledger.committed_offsets("test", [tp]) == {tp: 12} and ledger.last_batch("test") == first.batch + 10_000
+
+    produce(kafka_config, topic, 6, partitions=1, start=12)
+    after = ing.run(RunIdentity("after-maintain"))
+    assert after.status == "committed" and after.batch == first.batch + 10_001 and after.rows == 6
+    assert [(r["start"], r["end"]) for r in after.ranges] == [(12, 18)]
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 18
