@@ -231,10 +231,17 @@ class RestClient:
 
     def request(self, method: str, path: str, expect: tuple[int, ...] = (200, 201), **kwargs):
         kwargs.setdefault("timeout", 60)
-        r = self.session.request(method, self.base_url + path, **kwargs)
-        if r.status_code == 401:  # token expired: log in again once
-            self.login()
+        for delay in (1, 2, 3, 5, 8, 13, 0):
             r = self.session.request(method, self.base_url + path, **kwargs)
+            if r.status_code == 401:  # token expired: log in again once
+                self.login()
+                r = self.session.request(method, self.base_url + path, **kwargs)
+            # SQLite (Airflow's quick-start database) refuses a write while the scheduler holds
+            # its lock: "503 Database is locked" (e.g. backfill creation); nothing was written,
+            # so ask again, as a user clicking again would
+            if r.status_code != 503 or "database is locked" not in r.text.lower() or not delay:
+                break
+            time.sleep(delay)
         if r.status_code not in expect:
             raise StandaloneError(f"{method} {path}: {r.status_code} {r.text}")
         return r.json() if r.content else None
