@@ -20,10 +20,13 @@ import enum
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from airflow_eo.errors import ConfigError
 from airflow_eo.planning import BatchPlan, RunIdentity
+
+# The columns that key every row to its source record: every file keeps them (with statistics)
+KEY_COLUMNS = ("topic", "partition", "offset")
 
 DEFAULT_MAX_OFFSETS_PER_TASK = 1_000_000
 
@@ -221,6 +224,23 @@ class AttemptKind(str, enum.Enum):
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
 
 
+def check_partition_by(columns: Iterable[str]) -> tuple[str, ...]:
+    """``columns`` as a tuple, or a ConfigError naming what is wrong with them."""
+    if isinstance(columns, str):
+        columns = [c.strip() for c in columns.split(",")]
+    names = tuple(columns)
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"partition_by {list(names)!r}: give column names of the transform's output, "
+                              "e.g. ['date']")
+        if name in KEY_COLUMNS:
+            raise ConfigError(f"partition_by: {name!r} is a key column (topic, partition, offset), which every file "
+                              "keeps; partition by a column the transform derives, e.g. to_date(timestamp) AS date")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"partition_by {list(names)!r} names a column twice")
+    return names
+
+
 def check_table_properties(properties: dict) -> None:
     """Delta table properties set when a batch creates the table: text keys and values, and
     never one that would expire the committed offsets."""
@@ -246,6 +266,7 @@ class Attempt:
     spark: SparkSettings = field(default_factory=SparkSettings)
     schema_evolution: bool = False
     table_properties: dict = field(default_factory=dict)  # Delta properties of a table this attempt creates
+    partition_by: tuple[str, ...] = ()  # the table's partition columns (set when the first batch creates it)
     reprocess_from: int | None = None  # REPROCESS: the batch's reprocess counter it was planned at
     requested_by: RunIdentity | None = None  # REPROCESS: the run that asked for it
 
@@ -259,6 +280,7 @@ class Attempt:
                 "records go (a Delta table path other than the main table)"
             )
         check_table_properties(self.table_properties)
+        object.__setattr__(self, "partition_by", check_partition_by(self.partition_by))
         if self.kind is AttemptKind.REPROCESS and self.reprocess_from is None:
             raise ConfigError("a reprocess attempt needs the reprocess counter it starts from")
 
@@ -288,6 +310,7 @@ class Attempt:
             spark=SparkSettings(**raw.get("spark", {})),
             schema_evolution=bool(raw.get("schema_evolution", False)),
             table_properties=dict(raw.get("table_properties") or {}),
+            partition_by=tuple(raw.get("partition_by") or ()),
             reprocess_from=raw.get("reprocess_from"),
             requested_by=RunIdentity(**raw["requested_by"]) if raw.get("requested_by") else None,
         )

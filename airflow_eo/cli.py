@@ -99,6 +99,7 @@ def cmd_ingest(args) -> int:
         max_dead_letters=args.max_dead_letters, max_dead_letter_fraction=args.max_dead_letter_fraction,
         schema_evolution=args.schema_evolution, mirror_consumer_group=args.mirror_consumer_group,
         table_properties=_pairs(args.table_property, "--table-property"),
+        partition_by=tuple(c.strip() for value in args.partition_by or () for c in value.split(",")),
     )
     conf = _pairs(args.conf, "--conf")
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
@@ -245,6 +246,10 @@ def parser() -> argparse.ArgumentParser:
     ing.add_argument("--table-property", action="append", metavar="KEY=VALUE",
                      help="Delta table property of the table the first batch creates (repeatable), e.g. "
                      "delta.logRetentionDuration='interval 30 days'")
+    ing.add_argument("--partition-by", action="append", metavar="COLUMN",
+                     help="partition column of the table the first batch creates (repeatable or comma-separated), "
+                     "produced by the transform, e.g. --transform-sql \"SELECT *, to_date(timestamp) AS date FROM "
+                     "source\" --partition-by date")
     ing.add_argument("--mirror-consumer-group", help="also commit the offsets to this consumer group")
     ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from airflow_eo.attempt import (
     DEFAULT_MAX_OFFSETS_PER_TASK, Attempt, AttemptKind, DeadLetterSpec, DecodeSpec, Secrets, SparkSettings,
-    Transform,
+    Transform, check_partition_by,
 )
 from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError, error_from_line
 from airflow_eo.kafka import KafkaOffsets
@@ -89,11 +89,13 @@ class IngestConfig:
     # opt-in: new columns of the transform's output are added to the table
     schema_evolution: bool = False
     table_properties: dict[str, str] = field(default_factory=dict)  # of the table the first batch creates
+    partition_by: tuple[str, ...] = ()  # partition columns of the table the first batch creates
 
     def __post_init__(self):
         validate_ingest_id(self.ingest_id)
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
         object.__setattr__(self, "on_data_loss", OnDataLoss(self.on_data_loss).value)
+        object.__setattr__(self, "partition_by", check_partition_by(self.partition_by))
         StartingPosition.parse(self.starting_offsets)
         if self.dead_letter_table_uri:
             object.__setattr__(self, "dead_letter_table_uri", normalize_table_uri(self.dead_letter_table_uri))
@@ -110,7 +112,7 @@ class IngestConfig:
             dead_letters=DeadLetterSpec(self.dead_letter_table_uri, self.max_dead_letters,
                                         self.max_dead_letter_fraction),
             spark=SparkSettings(self.max_offsets_per_task), schema_evolution=self.schema_evolution,
-            table_properties=dict(self.table_properties), **reprocess,
+            table_properties=dict(self.table_properties), partition_by=tuple(self.partition_by), **reprocess,
         )
 
     def decode_spec(self) -> DecodeSpec:
@@ -186,7 +188,7 @@ class Ingestion:
 
     def ledger(self) -> Ledger:
         ledger = Ledger.open(self.config.table_uri, self.config.storage_options)
-        ledger.check_writable(self.config.ingest_id)
+        ledger.check_writable(self.config.ingest_id, self.config.partition_by)
         return ledger
 
     # -- step 1: plan -------------------------------------------------------------

@@ -112,6 +112,8 @@ def read_table(table_uri: str, columns: list[str] | None = None) -> pa.Table:
     files = dt.file_uris()
     if not files:
         return pa.table({c: [] for c in (columns or ["topic", "partition", "offset"])})
+    if dt.metadata().partition_columns:  # the partition values are in the log, not the files
+        return dt.to_pyarrow_table(columns=columns)
     return pads.dataset(files, format="parquet").to_table(columns=columns)
 
 

@@ -78,3 +78,26 @@ def test_cli_ingest_avro_through_the_registry_with_credentials_from_the_environm
         assert sorted(read_table(table, ["id"])["id"].to_pylist()) == list(range(7))
     finally:
         registry.stop()
+
+
+def test_cli_ingest_into_a_partitioned_table_and_the_refusal_of_another_layout(kafka_config, tmp_path, capsys):
+    from deltalake import DeltaTable
+
+    from tests.helpers import produce
+
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 8, partitions=2)
+    table = str(tmp_path / "orders")
+    args = ["ingest", "--table", table, "--ingest-id", "cli", "--topics", topic, "--bootstrap-servers",
+            kafka_config["bootstrap.servers"], "--master", "local[1]", "--json", "--transform-sql",
+            "SELECT topic, partition, offset, to_date(timestamp) AS date, partition % 2 AS shard FROM source"]
+    assert main([*args, "--partition-by", "date", "--partition-by", "shard"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 8
+    assert DeltaTable(table).metadata().partition_columns == ["date", "shard"]
+    assert sorted(read_table(table, ["shard"])["shard"].to_pylist()) == [0] * 4 + [1] * 4
+
+    produce(kafka_config, topic, 2, partitions=2, start=8)
+    assert main([*args, "--partition-by", "date"]) == 2  # a configuration error: one line, nothing changed
+    assert "is partitioned by ['date', 'shard']" in capsys.readouterr().err
+    assert main([*args, "--partition-by", "date,shard"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 2

@@ -79,12 +79,13 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             if dead is not None:
                 dead.stage(stage)  # undecodable records: staged beside the dead-letter table, threshold checked
                 source = dead.good
-            out = apply_transform(attempt.transform, source, view)
+            out = apply_transform(attempt.transform, source, view, attempt.partition_by)
             from pyspark.sql.pandas.types import to_arrow_schema
 
             arrow_schema = to_arrow_schema(out.schema)
             planned = time.monotonic()
-            files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema)
+            files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
+                          attempt.partition_by)
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
@@ -97,7 +98,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
              "in %.2fs", plan.batch, planned - started, sum(rows.values()), len(files), staged - planned)
     failpoint("after_stage")
     failpoint("before_commit")
-    batch = StagedBatch(plan, tuple(files), rows, arrow_schema)
+    batch = StagedBatch(plan, tuple(files), rows, arrow_schema, attempt.partition_by)
     if attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
         outcome = commit(CommitKind.REPROCESS, location.uri, batch, storage_options,
                          reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by)

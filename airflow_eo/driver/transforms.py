@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import importlib
 
-from airflow_eo.attempt import Transform
+from airflow_eo.attempt import KEY_COLUMNS, Transform
 from airflow_eo.errors import ConfigError
 
 SOURCE_VIEW = "source"
-KEY_COLUMNS = ("topic", "partition", "offset")
 
 
 def load_callable(transform: Transform):
@@ -35,8 +34,9 @@ def load_callable(transform: Transform):
         ) from exc
 
 
-def apply_transform(transform: Transform, df, view: str = SOURCE_VIEW):
-    """Apply to the source DataFrame and check the key columns survived.
+def apply_transform(transform: Transform, df, view: str = SOURCE_VIEW, partition_by: tuple[str, ...] = ()):
+    """Apply to the source DataFrame and check the key columns survived and the table's
+    partition columns (``partition_by``) are there.
 
     The SQL reads ``source``; the DataFrame is registered under ``view`` and named ``source``
     in a CTE around the query, so attempts sharing one Spark session (the warm path) never
@@ -71,6 +71,12 @@ def apply_transform(transform: Transform, df, view: str = SOURCE_VIEW):
         raise ConfigError(
             f"the transform's output lacks the key column(s) {missing}: keep topic, partition "
             "and offset in the output (the table is keyed by source offset); nothing was committed"
+        )
+    missing = [c for c in partition_by if c not in out.columns]
+    if missing:
+        raise ConfigError(
+            f"the transform's output lacks the partition column(s) {missing} of partition_by={list(partition_by)}: "
+            "derive them in the transform, e.g. SELECT *, to_date(timestamp) AS date FROM source; nothing was committed"
         )
     return out
 

@@ -24,48 +24,73 @@ from __future__ import annotations
 import uuid
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_eo.table.partitioning import format_value, partition_dir
 from airflow_eo.table.staging import StagedFile, StagingArea
 from airflow_eo.table.storage import TableLocation, is_local
 
 WRITTEN_SCHEMA = "path string, size long, rows long"
 
 
-def _task_writer(table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema):
-    """The function each Spark task runs (pickled to the executors' Python workers)."""
+def split_by_partition(batch: pa.RecordBatch, partition_by: tuple[str, ...]):
+    """``(directory, rows)`` per distinct partition value set of ``batch``; the rows without the
+    partition columns (a Delta file keeps them in its add action, not in the file)."""
+    if not partition_by:
+        yield "", batch
+        return
+    table = pa.Table.from_batches([batch])
+    for values in table.group_by(list(partition_by)).aggregate([]).to_pylist():
+        mask = None
+        for column, value in values.items():
+            match = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
+            mask = match if mask is None else pc.and_(mask, match)
+        rows = table.filter(mask).drop_columns(list(partition_by))
+        yield partition_dir({c: format_value(v) for c, v in values.items()}), rows.combine_chunks().to_batches()[0]
+
+
+def _task_writer(table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema,
+                 partition_by: tuple[str, ...] = ()):
+    """The function each Spark task runs (pickled to the executors' Python workers): one file
+    per partition directory the task's rows fall into."""
+    file_schema = pa.schema([f for f in arrow_schema if f.name not in partition_by])
 
     def write(batches):
         from pyspark import TaskContext
 
         location = TableLocation.of(table_uri, storage_options)
         task = TaskContext.get().partitionId() if TaskContext.get() else 0
-        path = f"{target}/part-{task:05d}-{uuid.uuid4().hex}.parquet"
-        writer = stream = None
-        rows = 0
+        open_files: dict[str, list] = {}  # directory -> [path, stream, writer, rows]; empty tasks write none
         try:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                if writer is None:  # empty tasks write no file at all
-                    location.fs.create_dir(target, recursive=True)
-                    stream = location.fs.open_output_stream(path)
-                    writer = pq.ParquetWriter(stream, arrow_schema)
-                writer.write_batch(batch.cast(arrow_schema))
-                rows += batch.num_rows
+                for directory, rows in split_by_partition(batch.cast(arrow_schema), partition_by):
+                    entry = open_files.get(directory)
+                    if entry is None:
+                        folder = f"{target}/{directory}" if directory else target
+                        location.fs.create_dir(folder, recursive=True)
+                        path = f"{folder}/part-{task:05d}-{uuid.uuid4().hex}.parquet"
+                        stream = location.fs.open_output_stream(path)
+                        entry = open_files[directory] = [path, stream, pq.ParquetWriter(stream, file_schema), 0]
+                    entry[2].write_batch(rows)
+                    entry[3] += rows.num_rows
         finally:
-            if writer is not None:
+            for _, stream, writer, _ in open_files.values():
                 writer.close()
                 stream.close()  # an S3 object exists only once its upload is closed
-        if writer is not None:
-            size = location.fs.get_file_info(path).size
-            yield pa.RecordBatch.from_pydict({"path": [path], "size": [size], "rows": [rows]})
+        if open_files:
+            entries = list(open_files.values())
+            yield pa.RecordBatch.from_pydict({"path": [e[0] for e in entries],
+                                              "size": [location.fs.get_file_info(e[0]).size for e in entries],
+                                              "rows": [e[3] for e in entries]})
 
     return write
 
 
 def stage_with_arrow(df, location: TableLocation, target: str, storage_options: dict | None,
-                     arrow_schema: pa.Schema) -> list[StagedFile]:
+                     arrow_schema: pa.Schema, partition_by: tuple[str, ...] = ()) -> list[StagedFile]:
     """Write ``df`` as Parquet files under ``target`` from the executors; return them staged.
 
     ``arrow_schema`` is the table's Arrow schema (microsecond UTC timestamps), so the
@@ -74,7 +99,8 @@ def stage_with_arrow(df, location: TableLocation, target: str, storage_options: 
     from airflow_eo.driver.session import for_session
 
     with for_session(df):  # only the plan is built under the mark; running it needs none
-        plan = df.mapInArrow(_task_writer(location.uri, storage_options, target, arrow_schema), WRITTEN_SCHEMA)
+        plan = df.mapInArrow(_task_writer(location.uri, storage_options, target, arrow_schema, partition_by),
+                             WRITTEN_SCHEMA)
     written = plan.collect()
     reported = {row["path"]: row["rows"] for row in written}
     staged = StagingArea(location).staged_files(target, only=set(reported))
@@ -88,11 +114,13 @@ def stage_with_arrow(df, location: TableLocation, target: str, storage_options: 
 
 
 def stage(df, location: TableLocation, target: str, storage_options: dict | None,
-          arrow_schema: pa.Schema) -> list[StagedFile]:
+          arrow_schema: pa.Schema, partition_by: tuple[str, ...] = ()) -> list[StagedFile]:
     """Write ``df`` under ``target`` (the attempt's directory) and return the staged files:
     Spark's Parquet writer for local tables, the executors' pyarrow writer for object stores
-    (Spark here has no ``hadoop-aws`` jar to write ``s3a://``)."""
+    (Spark here has no ``hadoop-aws`` jar to write ``s3a://``). A partitioned table's files go
+    into Hive-style directories of their partition values (:mod:`airflow_eo.table.partitioning`)."""
     if is_local(location.uri):
-        df.write.mode("error").parquet(f"file://{target}")
+        writer = df.write.mode("error")
+        (writer.partitionBy(*partition_by) if partition_by else writer).parquet(f"file://{target}")
         return StagingArea(location).staged_files(target)
-    return stage_with_arrow(df, location, target, storage_options, arrow_schema)
+    return stage_with_arrow(df, location, target, storage_options, arrow_schema, partition_by)

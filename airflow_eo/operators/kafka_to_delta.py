@@ -147,6 +147,9 @@ class KafkaToDeltaOperator(BaseOperator):
     :param schema_evolution: add new columns of the transform's output to the table.
     :param table_properties: Delta table properties of the table the first batch creates (e.g.
         ``{"delta.checkpointInterval": "50"}``); an existing table keeps its own.
+    :param partition_by: partition columns of the table the first batch creates, produced by the
+        transform (e.g. ``["date"]`` with ``to_date(timestamp) AS date``); an existing table must
+        be partitioned by the same columns.
     :param mirror_consumer_group: also commit the table's offsets to this consumer group, for
         lag tools; the Delta log stays the source of truth.
     :param asset: the Asset the table's events are emitted on (default ``file://<path>`` or the
@@ -158,7 +161,7 @@ class KafkaToDeltaOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "topics", "table_uri", "starting_offsets", "transform_sql", "spark_conf", "spark_env_vars",
         "reprocess_run_id", "ingest_id", "dead_letter_table_uri", "value_schema", "avro_schema",
-        "value_schema_version", "table_properties",
+        "value_schema_version", "table_properties", "partition_by",
     )
     template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json"}
     operator_extra_links = (DeltaBatchLink(),)
@@ -201,6 +204,7 @@ class KafkaToDeltaOperator(BaseOperator):
         max_dead_letter_fraction: float | None = None,
         schema_evolution: bool = False,
         table_properties: dict[str, str] | None = None,
+        partition_by: Sequence[str] | str | None = None,
         mirror_consumer_group: str | None = None,
         asset: Asset | None = None,
         table_wait_timeout: float = 900.0,
@@ -241,6 +245,7 @@ class KafkaToDeltaOperator(BaseOperator):
         self.max_dead_letter_fraction = max_dead_letter_fraction
         self.schema_evolution = schema_evolution
         self.table_properties = table_properties or {}
+        self.partition_by = partition_by or ()
         self.mirror_consumer_group = mirror_consumer_group
         self.asset = asset if asset is not None or "{{" in table_uri else table_asset(table_uri)
         self.table_wait_timeout = table_wait_timeout
@@ -266,6 +271,7 @@ class KafkaToDeltaOperator(BaseOperator):
             avro_schema=self.avro_schema or None, key_avro_schema=self.key_avro_schema or None,
             value_subject=self.value_subject, value_schema_version=str(self.value_schema_version),
             key_subject=self.key_subject, table_properties={str(k): str(v) for k, v in self.table_properties.items()},
+            partition_by=self.partition_by,
         )
 
     def resolved_storage_options(self) -> dict[str, str] | None:

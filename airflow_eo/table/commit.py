@@ -50,6 +50,7 @@ from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity, describe_mi
 from airflow_eo.table.ledger import (
     METADATA_KEY, Ledger, batch_app_id, dlq_app_id, partition_app_id, reprocess_app_id,
 )
+from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
 from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of, rewrite_without
 
@@ -73,6 +74,7 @@ class StagedBatch:
     files: tuple[StagedFile, ...]
     rows_per_partition: dict[str, int] = field(default_factory=dict)
     arrow_schema: pa.Schema | None = None
+    partition_by: tuple[str, ...] = ()  # of the table the batch creates; an existing table keeps its own
 
     @property
     def rows(self) -> int:
@@ -108,7 +110,7 @@ def batch_metadata(plan: BatchPlan, rows_per_partition: dict[str, int], operatio
 
 
 def add_actions(files) -> list[AddAction]:
-    return [AddAction(f.path, f.size, {}, f.modification_time, True, f.stats) for f in files]
+    return [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files]
 
 
 class _Batch:
@@ -141,6 +143,7 @@ class _Batch:
         return state
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by)  # a table made since planning
         schema = delta_schema_of(self.staged.arrow_schema)
         new_columns = check_schema(ledger, schema, self.schema_evolution)
         if not new_columns:
@@ -223,10 +226,12 @@ class _Reprocess(_Batch):
         # stay "shared" files for later reprocesses (found by their stats, never removed whole).
         # Uncommitted, they are orphans like any attempt's files (the collector's "b…-…" rule).
         kept = [rewrite_without(ledger.location(), path, self.plan.ranges, new_dir + KEPT_SUFFIX) for path in mixed]
-        removes = [RemoveAction(path, True, now_ms, size, {}) for path, size in {**whole, **mixed}.items()]
+        removes = [RemoveAction(path, True, now_ms, size, partition_values_of(path))
+                   for path, size in {**whole, **mixed}.items()]
         self.removed, self.rewritten = len(removes), len(mixed)
         # the other batches' rows, copied out of shared files: not a change of data
-        unchanged = [AddAction(f.path, f.size, {}, f.modification_time, False, f.stats) for f in kept if f]
+        unchanged = [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, False, f.stats)
+                     for f in kept if f]
         return [*removes, *add_actions(self.staged.files), *unchanged]
 
     def transactions(self) -> list[Transaction]:
@@ -323,7 +328,8 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
     try:
         if ledger.table is None and rule.creates_table:
             create_table_with_add_actions(ledger.table_uri, delta_schema_of(staged.arrow_schema),
-                                          actions, mode="error", storage_options=storage_options,
+                                          actions, mode="error", partition_by=list(staged.partition_by) or None,
+                                          storage_options=storage_options,
                                           configuration=options.get("table_properties") or None,
                                           commit_properties=properties)
         else:

@@ -34,6 +34,7 @@ from airflow_eo.errors import ConfigError, TableError
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, OffsetRange, SkippedRange, TopicPartition, batch_state,
 )
+from airflow_eo.table.partitioning import check_table_partitioning
 from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
 
 APP_PREFIX = "airflow-eo"
@@ -204,11 +205,19 @@ class Ledger:
                 f"('{TXN_RETENTION}')); nothing was changed"
             )
 
-    def check_writable(self, ingest_id: str) -> None:
+    @property
+    def partition_columns(self) -> list[str]:
+        """The columns the table is partitioned by (none for a table not created yet)."""
+        return list(self.table.metadata().partition_columns) if self.table is not None else []
+
+    def check_writable(self, ingest_id: str, partition_by: Iterable[str] | None = None) -> None:
         """What ingestion checks before it plans and again when it commits: the table is this
-        ingest's (:meth:`check_owner`) and keeps its offsets (:meth:`check_txn_retention`)."""
+        ingest's (:meth:`check_owner`), keeps its offsets (:meth:`check_txn_retention`) and, when
+        ``partition_by`` is given, is partitioned so."""
         self.check_owner(ingest_id)
         self.check_txn_retention()
+        if partition_by is not None and self.table is not None:
+            check_table_partitioning(self.partition_columns, partition_by, self.table_uri)
 
     def committed_offsets(
         self, ingest_id: str, partitions: Iterable[TopicPartition]

@@ -23,19 +23,19 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from airflow_eo.attempt import Attempt
+from airflow_eo.attempt import KEY_COLUMNS, Attempt
 from airflow_eo.planning import BatchPlan
+from airflow_eo.table.partitioning import partition_segments, partition_values_of
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS_DIR = "_airflow_eo/attempts"
-KEY_COLUMNS = ("topic", "partition", "offset")
 DEFAULT_GRACE_SECONDS = 24 * 3600
 
 
@@ -66,6 +66,7 @@ class StagedFile:
     modification_time: int  # epoch ms
     num_records: int
     stats: str  # Delta stats JSON
+    partition_values: dict = field(default_factory=dict)  # column -> value, from its directory (partitioning)
 
 
 @dataclass(frozen=True)
@@ -289,9 +290,10 @@ def rewrite_without(location: TableLocation, path: str, ranges, target_dir: str)
     kept = table if inside is None else table.filter(pc.invert(pc.fill_null(inside, False)))
     if kept.num_rows == 0:
         return None
-    relative = f"{target_dir}/kept-{uuid.uuid4().hex}.parquet"
-    full = location.join(relative)
-    location.fs.create_dir(location.join(target_dir), recursive=True)
+    # the copy stays in the partition the original is in: its directory says which
+    directory = "/".join([target_dir, *partition_segments(path)])
+    full = location.join(f"{directory}/kept-{uuid.uuid4().hex}.parquet")
+    location.fs.create_dir(location.join(directory), recursive=True)
     pq.write_table(kept, full, filesystem=location.fs)
     return staged_file(location, location.fs.get_file_info(full))
 
@@ -299,12 +301,14 @@ def rewrite_without(location: TableLocation, path: str, ranges, target_dir: str)
 def staged_file(location: TableLocation, info) -> StagedFile:
     """A written Parquet file (``info``: its pyarrow ``FileInfo``) with what its add action needs."""
     meta = pq.read_metadata(info.path, filesystem=location.fs)
+    relative = location.relative(info.path)
     return StagedFile(
-        path=location.relative(info.path),
+        path=relative,
         size=info.size,
         modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
         num_records=meta.num_rows,
         stats=json.dumps(file_stats(meta)),
+        partition_values=partition_values_of(relative),
     )
 
 

@@ -136,7 +136,7 @@ def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_e
     op = make_operator("unit_dag5", "s3://bucket/orders", "t", kafka_env, storage_conn_id="s3_unit",
                        storage_options={"AWS_S3_ADDRESSING_STYLE": "path"}, value_schema="id INT, name STRING",
                        dead_letter_table_uri="s3://bucket/orders_dead", max_dead_letters=5,
-                       schema_evolution=True, mirror_consumer_group="orders-lag")
+                       schema_evolution=True, mirror_consumer_group="orders-lag", partition_by=["date"])
     config = op.ingest_config()
     assert config.storage_options == {
         "AWS_ACCESS_KEY_ID": "AKIDUNIT", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "eu-west-1",
@@ -148,7 +148,8 @@ def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_e
     assert SECRET not in attempt.to_json()  # what is written beside the table holds no secret
     assert config.value_schema == "id INT, name STRING" and config.max_dead_letters == 5
     assert config.schema_evolution and config.mirror_consumer_group == "orders-lag"
-    assert "dead_letter_table_uri" in op.template_fields
+    assert "dead_letter_table_uri" in op.template_fields and "partition_by" in op.template_fields
+    assert config.partition_by == ("date",) and attempt.partition_by == ("date",)
 
 
 def test_a_spark_connect_connection_runs_the_batch_on_the_warm_server(kafka_env, kafka_config, connect_server,
