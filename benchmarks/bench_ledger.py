@@ -23,6 +23,7 @@ so the same table also serves the "committed rerun" measurement.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -124,11 +125,10 @@ PLANNING_TOPIC = "bench-planning"
 RERUN_KEY = "bench/committed-rerun/ingest/-1"  # the operator's run-key shape
 
 
-def cached_table(cache_dir: str, commits: int, partitions: int) -> tuple[str, dict]:
-    """The ``commits``-commit table under ``cache_dir`` (built once: it takes minutes)."""
-    import json
-
-    path = os.path.join(cache_dir, f"planning-{commits}x{partitions}")
+def cached_table(cache_dir: str, commits: int, partitions: int, long_log: bool = False) -> tuple[str, dict]:
+    """The ``commits``-commit table under ``cache_dir`` (built once: it takes minutes), by the
+    project's commit path or, ``long_log``, by :func:`build_long_log`."""
+    path = os.path.join(cache_dir, f"{'long-log' if long_log else 'planning'}-{commits}x{partitions}")
     marker = path + ".json"
     if os.path.exists(marker):
         with open(marker) as f:
@@ -137,10 +137,47 @@ def cached_table(cache_dir: str, commits: int, partitions: int) -> tuple[str, di
         import shutil
 
         shutil.rmtree(path)  # an interrupted build
-    info = build_table(path, PLANNING_TOPIC, partitions, commits, f"{RERUN_KEY}-base")
+    if long_log:
+        info = build_long_log(path, PLANNING_TOPIC, partitions, commits)
+    else:
+        info = build_table(path, PLANNING_TOPIC, partitions, commits, f"{RERUN_KEY}-base")
     with open(marker, "w") as f:
         json.dump(info, f)
     return path, {**info, "cached": False}
+
+
+def build_long_log(table_uri: str, topic: str, partitions: int, commits: int, progress_every: int = 10_000) -> dict:
+    """A table of ``commits`` commits made with deltalake's own commit, without files: each the
+    txn of its moving partition, the batch counter and the batch metadata an ingest writes (batch
+    1 carries every partition). For 100k commits the project's commit path (a table open and a
+    staged file per commit) would take hours. The writer checkpoints every 100 commits and, with
+    ``delta.logRetentionDuration`` 0, cleans the log behind each checkpoint, so a commit does not
+    list an ever longer log; a planner reads the same either way: the last checkpoint (every
+    partition's txn) plus the commits after it."""
+    from deltalake import DeltaTable, Transaction
+    from deltalake.transaction import CommitProperties
+
+    from airflow_eo.table.commit import batch_metadata
+    from airflow_eo.table.ledger import METADATA_KEY, batch_app_id, partition_app_id
+    from airflow_eo.table.schema import delta_schema_of
+
+    started = time.monotonic()
+    schema = delta_schema_of(KAFKA_SCHEMA)
+    table = DeltaTable.create(table_uri, schema, configuration={"delta.logRetentionDuration": "interval 0 seconds"})
+    for batch in range(1, commits + 1):
+        plan = batch_plan(topic, partitions, batch, f"build-{batch}", narrow=batch > 1)
+        txns = [Transaction(partition_app_id(PLANNING_INGEST_ID, r.tp), r.end) for r in plan.ranges]
+        properties = CommitProperties(custom_metadata={METADATA_KEY: json.dumps(batch_metadata(plan, {}))},
+                                      app_transactions=[*txns, Transaction(batch_app_id(PLANNING_INGEST_ID), batch)])
+        table.create_write_transaction([], mode="append", schema=schema, commit_properties=properties)
+        table.update_incremental()
+        if batch % progress_every == 0:
+            elapsed = time.monotonic() - started
+            print(f"  long log: {batch}/{commits} commits ({elapsed:.0f}s, {batch / elapsed:.0f}/s)", file=sys.stderr,
+                  flush=True)
+    log_dir = os.path.join(table_uri, "_delta_log")
+    return {"commits": commits, "partitions": partitions, "build_seconds": time.monotonic() - started,
+            "log_files": len(os.listdir(log_dir)), "version": table.version()}
 
 
 if __name__ == "__main__":  # prebuild: python benchmarks/bench_ledger.py CACHE_DIR COMMITS PARTITIONS

@@ -6,7 +6,8 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * raw fetch rate (confluent-kafka alone, one process per partition) and the project's reader;
 * at-least-once baseline (same Spark read + Parquet write, no ledger/plan/commit);
 * exactly-once run (``Ingestion(config, LocalSparkSubmit()).run``), at 1x, 2x, 4x records;
-* planning latency against tables with 1,000 and 10,000 commits over 100 partitions;
+* planning latency against tables with 1,000 and 10,000 commits over 100 partitions, and at
+  100,000 commits (``--long-log-commits``; built with deltalake's own commits, ``bench_ledger``);
 * committed rerun (already-committed run key: no Spark);
 * peak memory (PSS) of the Spark process tree for a run ``--memory-multiplier`` times larger;
 * the warm path (``bench_warm``): a batch on a long-lived Spark Connect server against a cold
@@ -47,6 +48,7 @@ import bench_spark  # noqa: E402
 import bench_decode  # noqa: E402
 import bench_maintenance  # noqa: E402
 import bench_warm  # noqa: E402
+from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.planning import OffsetRange  # noqa: E402
 from airflow_eo.submit.connect_server import ConnectServer  # noqa: E402
@@ -57,11 +59,6 @@ DATA_TOPIC = "bench-data"
 
 def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
-            "values": values}
 
 
 def interleaved(steps: list, repetitions: int):
@@ -81,6 +78,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--planning-commits", default="1000,10000")
     p.add_argument("--planning-partitions", type=int, default=100)
     p.add_argument("--planning-repetitions", type=int, default=5)
+    p.add_argument("--long-log-commits", type=int, default=100_000,
+                   help="planning at a table of this many commits (with checkpoints); 0 skips")
     p.add_argument("--checkpoint-tail", type=int, default=99,
                    help="all-partition commits added past the last checkpoint (99 = the worst case)")
     p.add_argument("--memory-multiplier", type=int, default=10, help="0 skips the large run")
@@ -175,7 +174,8 @@ class Bench:
     def planning(self) -> None:
         a = self.args
         commit_counts = [int(c) for c in a.planning_commits.split(",")]
-        per_partition = bench_ledger.records_needed(max(commit_counts) + a.checkpoint_tail, a.planning_partitions)
+        per_partition = bench_ledger.records_needed(max(*commit_counts, a.long_log_commits) + a.checkpoint_tail,
+                                                    a.planning_partitions)
         self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
         bench_kafka.create_topic(self.broker.config, bench_ledger.PLANNING_TOPIC, a.planning_partitions)
         bench_kafka.load(self.broker.config, bench_ledger.PLANNING_TOPIC, per_partition * a.planning_partitions,
@@ -203,6 +203,13 @@ class Bench:
                                                      self.broker.config, None).config
             self.record(f"committed_rerun.{commits}_commits",
                         bench_spark.committed_rerun(config, bench_ledger.RERUN_KEY, {self.broker.process.pid})["seconds"])
+        if a.long_log_commits:
+            say(f"planning at {a.long_log_commits:,} commits (with checkpoints; cached in {a.cache_dir})")
+            cached, builds["long_log"] = bench_ledger.cached_table(a.cache_dir, a.long_log_commits,
+                                                                   a.planning_partitions, long_log=True)
+            ingestion = bench_ledger.planning_ingestion(cached, bench_ledger.PLANNING_TOPIC, self.broker.config, None)
+            for _ in range(a.planning_repetitions):
+                self.record(f"planning.long_log.{a.long_log_commits}", bench_ledger.time_plan(ingestion, "probe")[0])
         self.results["planning_tables"] = builds
         self.stop_broker()
 
@@ -306,111 +313,6 @@ class Bench:
         a = self.args
         self.results["maintenance"] = bench_maintenance.run(self.work, a.maintenance_files, a.maintenance_rows,
                                                             a.repetitions, say)
-
-
-def ratios(times: dict, a: argparse.Namespace) -> dict:
-    med = {k: statistics.median(v) for k, v in times.items()}
-    if "exactly_once.x1" not in med:
-        return {**warm_ratios(med), **decode_ratios(med, a)}
-    eo, alo, raw = med["exactly_once.x1"], med["at_least_once"], med["raw_fetch"]
-    out = {
-        "eo_over_alo": eo / alo,
-        "eo_rate_over_raw_rate": raw / eo,  # same records: rate ratio = inverse time ratio
-        "eo_rate_records_per_s": a.records / eo,
-        "raw_rate_records_per_s": a.records / raw,
-        "reader_rate_records_per_s": a.records / med["reader_fetch"],
-    }
-    if med.get("exactly_once.x1.in_spark") and med.get("at_least_once.in_spark"):
-        out["eo_over_alo_in_spark"] = med["exactly_once.x1.in_spark"] / med["at_least_once.in_spark"]
-        out["eo_in_spark_rate_over_raw_rate"] = raw / med["exactly_once.x1.in_spark"]
-    if med.get("exactly_once.x1.spark_jobs") and med.get("at_least_once.spark_jobs"):
-        # where the time goes (README "Performance"): outside Spark's jobs is JVM start,
-        # session set-up and, on the exactly-once side, plan + log + commit + verify
-        out["eo_over_alo_spark_jobs"] = med["exactly_once.x1.spark_jobs"] / med["at_least_once.spark_jobs"]
-        out["eo_spark_jobs_rate_over_raw_rate"] = raw / med["exactly_once.x1.spark_jobs"]
-        out["eo_seconds_outside_spark_jobs"] = med["exactly_once.x1"] - med["exactly_once.x1.spark_jobs"]
-        out["alo_seconds_outside_spark_jobs"] = med["at_least_once"] - med["at_least_once.spark_jobs"]
-    out["reader_rate_over_raw_rate"] = raw / med["reader_fetch"]
-    scales = sorted(int(k.split(".x")[1]) for k in med if k.startswith("exactly_once.x") and k.count(".") == 1)
-    out["scaling_seconds_per_million"] = {f"x{s}": med[f"exactly_once.x{s}"] / (a.records * s) * 1e6 for s in scales}
-    return {**out, **warm_ratios(med), **decode_ratios(med, a)}
-
-
-def decode_ratios(med: dict, a: argparse.Namespace) -> dict:
-    if "decode.avro" not in med:
-        return {}
-    return {"decode_avro_rate_over_json_rate": med["decode.json"] / med["decode.avro"],
-            "decode_avro_records_per_s": a.decode_records / med["decode.avro"],
-            "decode_json_records_per_s": a.decode_records / med["decode.json"]}
-
-
-def warm_ratios(med: dict) -> dict:
-    if "warm.warm_small" not in med:
-        return {}
-    return {
-        "warm_small_batch_seconds": med["warm.warm_small"],
-        "cold_small_batch_seconds": med["warm.cold_small"],
-        "warm_raw_single_consumer_over_ingest": med["warm.raw_single_consumer"] / med["warm.warm_full"],
-        "warm_raw_single_consumer_over_ingest_in_process": med["warm.raw_single_consumer"]
-        / med["warm.warm_full_in_process"],
-        "warm_eo_over_alo": med["warm.warm_full_in_process"] / med["warm.warm_at_least_once"],
-        "reader_datasource_over_arrow_full": med["warm.warm_alo_datasource"] / med["warm.warm_at_least_once"],
-        "reader_datasource_over_arrow_small": med["warm.warm_alo_small_datasource"] / med["warm.warm_alo_small"],
-    }
-
-
-def targets(r: dict, times: dict, results: dict) -> dict:
-    med = {k: statistics.median(v) for k, v in times.items()}
-    plan10k = max((v for k, v in med.items() if k.startswith("planning.10000.")), default=None)
-    reruns = [v for k, v in med.items() if k.startswith("committed_rerun.")]
-    mem = results.get("memory")
-    warm = {} if "warm_small_batch_seconds" not in r else {
-        "warm_small_batch<=5s": r["warm_small_batch_seconds"] <= 5.0,
-        "cold_small_batch<=12s": r["cold_small_batch_seconds"] <= 12.0,
-        "warm_raw/ingest>=0.35": r["warm_raw_single_consumer_over_ingest"] >= 0.35,
-        "warm_eo_over_alo<=1.03": r["warm_eo_over_alo"] <= 1.03,
-        "warm_server_memory_flat(after_N/after_10<=1.1)": None if "warm_server_rss_mb" not in results else (
-            max(results["warm_server_rss_mb"].values()) / results["warm_server_rss_mb"]["after_10"] <= 1.1),
-    }
-    if "maintenance" in results:
-        m = results["maintenance"]
-        warm = {**warm, "read_after_compaction>=5x_faster": m["read_speedup"] >= 5,
-                "compaction_in_minutes(<=10)": m["seconds"] <= 600}
-    if "decode_avro_rate_over_json_rate" in r:
-        warm = {**warm, "decode_avro_rate/json_rate>=0.8": r["decode_avro_rate_over_json_rate"] >= 0.8}
-    if "eo_over_alo" not in r:
-        return warm
-    return {
-        **warm,
-        "eo_over_alo<=1.03": r["eo_over_alo"] <= 1.03,
-        "eo_rate/raw>=0.70": r["eo_rate_over_raw_rate"] >= 0.70,
-        "planning_10k<=1s": None if plan10k is None else plan10k <= 1.0,
-        "committed_rerun<=3s": max(reruns) <= 3.0 if reruns else None,
-        "large_run_no_oom": None if not mem else True,
-        # peak memory must not grow with the record count (bounded by batch sizes, not data)
-        "peak_memory_flat(x_big/x1<=1.25)": None if not mem else (
-            max(m["peak_pss_mb"]["total"] for m in mem.values())
-            / min(m["peak_pss_mb"]["total"] for m in mem.values()) <= 1.25),
-    }
-
-
-def print_table(report: dict) -> None:
-    print(f"\n{'measurement':44} {'median':>9} {'min':>9} {'max':>9}  n")
-    for key, s in report["times"].items():
-        print(f"{key:44} {s['median']:9.3f} {s['min']:9.3f} {s['max']:9.3f}  {s['n']}")
-    print("\nratios / rates")
-    for key, value in report["ratios"].items():
-        print(f"  {key:42} {json.dumps(value) if isinstance(value, dict) else f'{value:,.3f}'}")
-    for multiple, m in report.get("memory", {}).items():
-        print(f"  peak PSS {multiple:>4} ({m['records']:,} records): " +
-              ", ".join(f"{k} {v:,.0f} MB" for k, v in m["peak_pss_mb"].items()))
-    if "maintenance" in report:
-        m = report["maintenance"]
-        print(f"  maintenance: read of {m['rows']:,} rows in {m['files']:,} files {statistics.median(m['read_before_seconds']):.2f}s, "
-              f"after compaction {statistics.median(m['read_after_seconds']):.3f}s ({m['read_speedup']:.1f}x); "
-              f"compaction {m['seconds']:.1f}s, peak RSS {m['peak_rss_mb']:.0f} MB")
-    print("\ntargets: " + ", ".join(f"{k}: {'met' if v else ('n/a' if v is None else 'MISSED')}"
-                                    for k, v in report["targets"].items()))
 
 
 def machine() -> dict:

@@ -3,7 +3,8 @@ and its numbers are sane. Real broker, real spark-submit (three of them), a real
 server, real Delta tables.
 
 Kept small (5,000 records, one repetition, no scaling or 10x memory run, a 200-commit
-planning table with a 5-commit tail) so it fits a ~2 minute budget on an idle 2-core machine.
+planning table with a 5-commit tail, a 300-commit long log) so it fits a ~2 minute budget on
+an idle 2-core machine.
 """
 
 import json
@@ -18,7 +19,7 @@ def test_benchmark_smoke(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "benchmark.py"), "--records", "5000",
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
-           "--planning-repetitions", "1", "--checkpoint-tail", "5", "--cache-dir", str(tmp_path / "cache"),
+           "--planning-repetitions", "1", "--checkpoint-tail", "5", "--long-log-commits", "300", "--cache-dir", str(tmp_path / "cache"),
            "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200",
            "--maintenance-rows", "20000", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -28,7 +29,7 @@ def test_benchmark_smoke(tmp_path):
     times = report["times"]
     for key in ("raw_fetch", "reader_fetch", "at_least_once", "at_least_once.in_spark", "exactly_once.x1",
                 "exactly_once.x1.in_spark", "committed_rerun.small_table", "planning.200.at_checkpoint",
-                "planning.200.checkpoint_plus_5", "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
+                "planning.200.checkpoint_plus_5", "planning.long_log.300", "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
                 "warm.raw_single_consumer", "warm.warm_full", "warm.warm_at_least_once", "warm.warm_alo_datasource",
                 "decode.json", "decode.avro"):
         assert key in times, key

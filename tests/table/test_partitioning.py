@@ -52,9 +52,11 @@ def test_an_existing_tables_partitioning_must_be_named():
 
 
 def partitioned(spark, kafka_config, table_uri, topic, sql=SQL, partition_by=PARTITION_BY, **kwargs) -> Ingestion:
+    """An ingestion into a partitioned table; ``spark`` is a SparkSession (local path) or a SparkPath."""
     config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
                           transform=Transform(sql=sql), partition_by=partition_by, **kwargs)
-    return Ingestion(config, SparkPath("local", spark).submitter())
+    path = spark if isinstance(spark, SparkPath) else SparkPath("local", spark)
+    return Ingestion(config, path.submitter())
 
 
 def assert_partitioned_as_the_rows_say(table_uri):
@@ -73,8 +75,9 @@ def assert_partitioned_as_the_rows_say(table_uri):
     return actions
 
 
-def test_a_partitioned_table_keeps_its_layout_through_batches_compaction_and_reprocess(broker, kafka_config, spark,
-                                                                                       table_uri):
+def test_a_partitioned_table_keeps_its_layout_through_batches_compaction_and_reprocess(broker, kafka_config,
+                                                                                       spark_path, table_uri):
+    spark = spark_path  # local Spark and Spark Connect write the partitions
     topic = new_topic(kafka_config, 3)
     produce(kafka_config, topic, 30, partitions=3)
     ing = partitioned(spark, kafka_config, table_uri, topic, max_records_per_run=15)
