@@ -81,10 +81,15 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
 
 def cmd_ingest(args) -> int:
     from airflow_eo.attempt import Transform
+    from airflow_eo.errors import ConfigError
     from airflow_eo.ingest import IngestConfig, Ingestion
+    from airflow_eo.intervals import interval_of
     from airflow_eo.planning import RunIdentity
     from airflow_eo.submit.spark_submit import LocalSparkSubmit
 
+    if (args.interval_start is None) != (args.interval_end is None):
+        raise ConfigError("give both --interval-start and --interval-end (interval mode), or neither")
+    interval = interval_of(args.interval_start, args.interval_end) if args.interval_start is not None else None
     config = IngestConfig(
         table_uri=args.table, ingest_id=args.ingest_id, topics=args.topics.split(","),
         kafka_config=_kafka_config(args), starting_offsets=args.starting_offsets,
@@ -100,6 +105,7 @@ def cmd_ingest(args) -> int:
         schema_evolution=args.schema_evolution, mirror_consumer_group=args.mirror_consumer_group,
         table_properties=_pairs(args.table_property, "--table-property"),
         partition_by=tuple(c.strip() for value in args.partition_by or () for c in value.split(",")),
+        mode="interval" if interval else "offsets", close_after=args.close_after,
     )
     conf = _pairs(args.conf, "--conf")
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
@@ -110,7 +116,7 @@ def cmd_ingest(args) -> int:
     else:
         submitter = LocalSparkSubmit(master=args.master, conf=conf)
     _stop_spark_on_sigterm(submitter)
-    result = Ingestion(config, submitter).run(RunIdentity(run_key))
+    result = Ingestion(config, submitter).run(RunIdentity(run_key), interval)
     _print(result.to_dict(), args.json)
     return 0
 
@@ -163,9 +169,18 @@ def cmd_status(args) -> int:
     lay = status["layout"]
     print(f"files {lay['files']}  average {lay['average_file_bytes']:,} bytes  commits since checkpoint "
           f"{lay['versions_since_checkpoint']}  maintenance due: {'; '.join(lay['due']) or 'none'}")
+    if status.get("intervals"):
+        iv = status["intervals"]
+        print(f"intervals: {len(iv['committed'])} committed, {len(iv['gaps'])} gap(s)")
+        for c in iv["committed"][-10:]:
+            print(f"  batch {c['batch']:>5}  {c['interval']}")
+        for g in iv["gaps"][:10]:
+            print(f"  gap          {g}")
     print("last batches:")
     for b in status["batches"]:
-        print(f"  batch {b['batch']:>5}  version {b['version']:>5}  rows {b['rows']:>9}  {b['operation']}  {', '.join(b['ranges'])}")
+        late = f"  late {b['late']}" if b.get("late") else ""
+        print(f"  batch {b['batch']:>5}  version {b['version']:>5}  rows {b['rows']:>9}  {b['operation']}  "
+              f"{', '.join(b['ranges'])}{late}")
     return 0
 
 
@@ -250,6 +265,11 @@ def parser() -> argparse.ArgumentParser:
                      help="partition column of the table the first batch creates (repeatable or comma-separated), "
                      "produced by the transform, e.g. --transform-sql \"SELECT *, to_date(timestamp) AS date FROM "
                      "source\" --partition-by date")
+    ing.add_argument("--interval-start", metavar="T0", help="interval mode: ingest the records of [T0, T1) by Kafka "
+                     "timestamp (ISO-8601 with a zone, or epoch ms); with --interval-end")
+    ing.add_argument("--interval-end", metavar="T1", help="interval mode: the end of the data interval (exclusive)")
+    ing.add_argument("--close-after", metavar="DURATION", help="interval mode: an idle partition closes this long "
+                     "after the interval end (seconds, or 90s/15m/1h; default 15m)")
     ing.add_argument("--mirror-consumer-group", help="also commit the offsets to this consumer group")
     ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)

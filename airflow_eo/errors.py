@@ -80,6 +80,12 @@ class SparkJobError(AirflowEoError):
     retryable = True
 
 
+class IntervalNotClosedError(AirflowEoError):
+    """A partition may still receive records of the interval (retry later, or wait for it)."""
+
+    retryable = True
+
+
 class SparkUnavailableError(AirflowEoError):
     """The Spark Connect server could not be reached, or went away mid-batch (retryable)."""
 

@@ -22,10 +22,8 @@ Example::
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from typing import Protocol
 
 from airflow_eo.attempt import (
@@ -34,10 +32,10 @@ from airflow_eo.attempt import (
 )
 from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError, error_from_line
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import (
-    BatchPlan, CommitCheck, OnDataLoss, RunIdentity, StartingPosition, TopicPartition,
-    partitions_without_offsets, plan_batch,
-)
+from airflow_eo.intervals import CommittedInterval, parse_duration
+from airflow_eo.planner import INTERVAL, OFFSETS, IntervalPlanner, OffsetPlanner, check_mode
+from airflow_eo.planning import BatchPlan, CommitCheck, Interval, OnDataLoss, RunIdentity, StartingPosition
+from airflow_eo.result import IngestResult, short_cause  # noqa: F401 - re-exported: the loop's result
 from airflow_eo.status import measure_lag
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, commit_dead_letters_of
 from airflow_eo.table.ledger import BatchRecord, Ledger, validate_ingest_id
@@ -90,12 +88,18 @@ class IngestConfig:
     schema_evolution: bool = False
     table_properties: dict[str, str] = field(default_factory=dict)  # of the table the first batch creates
     partition_by: tuple[str, ...] = ()  # partition columns of the table the first batch creates
+    # planning (airflow_eo.planner): "offsets" = everything new; "interval" = a run's data interval,
+    # an idle partition closing close_after (seconds or "15m") past the interval's end
+    mode: str = OFFSETS
+    close_after: object = None
 
     def __post_init__(self):
         validate_ingest_id(self.ingest_id)
         object.__setattr__(self, "table_uri", normalize_table_uri(self.table_uri))
         object.__setattr__(self, "on_data_loss", OnDataLoss(self.on_data_loss).value)
         object.__setattr__(self, "partition_by", check_partition_by(self.partition_by))
+        check_mode(self.mode)
+        parse_duration(self.close_after)
         StartingPosition.parse(self.starting_offsets)
         if self.dead_letter_table_uri:
             object.__setattr__(self, "dead_letter_table_uri", normalize_table_uri(self.dead_letter_table_uri))
@@ -130,43 +134,6 @@ class IngestConfig:
         return Secrets(self.kafka_config, self.storage_options, self.schema_registry)
 
 
-@dataclass(frozen=True)
-class IngestResult:
-    """What a run did; ``to_dict()`` is the operator's XCom and Asset event extra."""
-
-    status: str
-    ingest_id: str
-    table_uri: str
-    run_key: str
-    batch: int | None = None
-    version: int | None = None
-    attempt_id: str | None = None
-    ranges: list[dict] = field(default_factory=list)
-    rows: int = 0
-    rows_per_partition: dict[str, int] = field(default_factory=dict)
-    lag: dict[str, int] = field(default_factory=dict)
-    spark_started: bool = False
-    files: int = 0  # data files the commit added
-    bytes: int = 0  # and their size
-    dead_letters: int = 0  # records of the batch written to the dead-letter table instead
-    seconds: float = 0.0  # the run's wall time (planning to verified commit)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-_EXIT_CODE = re.compile(r"(?:[Ee]rror code is|exit(?:ed with)? code)[: ]+(-?\d+)")
-
-
-def short_cause(error: BaseException) -> str:
-    """One line on why a job failed: a spark-submit failure's exit code, not its command line."""
-    text = str(error)
-    code = _EXIT_CODE.search(text)
-    if code and ("spark-submit" in text or "Cannot execute" in text):
-        return f"spark-submit exited with code {code.group(1)}"
-    return f"{error.__class__.__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
-
-
 class Submitter(Protocol):
     """Starts the Spark job of one recorded attempt and waits for it."""
 
@@ -192,32 +159,16 @@ class Ingestion:
         return ledger
 
     # -- step 1: plan -------------------------------------------------------------
-    def plan(self, run: RunIdentity, ledger: Ledger | None = None) -> BatchPlan:
-        """Plan the next batch from the table's offsets and Kafka's last stable offsets."""
-        ledger = ledger or self.ledger()
-        kafka = self.kafka()
-        partitions = kafka.partitions(self.config.topics)
-        bounds = kafka.bounds(partitions)
-        committed = ledger.committed_offsets(self.config.ingest_id, partitions + self._shrunk(partitions))
-        committed = {tp: v for tp, v in committed.items() if v is not None or tp in bounds}
-        new = partitions_without_offsets(committed, bounds)
-        new_starts = kafka.resolve_starts(StartingPosition.parse(self.config.starting_offsets), new, bounds)
-        return plan_batch(
-            ingest_id=self.config.ingest_id,
-            batch=ledger.last_batch(self.config.ingest_id) + 1,
-            committed=committed, bounds=bounds, new_starts=new_starts,
-            max_records=self.config.max_records_per_run, on_data_loss=self.config.on_data_loss,
-            run=run, planned_at=datetime.now(timezone.utc).isoformat(),
-        )
-
-    @staticmethod
-    def _shrunk(partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """The partition after the last of each topic: a committed offset there means the
-        topic was recreated with fewer partitions."""
-        last: dict[str, int] = {}
-        for tp in partitions:
-            last[tp.topic] = max(last.get(tp.topic, -1), tp.partition)
-        return [TopicPartition(t, p + 1) for t, p in last.items()]
+    def plan(self, run: RunIdentity, ledger: Ledger | None = None,
+             interval: Interval | None = None) -> "BatchPlan | CommittedInterval":
+        """Plan the next batch (offset mode) or ``interval``'s batch (interval mode) from the
+        table and Kafka's last stable offsets (:mod:`airflow_eo.planner`)."""
+        if (self.config.mode == INTERVAL) != (interval is not None):
+            raise ConfigError(f"mode={self.config.mode!r} " + (
+                "needs the run's data interval (interval_start and interval_end)" if interval is None else
+                "plans by offsets: an interval is given only with mode='interval'") + "; nothing was committed")
+        planner = IntervalPlanner(self.config, interval) if interval is not None else OffsetPlanner(self.config)
+        return planner.plan(run, ledger or self.ledger(), self.kafka())
 
     def wait_for_turn(self, timeout: float, poll: float = 2.0) -> float:
         """Wait (up to ``timeout`` s) while another attempt on this table is running: runs of one
@@ -236,10 +187,11 @@ class Ingestion:
             time.sleep(poll)
 
     # -- the loop -----------------------------------------------------------------
-    def run(self, run: RunIdentity) -> IngestResult:
-        """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key."""
+    def run(self, run: RunIdentity, interval: Interval | None = None) -> IngestResult:
+        """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key
+        (and, in interval mode, per interval: a committed interval is not read again)."""
         started = time.monotonic()
-        result = self._run(run)
+        result = self._run(run, interval)
         result = replace(result, seconds=round(time.monotonic() - started, 3))
         if result.spark_started:
             log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s",
@@ -247,15 +199,19 @@ class Ingestion:
                      result.rows / result.seconds if result.seconds else 0, result.version)
         return result
 
-    def _run(self, run: RunIdentity) -> IngestResult:
+    def _run(self, run: RunIdentity, interval: Interval | None) -> IngestResult:
         ledger = self.ledger()
         self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
         self.collect_orphans()
-        plan = self._replayable_plan(run, ledger)
+        plan = self._replayable_plan(run, ledger, interval)
         if isinstance(plan, IngestResult):
             return self.mirror(plan)
         if plan is None:
-            plan = self.plan(run, ledger)
+            plan = self.plan(run, ledger, interval)
+            if isinstance(plan, CommittedInterval):
+                log.info("interval %s is already in the table (batch %s); starting nothing", interval, plan.batch)
+                return self.committed_result(BatchPlan(self.config.ingest_id, plan.batch, (), run, interval=interval),
+                                             ledger, by_batch=True)
             if plan.is_empty:
                 log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
                 return self.mirror(self._result(NOTHING_NEW, plan, None, ledger))
@@ -273,9 +229,10 @@ class Ingestion:
                          self.config.ingest_id, self.config.topics)
         return result
 
-    def _replayable_plan(self, run: RunIdentity, ledger: Ledger) -> "BatchPlan | IngestResult | None":
+    def _replayable_plan(self, run: RunIdentity, ledger: Ledger,
+                         interval: Interval | None = None) -> "BatchPlan | IngestResult | None":
         logged = self.plans.load(run.run_key)
-        if logged is None:
+        if logged is None or logged.interval != interval:  # a run's interval is fixed; else plan anew
             return None
         state = ledger.state_of(logged)
         if state is CommitCheck.ALREADY_COMMITTED:
@@ -291,9 +248,11 @@ class Ingestion:
     def execute(self, plan: BatchPlan) -> IngestResult:
         """Run one attempt of a logged plan on Spark and verify the outcome in the log."""
         attempt = self.config.attempt(plan.with_attempt(new_attempt_id()))
-        log.info("batch %s attempt %s: plan %s (%d offsets)", plan.batch, attempt.attempt_id,
+        log.info("batch %s attempt %s: plan %s (%d offsets)%s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges) or "offsets only",
-                 sum(r.end - r.start for r in plan.data_ranges))
+                 sum(r.end - r.start for r in plan.data_ranges),
+                 f" for interval {plan.interval}" + (f", idle partitions closed: {', '.join(map(str, plan.closed_idle))}"
+                                                     if plan.closed_idle else "") if plan.interval else "")
         return self.verify(attempt.plan, self.submit_attempt(attempt))
 
     def submit_attempt(self, attempt: Attempt) -> BaseException | None:
@@ -350,8 +309,11 @@ class Ingestion:
             "table and its offsets are unchanged. Retry the task: it replays the same offsets"
         ) from error
 
-    def committed_result(self, plan: BatchPlan, ledger: Ledger) -> IngestResult:
-        record = ledger.find_batch(plan.ingest_id, run_key=plan.run.run_key, batch=plan.batch)
+    def committed_result(self, plan: BatchPlan, ledger: Ledger, by_batch: bool = False) -> IngestResult:
+        record = ledger.find_batch(plan.ingest_id, run_key=None if by_batch else plan.run.run_key, batch=plan.batch,
+                                   operation="ingest" if by_batch else None)
+        if by_batch and record is not None:  # report the interval's recorded ranges
+            plan = replace(plan, ranges=record.ranges)
         return self._result(ALREADY_COMMITTED, plan, record, ledger)
 
     def _result(self, status: str, plan: BatchPlan, record: BatchRecord | None, ledger: Ledger,
@@ -370,6 +332,8 @@ class Ingestion:
             bytes=int(record.raw.get("bytes", 0)) if record else 0,
             dead_letters=sum(int(f.get("num_records", 0)) for f in
                              ((record.raw.get("dead_letters") or {}).get("files") or [])) if record else 0,
+            interval=asdict(plan.interval) if plan.interval else None,
+            late_records=int((record.raw.get("late") or {}).get("records", 0)) if record else 0,
         )
 
     def lag(self, ledger: Ledger) -> dict[str, int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import time
 from typing import Mapping
 
 from confluent_kafka import IsolationLevel, KafkaException
@@ -136,6 +137,38 @@ class KafkaOffsets:
     def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
         """First offset at or after ``timestamp_ms`` per partition (-1 where none)."""
         return self._list({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps})
+
+    def newest_timestamps(self, bounds: Mapping[TopicPartition, PartitionBounds], look_back: int = 10,
+                          timeout: float = 5.0) -> dict[TopicPartition, int | None]:
+        """The newest record timestamp below each partition's last stable offset, from its last
+        ``look_back`` offsets (None: no record there); for messages, not for planning."""
+        from confluent_kafka import Consumer
+
+        newest: dict[TopicPartition, int | None] = {tp: None for tp in bounds}
+        wanted = {tp: b for tp, b in bounds.items() if b.end > b.log_start}
+        if not wanted:
+            return newest
+        consumer = Consumer({**self.config, "group.id": "airflow-eo-probe", "enable.auto.commit": False,
+                             "isolation.level": "read_committed", "enable.partition.eof": True})
+        try:
+            consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, max(b.log_start, b.end - look_back))
+                             for tp, b in wanted.items()])
+            open_ = set(wanted)
+            deadline = time.monotonic() + timeout
+            while open_ and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                tp = TopicPartition(message.topic(), message.partition())
+                if message.error() is not None or message.offset() >= wanted[tp].end - 1:
+                    open_.discard(tp)
+                if message.error() is None and message.offset() < wanted[tp].end:
+                    newest[tp] = max(newest[tp] or 0, message.timestamp()[1])
+        except KafkaException:
+            pass  # only a message gets poorer
+        finally:
+            consumer.close()
+        return newest
 
     def resolve_starts(
         self, position: StartingPosition, tps: list[TopicPartition],

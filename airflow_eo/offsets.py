@@ -75,3 +75,20 @@ class RunIdentity:
     run_id: str | None = None
     task_id: str | None = None
     try_number: int | None = None
+
+
+@dataclass(frozen=True, order=True)
+class Interval:
+    """A half-open span of Kafka record time ``[start_ms, end_ms)`` in epoch milliseconds: the
+    data interval an interval-mode batch owns (:mod:`airflow_eo.intervals`)."""
+
+    start_ms: int
+    end_ms: int
+
+    def __str__(self) -> str:
+        from datetime import datetime, timezone
+
+        def iso(ms: int) -> str:
+            return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+        return f"[{iso(self.start_ms)}, {iso(self.end_ms)})"

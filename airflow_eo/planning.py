@@ -27,7 +27,7 @@ from typing import Mapping
 
 from airflow_eo.errors import ConfigError, DataLossError, OffsetsAheadError
 from airflow_eo.offsets import (  # noqa: F401 - the planning core's vocabulary, re-exported
-    EARLIEST, LATEST, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
+    EARLIEST, LATEST, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
 )
 
 class OnDataLoss(str, enum.Enum):
@@ -51,6 +51,10 @@ class BatchPlan:
     skipped: tuple[SkippedRange, ...] = ()
     planned_at: str = ""
     attempt_id: str = ""
+    # interval mode (airflow_eo.intervals): the data interval the batch owns, and the partitions
+    # whose end boundary was fixed at their end offset because they stayed idle past the grace
+    interval: Interval | None = None
+    closed_idle: tuple[TopicPartition, ...] = ()
 
     @property
     def starts(self) -> dict[TopicPartition, int]:
@@ -77,8 +81,9 @@ class BatchPlan:
 
     @property
     def is_empty(self) -> bool:
-        """True when committing would change nothing in the ledger."""
-        return not self.data_ranges and not self.new_partitions and not self.skipped
+        """True when committing would change nothing in the ledger (an interval is recorded
+        even when it holds no records: its boundaries are fixed by its commit)."""
+        return not self.data_ranges and not self.new_partitions and not self.skipped and self.interval is None
 
     def with_attempt(self, attempt_id: str) -> "BatchPlan":
         return replace(self, attempt_id=attempt_id)
@@ -98,6 +103,8 @@ class BatchPlan:
             skipped=tuple(SkippedRange(**s) for s in raw["skipped"]),
             planned_at=raw.get("planned_at", ""),
             attempt_id=raw.get("attempt_id", ""),
+            interval=Interval(**raw["interval"]) if raw.get("interval") else None,
+            closed_idle=tuple(TopicPartition(**t) for t in raw.get("closed_idle", ())),
         )
 
 

@@ -21,6 +21,8 @@ from typing import Mapping
 from airflow_eo.errors import AirflowEoError, TableError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.planning import PartitionBounds, StartingPosition, TopicPartition, backlog, partitions_without_offsets
+from airflow_eo.intervals import gaps
+from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -74,9 +76,15 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
         ledger.check_txn_retention()
     except AirflowEoError as exc:
         table_layout["due"].insert(0, str(exc))
+    intervals = IntervalLedger(ledger, ingest_id)
+    committed_intervals = intervals.committed() if intervals.is_interval_table() else []
     return {
+        "intervals": {"committed": [{"batch": c.batch, "interval": str(c.interval), "start_ms": c.interval.start_ms,
+                                     "end_ms": c.interval.end_ms} for c in sorted(committed_intervals, key=lambda c: c.interval)],
+                      "gaps": [str(g) for g in gaps(committed_intervals)]} if committed_intervals else None,
         "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
         "last_batch": ledger.last_batch(ingest_id), "layout": table_layout, "partitions": rows,
         "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation,
-                     "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size]} for b in batches],
+                     "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size],
+                     "late": (b.raw.get("late") or {}).get("records", 0)} for b in batches],
     }

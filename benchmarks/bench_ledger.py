@@ -108,16 +108,17 @@ def records_needed(commits: int, partitions: int) -> int:
     return -(-commits // partitions)
 
 
-def planning_ingestion(table_uri: str, topic: str, kafka_config: dict, submitter) -> Ingestion:
+def planning_ingestion(table_uri: str, topic: str, kafka_config: dict, submitter, mode: str = "offsets") -> Ingestion:
     config = IngestConfig(table_uri=table_uri, ingest_id=PLANNING_INGEST_ID, topics=[topic],
-                          kafka_config=kafka_config)
+                          kafka_config=kafka_config, mode=mode)
     return Ingestion(config, submitter)
 
 
-def time_plan(ingestion: Ingestion, run_key: str) -> tuple[float, int]:
-    """Seconds for ``Ingestion.plan`` (ledger read + Kafka metadata and bounds), and its batch."""
+def time_plan(ingestion: Ingestion, run_key: str, interval=None) -> tuple[float, int]:
+    """Seconds for ``Ingestion.plan`` (ledger read + Kafka metadata and bounds; in interval mode
+    also the offsets by timestamp of both ends), and its batch."""
     t = time.perf_counter()
-    plan = ingestion.plan(RunIdentity(run_key))
+    plan = ingestion.plan(RunIdentity(run_key), interval=interval)
     return time.perf_counter() - t, plan.batch
 
 

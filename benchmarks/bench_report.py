@@ -77,6 +77,9 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         "warm_server_memory_flat(after_N/after_10<=1.1)": None if "warm_server_rss_mb" not in results else (
             max(results["warm_server_rss_mb"].values()) / results["warm_server_rss_mb"]["after_10"] <= 1.1),
     }
+    if "planning.interval_mode.new_table" in med:
+        warm = {**warm, "interval_planning_overhead<=0.5s":
+                med["planning.interval_mode.new_table"] - med["planning.offsets_mode.new_table"] <= 0.5}
     if plan_long is not None:
         warm = {**warm, "planning_at_long_log<=0.5s": plan_long <= 0.5}
     if "maintenance" in results:

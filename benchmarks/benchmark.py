@@ -50,7 +50,7 @@ import bench_maintenance  # noqa: E402
 import bench_warm  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
-from airflow_eo.planning import OffsetRange  # noqa: E402
+from airflow_eo.planning import Interval, OffsetRange  # noqa: E402
 from airflow_eo.submit.connect_server import ConnectServer  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
@@ -210,6 +210,17 @@ class Bench:
             ingestion = bench_ledger.planning_ingestion(cached, bench_ledger.PLANNING_TOPIC, self.broker.config, None)
             for _ in range(a.planning_repetitions):
                 self.record(f"planning.long_log.{a.long_log_commits}", bench_ledger.time_plan(ingestion, "probe")[0])
+        # interval mode's planning against offset mode's, same topic, a new table: what the
+        # timestamp lookups (ListOffsets by time for both ends) add to a run
+        say("interval planning against offset planning (new table, same topic)")
+        now_ms = int(time.time() * 1000)
+        interval = Interval(now_ms - 2 * 3_600_000, now_ms - 3_600_000)  # closed: the topic's records are newer
+        modes = {mode: bench_ledger.planning_ingestion(self.fresh(f"interval-{mode}"), bench_ledger.PLANNING_TOPIC,
+                                                       self.broker.config, None, mode=mode)
+                 for mode in ("offsets", "interval")}
+        for _, mode in interleaved(list(modes), a.planning_repetitions):
+            self.record(f"planning.{mode}_mode.new_table",
+                        bench_ledger.time_plan(modes[mode], "probe", interval if mode == "interval" else None)[0])
         self.results["planning_tables"] = builds
         self.stop_broker()
 

@@ -60,6 +60,8 @@ class EmbeddedBroker:
         return {"bootstrap.servers": self.bootstrap_servers}
 
     def start(self, timeout: float = 20.0) -> "EmbeddedBroker":
+        if self.process is not None and self.process.poll() is None:
+            return self  # already running: a second process would be orphaned when this one stops
         log_file = open(os.path.join(self.data_dir, "broker.log"), "ab")
         self.process = subprocess.Popen(
             [broker_binary(), "start", "--data-dir", self.data_dir, "--host", "127.0.0.1",

@@ -28,9 +28,12 @@ import logging
 import os
 import time
 
+import pyarrow as pa
+
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.driver.avro import avro_decoder
 from airflow_eo.driver.decode import DeadLetters
+from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
 from airflow_eo.driver.source import read_plan
@@ -103,7 +106,11 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
         outcome = commit(CommitKind.REPROCESS, location.uri, batch, storage_options,
                          reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by)
     else:
-        extra = {"dead_letters": dead.manifest()} if dead is not None else None
+        extra = {"dead_letters": dead.manifest()} if dead is not None else {}
+        if plan.interval is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
+            kept = pa.schema([f for f in arrow_schema if f.name not in attempt.partition_by])
+            extra["late"] = late_records(files, location, kept, plan.interval.start_ms, source)
+            log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, extra["late"]["records"])
         outcome = commit(CommitKind.BATCH, location.uri, batch, storage_options,
                          schema_evolution=attempt.schema_evolution, extra_metadata=extra,
                          table_properties=attempt.table_properties)

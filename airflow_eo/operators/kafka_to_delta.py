@@ -42,7 +42,7 @@ from urllib.parse import urlencode
 from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 
 from airflow_eo.attempt import Transform
-from airflow_eo.errors import AirflowEoError
+from airflow_eo.errors import AirflowEoError, ConfigError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
@@ -50,7 +50,8 @@ from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.metrics import emit_run_metrics
-from airflow_eo.planning import RunIdentity
+from airflow_eo.intervals import interval_of
+from airflow_eo.planning import Interval, RunIdentity
 from airflow_eo.table.storage import is_local, normalize_table_uri
 
 
@@ -150,6 +151,11 @@ class KafkaToDeltaOperator(BaseOperator):
     :param partition_by: partition columns of the table the first batch creates, produced by the
         transform (e.g. ``["date"]`` with ``to_date(timestamp) AS date``); an existing table must
         be partitioned by the same columns.
+    :param mode: ``"offsets"`` (default: everything new since the last commit) or ``"interval"``:
+        the records of the run's data interval by Kafka timestamp, so a backfill of a day loads that
+        day, in any order, and a rerun of a committed interval is a no-op (README "Interval mode").
+    :param close_after: interval mode: an idle partition's interval closes this long after its end
+        (seconds or ``"15m"``; default 15 minutes).
     :param mirror_consumer_group: also commit the table's offsets to this consumer group, for
         lag tools; the Delta log stays the source of truth.
     :param asset: the Asset the table's events are emitted on (default ``file://<path>`` or the
@@ -161,7 +167,7 @@ class KafkaToDeltaOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "topics", "table_uri", "starting_offsets", "transform_sql", "spark_conf", "spark_env_vars",
         "reprocess_run_id", "ingest_id", "dead_letter_table_uri", "value_schema", "avro_schema",
-        "value_schema_version", "table_properties", "partition_by",
+        "value_schema_version", "table_properties", "partition_by", "mode",
     )
     template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json"}
     operator_extra_links = (DeltaBatchLink(),)
@@ -205,6 +211,8 @@ class KafkaToDeltaOperator(BaseOperator):
         schema_evolution: bool = False,
         table_properties: dict[str, str] | None = None,
         partition_by: Sequence[str] | str | None = None,
+        mode: str = "offsets",
+        close_after: str | float | None = None,
         mirror_consumer_group: str | None = None,
         asset: Asset | None = None,
         table_wait_timeout: float = 900.0,
@@ -246,6 +254,7 @@ class KafkaToDeltaOperator(BaseOperator):
         self.schema_evolution = schema_evolution
         self.table_properties = table_properties or {}
         self.partition_by = partition_by or ()
+        self.mode, self.close_after = mode, close_after
         self.mirror_consumer_group = mirror_consumer_group
         self.asset = asset if asset is not None or "{{" in table_uri else table_asset(table_uri)
         self.table_wait_timeout = table_wait_timeout
@@ -271,7 +280,7 @@ class KafkaToDeltaOperator(BaseOperator):
             avro_schema=self.avro_schema or None, key_avro_schema=self.key_avro_schema or None,
             value_subject=self.value_subject, value_schema_version=str(self.value_schema_version),
             key_subject=self.key_subject, table_properties={str(k): str(v) for k, v in self.table_properties.items()},
-            partition_by=self.partition_by,
+            partition_by=self.partition_by, mode=self.mode, close_after=self.close_after,
         )
 
     def resolved_storage_options(self) -> dict[str, str] | None:
@@ -293,6 +302,17 @@ class KafkaToDeltaOperator(BaseOperator):
             run_key=run_key_of(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1)),
             dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number,
         )
+
+    def data_interval(self, context) -> Interval | None:
+        """Interval mode: the run's ``[data_interval_start, data_interval_end)``."""
+        if self.mode != "interval":
+            return None
+        start, end = context.get("data_interval_start"), context.get("data_interval_end")
+        if start is None or end is None or end <= start:
+            raise ConfigError(f"mode='interval' needs a run with a data interval; this run has [{start}, {end}) "
+                              "(a manual run of an unscheduled DAG): give the DAG a schedule, or trigger with a "
+                              "logical date of a scheduled interval")
+        return interval_of(start, end)
 
     def reprocess_target(self, context, run: RunIdentity) -> str | None:
         """The run key to reprocess, or None for a normal ingest."""
@@ -316,7 +336,7 @@ class KafkaToDeltaOperator(BaseOperator):
             target = self.reprocess_target(context, run)
             if target is None:
                 ingestion.wait_for_turn(self.table_wait_timeout)  # runs of one table take turns
-                result = ingestion.run(run)
+                result = ingestion.run(run, self.data_interval(context))
             else:
                 from airflow_eo.reprocess import Reprocessor
 

@@ -10,6 +10,7 @@ metric                                  kind     value
 ``records_committed``                   counter  rows the run committed
 ``bytes_committed``                     counter  bytes of the data files it added
 ``dead_letters``                        counter  records sent to the dead-letter table
+``late_records``                        counter  interval mode: records that arrived after their interval
 ``batch_duration``                      timer    the run's wall time, planning to verified commit
 ``lag``                                 gauge    offsets Kafka holds beyond the table (all partitions)
 ``runs``                                counter  one per run, tagged with its ``status``
@@ -47,6 +48,8 @@ def emit_run_metrics(summary: dict) -> None:
         each("incr", "records_committed", int(summary.get("rows") or 0))
         each("incr", "bytes_committed", int(summary.get("bytes") or 0))
         each("incr", "dead_letters", int(summary.get("dead_letters") or 0))
+        if summary.get("interval"):
+            each("incr", "late_records", int(summary.get("late_records") or 0))
     if summary.get("seconds"):
         each("timing", "batch_duration", timedelta(seconds=float(summary["seconds"])))
     if summary.get("lag"):

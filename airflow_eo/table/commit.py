@@ -50,6 +50,7 @@ from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity, describe_mi
 from airflow_eo.table.ledger import (
     METADATA_KEY, Ledger, batch_app_id, dlq_app_id, partition_app_id, reprocess_app_id,
 )
+from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
 from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of, rewrite_without
@@ -131,6 +132,11 @@ class _Batch:
 
     def check(self, ledger: Ledger) -> CommitCheck:
         state = ledger.state_of(self.plan)
+        if state is CommitCheck.CONFLICT and self.plan.interval is not None:
+            raise CommitConflictError(
+                f"batch {self.plan.batch} (interval {self.plan.interval}) of {self.plan.ingest_id} was planned "
+                f"from a table state that changed (last batch now {ledger.last_batch(self.plan.ingest_id)}): "
+                "another run committed in between. Nothing was committed; run again to plan from the table")
         if state is CommitCheck.CONFLICT:
             plan = self.plan
             committed = ledger.committed_offsets(plan.ingest_id, plan.starts)
@@ -156,8 +162,11 @@ class _Batch:
     def actions(self, ledger: Ledger) -> list:
         return add_actions(self.staged.files)
 
-    def transactions(self) -> list[Transaction]:
-        txns = [Transaction(partition_app_id(self.plan.ingest_id, r.tp), r.end) for r in self.plan.ranges]
+    def transactions(self, ledger: Ledger) -> list[Transaction]:
+        if self.plan.interval is not None:  # interval mode: the interval, its boundaries, high-water offsets
+            txns = IntervalLedger(ledger, self.plan.ingest_id).transactions(self.plan)
+        else:
+            txns = [Transaction(partition_app_id(self.plan.ingest_id, r.tp), r.end) for r in self.plan.ranges]
         return [*txns, Transaction(batch_app_id(self.plan.ingest_id), self.plan.batch)]
 
     def metadata(self) -> dict:
@@ -234,7 +243,7 @@ class _Reprocess(_Batch):
                      for f in kept if f]
         return [*removes, *add_actions(self.staged.files), *unchanged]
 
-    def transactions(self) -> list[Transaction]:
+    def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
 
     def metadata(self) -> dict:
@@ -288,7 +297,7 @@ class _DeadLetters(_Batch):
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         return ledger
 
-    def transactions(self) -> list[Transaction]:
+    def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [Transaction(dlq_app_id(self.plan.ingest_id), self.plan.batch)]
 
     def metadata(self) -> dict:
@@ -322,7 +331,7 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
     ledger = rule.prepare(ledger, table_uri, storage_options)
     actions = rule.actions(ledger)  # before the metadata, which counts what they remove
     properties = CommitProperties(custom_metadata={METADATA_KEY: json.dumps(rule.metadata())},
-                                  app_transactions=rule.transactions())
+                                  app_transactions=rule.transactions(ledger))
     read_version = ledger.version
     failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
     try:

@@ -31,6 +31,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from airflow_eo.attempt import TXN_RETENTION
 from airflow_eo.errors import ConfigError, TableError
+from airflow_eo.intervals import interval_state
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, OffsetRange, SkippedRange, TopicPartition, batch_state,
 )
@@ -68,6 +69,16 @@ def reprocess_app_id(ingest_id: str, batch: int) -> str:
 
 def dlq_app_id(ingest_id: str) -> str:
     return f"{APP_PREFIX}:{ingest_id}:dlq"
+
+
+def interval_app_id(ingest_id: str, batch: int, side: str) -> str:
+    """Interval mode (:mod:`airflow_eo.table.intervals`): batch → its interval's start / end."""
+    return f"{APP_PREFIX}:{ingest_id}:interval:{batch}:{side}"
+
+
+def interval_at_app_id(ingest_id: str, start_ms: int) -> str:
+    """Interval mode: interval start → the batch that committed it."""
+    return f"{APP_PREFIX}:{ingest_id}:interval-at:{start_ms}"
 
 
 @dataclass(frozen=True)
@@ -276,13 +287,27 @@ class Ledger:
     def state_of(self, plan: BatchPlan) -> CommitCheck:
         """Is ``plan`` committable (READY), in the table (ALREADY_COMMITTED), or overtaken
         (CONFLICT)? Read from this snapshot (:func:`airflow_eo.planning.batch_state`)."""
-        committed = self.committed_offsets(plan.ingest_id, plan.starts)
         last = self.last_batch(plan.ingest_id)
+        if plan.interval is not None:  # interval mode: keyed by the interval's start
+            return self._interval_state(plan, last)
+        committed = self.committed_offsets(plan.ingest_id, plan.starts)
         state = batch_state(plan, committed, last)
         if state is CommitCheck.ALREADY_COMMITTED:  # only then is the history worth reading
             record = self.find_batch(plan.ingest_id, batch=plan.batch, operation="ingest")
             state = batch_state(plan, committed, last, record.ranges if record else None,
                                 record.run_key if record else None)
+        return state
+
+    def _interval_state(self, plan: BatchPlan, last: int) -> CommitCheck:
+        batch = self.table.transaction_version(interval_at_app_id(plan.ingest_id, plan.interval.start_ms)) \
+            if self.table is not None else None
+        end = self.transaction(interval_app_id(plan.ingest_id, batch, "end")) if batch is not None else None
+        state = interval_state(plan, last, batch, end)
+        if state is CommitCheck.ALREADY_COMMITTED:  # the run that committed it, if the log still says
+            record = self.find_batch(plan.ingest_id, batch=plan.batch, operation="ingest")
+            if record is not None and (sorted(record.ranges) != sorted(plan.ranges) or
+                                       plan.run.run_key and record.run_key != plan.run.run_key):
+                return CommitCheck.CONFLICT
         return state
 
     def batches(self, ingest_id: str, limit: int | None = 20) -> list[BatchRecord]:

@@ -29,7 +29,8 @@ def test_benchmark_smoke(tmp_path):
     times = report["times"]
     for key in ("raw_fetch", "reader_fetch", "at_least_once", "at_least_once.in_spark", "exactly_once.x1",
                 "exactly_once.x1.in_spark", "committed_rerun.small_table", "planning.200.at_checkpoint",
-                "planning.200.checkpoint_plus_5", "planning.long_log.300", "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
+                "planning.200.checkpoint_plus_5", "planning.long_log.300", "planning.interval_mode.new_table", "planning.offsets_mode.new_table",
+                "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
                 "warm.raw_single_consumer", "warm.warm_full", "warm.warm_at_least_once", "warm.warm_alo_datasource",
                 "decode.json", "decode.avro"):
         assert key in times, key
