@@ -205,6 +205,43 @@ class DeadLetterSpec:
 
 
 @dataclass(frozen=True)
+class DedupSpec:
+    """Dedup by a producer-supplied key (:mod:`airflow_eo.driver.dedup`): ``key`` a Spark SQL
+    expression over the source columns; ``horizon`` how far back the table is checked — a
+    duration over the Kafka timestamp (``"1d"``, seconds) or ``"<n> batches"``; None: the whole
+    table; ``to_dead_letters``: dropped records also go to the dead-letter table."""
+
+    key: str | None = None
+    horizon: str | None = None
+    to_dead_letters: bool = False
+
+    def __post_init__(self):
+        if self.horizon is not None:
+            self.horizon_batches()  # parse now, not on Spark
+        if self.to_dead_letters and not self.key:
+            raise ConfigError("duplicates_to_dead_letters needs a dedup_key")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.key)
+
+    def horizon_batches(self) -> int | None:
+        """``"<n> batches"`` → n; None for a duration or no horizon."""
+        text = str(self.horizon or "").strip().lower()
+        if text.endswith(("batches", "batch")):
+            number = text.split()[0] if " " in text else text.rstrip("batches").rstrip("batch")
+            if not number.isdigit() or int(number) < 1:
+                raise ConfigError(f"dedup_horizon {self.horizon!r} is not understood: use a duration over the Kafka "
+                                  "timestamp ('1d', '12h', seconds) or '<n> batches'")
+            return int(number)
+        if text:
+            from airflow_eo.intervals import parse_duration
+
+            parse_duration(text)
+        return None
+
+
+@dataclass(frozen=True)
 class SparkSettings:
     """Settings of the attempt's Spark job that are not Spark conf."""
 
@@ -263,6 +300,7 @@ class Attempt:
     transform: Transform = field(default_factory=Transform)
     decode: DecodeSpec = field(default_factory=DecodeSpec)
     dead_letters: DeadLetterSpec = field(default_factory=DeadLetterSpec)
+    dedup: DedupSpec = field(default_factory=DedupSpec)
     spark: SparkSettings = field(default_factory=SparkSettings)
     schema_evolution: bool = False
     table_properties: dict = field(default_factory=dict)  # Delta properties of a table this attempt creates
@@ -279,6 +317,8 @@ class Attempt:
                 "decoding (value_schema, Avro, max_value_bytes, key_format) needs a dead_letter_table_uri: set where undecodable "
                 "records go (a Delta table path other than the main table)"
             )
+        if self.dedup.to_dead_letters and not self.dead_letters.table_uri:
+            raise ConfigError("duplicates_to_dead_letters needs a dead_letter_table_uri: set where dropped duplicates go")
         check_table_properties(self.table_properties)
         object.__setattr__(self, "partition_by", check_partition_by(self.partition_by))
         if self.kind is AttemptKind.REPROCESS and self.reprocess_from is None:
@@ -307,6 +347,7 @@ class Attempt:
             transform=Transform(**raw.get("transform", {})),
             decode=DecodeSpec(**raw.get("decode", {})),
             dead_letters=DeadLetterSpec(**raw.get("dead_letters", {})),
+            dedup=DedupSpec(**raw.get("dedup", {})),
             spark=SparkSettings(**raw.get("spark", {})),
             schema_evolution=bool(raw.get("schema_evolution", False)),
             table_properties=dict(raw.get("table_properties") or {}),

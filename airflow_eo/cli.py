@@ -106,6 +106,8 @@ def cmd_ingest(args) -> int:
         table_properties=_pairs(args.table_property, "--table-property"),
         partition_by=tuple(c.strip() for value in args.partition_by or () for c in value.split(",")),
         mode="interval" if interval else "offsets", close_after=args.close_after,
+        dedup_key=args.dedup_key, dedup_horizon=args.dedup_horizon,
+        duplicates_to_dead_letters=args.duplicates_to_dead_letters,
     )
     conf = _pairs(args.conf, "--conf")
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
@@ -270,6 +272,12 @@ def parser() -> argparse.ArgumentParser:
     ing.add_argument("--interval-end", metavar="T1", help="interval mode: the end of the data interval (exclusive)")
     ing.add_argument("--close-after", metavar="DURATION", help="interval mode: an idle partition closes this long "
                      "after the interval end (seconds, or 90s/15m/1h; default 15m)")
+    ing.add_argument("--dedup-key", metavar="EXPR", help="drop records whose producer key (a Spark SQL expression "
+                     "over the source, e.g. \"headers['event-id']\") is already in the table or earlier in the batch")
+    ing.add_argument("--dedup-horizon", help="how far back --dedup-key looks: a duration over the Kafka timestamp "
+                     "(1d, 12h) or '<n> batches' (default: the whole table)")
+    ing.add_argument("--duplicates-to-dead-letters", action="store_true",
+                     help="also write dropped duplicates to --dead-letter-table (reason 'duplicate key')")
     ing.add_argument("--mirror-consumer-group", help="also commit the offsets to this consumer group")
     ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from airflow_eo.attempt import (
-    DEFAULT_MAX_OFFSETS_PER_TASK, Attempt, AttemptKind, DeadLetterSpec, DecodeSpec, Secrets, SparkSettings,
+    DEFAULT_MAX_OFFSETS_PER_TASK, Attempt, AttemptKind, DeadLetterSpec, DecodeSpec, DedupSpec, Secrets, SparkSettings,
     Transform, check_partition_by,
 )
 from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError, error_from_line
@@ -92,6 +92,11 @@ class IngestConfig:
     # an idle partition closing close_after (seconds or "15m") past the interval's end
     mode: str = OFFSETS
     close_after: object = None
+    # dedup by a producer key (airflow_eo.driver.dedup): a Spark SQL expression over the source,
+    # the look-back ("1d" over the Kafka timestamp, "<n> batches"; None: the whole table)
+    dedup_key: str | None = None
+    dedup_horizon: str | None = None
+    duplicates_to_dead_letters: bool = False
 
     def __post_init__(self):
         validate_ingest_id(self.ingest_id)
@@ -115,6 +120,8 @@ class IngestConfig:
             decode=self.decode_spec(),
             dead_letters=DeadLetterSpec(self.dead_letter_table_uri, self.max_dead_letters,
                                         self.max_dead_letter_fraction),
+            dedup=DedupSpec(self.dedup_key or None, None if self.dedup_horizon is None else str(self.dedup_horizon),
+                            self.duplicates_to_dead_letters),
             spark=SparkSettings(self.max_offsets_per_task), schema_evolution=self.schema_evolution,
             table_properties=dict(self.table_properties), partition_by=tuple(self.partition_by), **reprocess,
         )
@@ -334,6 +341,7 @@ class Ingestion:
                              ((record.raw.get("dead_letters") or {}).get("files") or [])) if record else 0,
             interval=asdict(plan.interval) if plan.interval else None,
             late_records=int((record.raw.get("late") or {}).get("records", 0)) if record else 0,
+            duplicates=int((record.raw.get("duplicates") or {}).get("records", 0)) if record else 0,
         )
 
     def lag(self, ledger: Ledger) -> dict[str, int]:

@@ -28,6 +28,7 @@ class IngestResult:
     seconds: float = 0.0  # the run's wall time (planning to verified commit)
     interval: dict | None = None  # interval mode: {"start_ms", "end_ms"} of the run's data interval
     late_records: int = 0  # interval mode: records of the batch whose timestamp is before the interval
+    duplicates: int = 0  # dedup_key: records of the batch dropped as duplicates (their offsets are consumed)
 
     def to_dict(self) -> dict:
         return asdict(self)

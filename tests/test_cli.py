@@ -101,3 +101,31 @@ def test_cli_ingest_into_a_partitioned_table_and_the_refusal_of_another_layout(k
     assert "is partitioned by ['date', 'shard']" in capsys.readouterr().err
     assert main([*args, "--partition-by", "date,shard"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 2
+
+
+def test_cli_interval_mode_with_dedup_then_status(kafka_config, tmp_path, capsys):
+    import time
+
+    hour = 3_600_000
+    base = (int(time.time() * 1000) // hour - 5) * hour
+    topic = new_topic(kafka_config, 1)
+    producer = Producer(kafka_config)
+    # events 1, 2, 1 again (a resend) inside the hour, then one after it that closes the hour
+    for event, ts in [(1, base + 1), (2, base + 2), (1, base + 3), (3, base + hour + 1)]:
+        producer.produce(topic, value=f"e{event}".encode(), partition=0, timestamp=ts,
+                         headers=[("event-id", str(event).encode())])
+    producer.flush(30)
+    table = str(tmp_path / "hourly")
+    common = ["--bootstrap-servers", kafka_config["bootstrap.servers"]]
+    args = ["ingest", "--table", table, "--ingest-id", "cli", "--topics", topic, *common, "--master", "local[1]",
+            "--dedup-key", "CAST(headers['event-id'] AS STRING)", "--json"]
+    assert main([*args, "--interval-start", str(base)]) == 2  # both ends or neither: one line, nothing run
+    capsys.readouterr()
+    assert main([*args, "--interval-start", str(base), "--interval-end", str(base + hour)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == "committed" and summary["rows"] == 2 and summary["duplicates"] == 1
+    assert summary["interval"] == {"start_ms": base, "end_ms": base + hour}
+    assert sorted(read_table(table, ["_dedup_key"])["_dedup_key"].to_pylist()) == ["1", "2"]
+    assert main(["status", table, "--ingest-id", "cli", *common]) == 0
+    out = capsys.readouterr().out
+    assert "intervals: 1 committed, 0 gap(s)" in out

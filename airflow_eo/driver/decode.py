@@ -137,10 +137,23 @@ class DeadLetters:
 
     @classmethod
     def of(cls, source, attempt: Attempt, secrets: Secrets) -> "DeadLetters | None":
-        """None unless the attempt decodes keys or values."""
-        if not attempt.decode.enabled:
-            return None
-        return cls(decode(source, attempt.decode), attempt, secrets.storage_options)
+        """None unless the attempt decodes keys or values, or sends dropped duplicates here."""
+        if attempt.decode.enabled:
+            return cls(decode(source, attempt.decode), attempt, secrets.storage_options)
+        if attempt.dedup.to_dead_letters:
+            with functions_for(source) as F:
+                return cls(source.withColumn(REASON_COLUMN, F.lit(None).cast("string")), attempt,
+                           secrets.storage_options)
+        return None
+
+    def add(self, rows) -> None:
+        """Also send ``rows`` (source columns and a ``reason`` column, e.g. dropped duplicates) to
+        the dead-letter table; they do not count toward the undecodable-record threshold."""
+        with functions_for(rows) as F:
+            extra = rows.select(*DEAD_LETTER_COLUMNS[:-1], F.col("reason"),
+                                F.lit(self.plan.ingest_id).alias("ingest_id"),
+                                F.lit(self.plan.batch).cast("long").alias("batch"))
+        self.bad = self.bad.unionByName(extra)
 
     def stage(self, stage_fn) -> int:
         """Count, check the threshold, and stage the dead letters; returns how many there are."""
@@ -155,7 +168,7 @@ class DeadLetters:
         target = location.join(attempt_dir_name(self.plan))
         self.staged = stage_fn(self.bad.coalesce(1), location, target, self.storage_options, self.arrow_schema)
         ensure_table(self.spec.table_uri, self.arrow_schema, self.storage_options)
-        log.info("batch %s: %s of %s records go to the dead-letter table", self.plan.batch, counts["bad"], counts["n"])
+        log.info("batch %s: %s of %s records could not be decoded", self.plan.batch, counts["bad"], counts["n"])
         return counts["bad"]
 
     def release(self) -> None:

@@ -33,6 +33,7 @@ import pyarrow as pa
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.driver.avro import avro_decoder
 from airflow_eo.driver.decode import DeadLetters
+from airflow_eo.driver.dedup import deduplicate, with_key_column
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
@@ -77,21 +78,36 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                        decoder=decoder)
     dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
+    cached = None  # the batch's rows when dedup reads them twice and no dead-letter step keeps them
     with Progress(spark, plan.batch, sum(r.size for r in plan.data_ranges)):  # Spark itself is at WARN
         try:
             if dead is not None:
-                dead.stage(stage)  # undecodable records: staged beside the dead-letter table, threshold checked
                 source = dead.good
+            dups = None
+            if attempt.dedup.enabled:  # drop records whose producer key is in the table or earlier in the batch
+                if dead is None:
+                    source = cached = source.persist()
+                dups = deduplicate(source, attempt, location, storage_options, int(time.time() * 1000))
+                source = dups.kept
+                if attempt.dedup.to_dead_letters:
+                    dead.add(dups.duplicates)
+            if dead is not None:
+                dead.stage(stage)  # undecodable records (and duplicates): staged beside the dead-letter table
             out = apply_transform(attempt.transform, source, view, attempt.partition_by)
+            if dups is not None:
+                out = with_key_column(out, dups.kept)
             from pyspark.sql.pandas.types import to_arrow_schema
 
             arrow_schema = to_arrow_schema(out.schema)
             planned = time.monotonic()
             files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
                           attempt.partition_by)
+            dropped = dups.duplicates.count() if dups is not None else None
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
+            if cached is not None:
+                cached.unpersist()
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
     rows = staging.rows_per_partition(files)
@@ -107,6 +123,9 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                          reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by)
     else:
         extra = {"dead_letters": dead.manifest()} if dead is not None else {}
+        if dropped is not None:
+            extra["duplicates"] = {"records": dropped, "to_dead_letters": attempt.dedup.to_dead_letters}
+            log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, dropped, attempt.dedup.key)
         if plan.interval is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
             kept = pa.schema([f for f in arrow_schema if f.name not in attempt.partition_by])
             extra["late"] = late_records(files, location, kept, plan.interval.start_ms, source)

@@ -156,6 +156,10 @@ class KafkaToDeltaOperator(BaseOperator):
         day, in any order, and a rerun of a committed interval is a no-op (README "Interval mode").
     :param close_after: interval mode: an idle partition's interval closes this long after its end
         (seconds or ``"15m"``; default 15 minutes).
+    :param dedup_key: drop a record whose producer key (a Spark SQL expression over the source, e.g.
+        ``headers['event-id']``) is already in the table or earlier in the batch (README "Dedup by key");
+        ``dedup_horizon`` bounds the look-back (``"1d"``, ``"10 batches"``), ``duplicates_to_dead_letters``
+        also writes the dropped records to the dead-letter table.
     :param mirror_consumer_group: also commit the table's offsets to this consumer group, for
         lag tools; the Delta log stays the source of truth.
     :param asset: the Asset the table's events are emitted on (default ``file://<path>`` or the
@@ -167,7 +171,7 @@ class KafkaToDeltaOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "topics", "table_uri", "starting_offsets", "transform_sql", "spark_conf", "spark_env_vars",
         "reprocess_run_id", "ingest_id", "dead_letter_table_uri", "value_schema", "avro_schema",
-        "value_schema_version", "table_properties", "partition_by", "mode",
+        "value_schema_version", "table_properties", "partition_by", "mode", "dedup_key",
     )
     template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json"}
     operator_extra_links = (DeltaBatchLink(),)
@@ -213,6 +217,9 @@ class KafkaToDeltaOperator(BaseOperator):
         partition_by: Sequence[str] | str | None = None,
         mode: str = "offsets",
         close_after: str | float | None = None,
+        dedup_key: str | None = None,
+        dedup_horizon: str | int | None = None,
+        duplicates_to_dead_letters: bool = False,
         mirror_consumer_group: str | None = None,
         asset: Asset | None = None,
         table_wait_timeout: float = 900.0,
@@ -255,6 +262,8 @@ class KafkaToDeltaOperator(BaseOperator):
         self.table_properties = table_properties or {}
         self.partition_by = partition_by or ()
         self.mode, self.close_after = mode, close_after
+        self.dedup_key, self.dedup_horizon = dedup_key, dedup_horizon
+        self.duplicates_to_dead_letters = duplicates_to_dead_letters
         self.mirror_consumer_group = mirror_consumer_group
         self.asset = asset if asset is not None or "{{" in table_uri else table_asset(table_uri)
         self.table_wait_timeout = table_wait_timeout
@@ -281,6 +290,8 @@ class KafkaToDeltaOperator(BaseOperator):
             value_subject=self.value_subject, value_schema_version=str(self.value_schema_version),
             key_subject=self.key_subject, table_properties={str(k): str(v) for k, v in self.table_properties.items()},
             partition_by=self.partition_by, mode=self.mode, close_after=self.close_after,
+            dedup_key=self.dedup_key or None, dedup_horizon=self.dedup_horizon,
+            duplicates_to_dead_letters=self.duplicates_to_dead_letters,
         )
 
     def resolved_storage_options(self) -> dict[str, str] | None:

@@ -11,6 +11,7 @@ metric                                  kind     value
 ``bytes_committed``                     counter  bytes of the data files it added
 ``dead_letters``                        counter  records sent to the dead-letter table
 ``late_records``                        counter  interval mode: records that arrived after their interval
+``dropped_duplicates``                  counter  dedup_key: records dropped as duplicates of a stored key
 ``batch_duration``                      timer    the run's wall time, planning to verified commit
 ``lag``                                 gauge    offsets Kafka holds beyond the table (all partitions)
 ``runs``                                counter  one per run, tagged with its ``status``
@@ -48,6 +49,8 @@ def emit_run_metrics(summary: dict) -> None:
         each("incr", "records_committed", int(summary.get("rows") or 0))
         each("incr", "bytes_committed", int(summary.get("bytes") or 0))
         each("incr", "dead_letters", int(summary.get("dead_letters") or 0))
+        if summary.get("duplicates"):
+            each("incr", "dropped_duplicates", int(summary["duplicates"]))
         if summary.get("interval"):
             each("incr", "late_records", int(summary.get("late_records") or 0))
     if summary.get("seconds"):

@@ -124,6 +124,12 @@ _OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")
 _ATTEMPT_DIR = re.compile(r"^b(\d{8})-[0-9a-f]+$")
 
 
+def batch_of_path(path: str) -> int | None:
+    """The batch whose attempt directory holds a data file (None: a file outside them, e.g. compacted)."""
+    match = _ATTEMPT_DIR.match(path.split("/", 1)[0]) if "/" in path else None
+    return int(match.group(1)) if match else None
+
+
 def _may_hold(row: dict, names: set, ranges: Iterable[OffsetRange]) -> bool:
     """Whether a file's min/max stats (``min.offset``…) allow rows of ``ranges`` (no stats: yes)."""
     keys = ("topic", "partition", "offset")
@@ -276,9 +282,9 @@ class Ledger:
         whole, mixed = {}, {}
         for row in rows:
             path = row["path"]
-            match = _ATTEMPT_DIR.match(path.split("/", 1)[0]) if "/" in path else None
-            if match is not None:
-                if int(match.group(1)) == batch:
+            owner = batch_of_path(path)
+            if owner is not None:
+                if owner == batch:
                     whole[path] = row["size_bytes"]
             elif _may_hold(row, names, ranges):
                 mixed[path] = row["size_bytes"]

@@ -1,0 +1,229 @@
+"""Dropping records whose producer-supplied dedup key was already ingested (``dedup_key``).
+
+An at-least-once producer resends an event at a new offset; the table is keyed by
+(topic, partition, offset), so both copies would land. With ``dedup_key`` (a Spark SQL
+expression over the source columns ``topic, partition, offset, timestamp, timestampType,
+key, value, headers``, plus ``data`` when values are decoded) a record is not written when
+its key is already in the table, or appears earlier in the same batch: the first occurrence
+wins, ordered by offset, then partition, then topic. A null key is never a duplicate.
+
+Each kept row carries its key in :data:`DEDUP_COLUMN` (a string; a binary key such as
+``key`` is stored base64-encoded: bytes need not be valid UTF-8, and base64 keeps them apart),
+which is how the next batch finds it "already in the table". ``headers['event-id']``
+reads the value of the *last* header of that name (as Kafka's ``Headers.lastHeader``;
+null when absent): ``headers`` is an array of ``struct(key, value)``, so it is rewritten
+before Spark parses the expression. Its value is bytes (stored base64);
+``CAST(headers['event-id'] AS STRING)`` stores it as text. Offsets advance past dropped
+records anyway; that, counting them and sending them to the dead-letter table is the
+caller's job.
+
+Example::
+
+    >>> out = drop_duplicates(source, "headers['event-id']", table_files)    # doctest: +SKIP
+    >>> out.kept.columns[-1], out.duplicates.count()                        # doctest: +SKIP
+    ('_dedup_key', 2)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from airflow_eo.attempt import KEY_COLUMNS, Attempt, AttemptKind, DedupSpec
+from airflow_eo.driver.decode import functions_for
+from airflow_eo.errors import ConfigError
+from airflow_eo.intervals import parse_duration
+from airflow_eo.planning import BatchPlan
+from airflow_eo.table.ledger import Ledger, batch_of_path
+from airflow_eo.table.storage import TableLocation, is_local
+
+DEDUP_COLUMN = "_dedup_key"
+REASON = "duplicate key"
+REASON_COLUMN = "reason"
+ORDER = ("offset", "partition", "topic")  # which copy of a key survives within a batch
+TIMESTAMP = "timestamp"
+_RANK = "_airflow_eo_dedup_rank"
+
+# A quoted string or identifier (copied as is, so a literal that spells headers['x'] is not
+# rewritten), or headers['name'] outside quotes (not a field such as s.headers['x']).
+_QUOTED = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`"
+_TOKENS = re.compile(rf"({_QUOTED})|(?<![\w.`])headers\s*\[\s*('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\s*\]",
+                     re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Deduplicated:
+    """The batch split by its dedup key: ``kept`` (the source columns and :data:`DEDUP_COLUMN`)
+    and ``duplicates`` (the same columns and ``reason`` = ``'duplicate key'``)."""
+
+    kept: object  # DataFrame
+    duplicates: object  # DataFrame
+
+
+def header_expression(expr: str) -> str:
+    """``expr`` with each ``headers['name']`` turned into the value of the last header of that name."""
+
+    def rewrite(m: re.Match) -> str:
+        if m.group(1) is not None:
+            return m.group(1)
+        # try_element_at: null, not an error under ANSI mode, when no header has the name.
+        return f"try_element_at(filter(headers, h -> h.key = {m.group(2)}), -1).value"
+
+    return _TOKENS.sub(rewrite, expr)
+
+
+def check_dedup_expression(spark, expr: str, schema=None) -> None:
+    """Raise :class:`ConfigError` (one line) unless ``expr`` is one Spark SQL value over the
+    source columns (``schema``: a ``StructType``, by default the Kafka source's)."""
+    if schema is None:
+        from airflow_eo.driver.reader import spark_kafka_struct
+
+        schema = spark_kafka_struct()
+    with functions_for(spark):
+        empty = spark.createDataFrame([], schema)
+    _with_key(empty, expr)
+
+
+def _with_key(df, expr: str):
+    """``df`` with :data:`DEDUP_COLUMN`; the expression is analysed here, not at the first action."""
+    if not isinstance(expr, str) or not expr.strip():
+        raise ConfigError(f"dedup_key {expr!r} is empty; give a Spark SQL expression over the source "
+                          "columns, e.g. CAST(key AS STRING) or headers['event-id']; nothing was committed")
+    with functions_for(df) as F:
+        try:
+            value = F.expr(header_expression(expr))
+            fields = df.select(value).schema.fields  # .schema: Spark Connect analyses lazily
+            if len(fields) != 1:
+                raise ValueError(f"it gives {len(fields)} columns, not one")
+            # base64: bytes need not be UTF-8; as base64 every key stays distinct, valid text.
+            key = F.base64(value) if fields[0].dataType.typeName() == "binary" else value.cast("string")
+            # withColumn, not select: an aggregate (no GROUP BY) and a generator (nested in the
+            # cast, so it cannot add rows) fail analysis here instead of changing the batch.
+            out = df.withColumn(DEDUP_COLUMN, key)
+            out.schema
+        except Exception as exc:  # ParseException, AnalysisException: the user's expression
+            what = "does not parse" if "Parse" in type(exc).__name__ else "cannot be evaluated over the source columns"
+            raise ConfigError(
+                f"dedup_key {expr!r} {what}: {_first_line(exc)}; fix the expression (one Spark SQL "
+                "expression over topic, partition, offset, timestamp, timestampType, key, value, headers "
+                "and data when decoded, e.g. CAST(key AS STRING) or headers['event-id']); nothing was committed"
+            ) from exc
+    return out
+
+
+def table_keys(spark, table_files, horizon_ms: int | None = None, exclude=()):
+    """The distinct non-null keys of ``table_files``, or None when there are no files.
+
+    The schema is given, not inferred: a file written before dedup was turned on (no
+    :data:`DEDUP_COLUMN`) reads as nulls, i.e. holds no keys, and no job reads the footers.
+    With ``horizon_ms`` (epoch milliseconds), rows whose ``timestamp`` is before it are
+    ignored; rows without one (no such column, or null) still count, so this only narrows
+    what the caller's file pruning left. A table whose ``timestamp`` column is not a Spark
+    TIMESTAMP (a transform replaced it) cannot be read with a horizon: the read fails.
+    """
+    files = [str(f) for f in table_files]
+    if not files:
+        return None
+    columns = f"`{DEDUP_COLUMN}` STRING" + (f", `{TIMESTAMP}` TIMESTAMP" if horizon_ms is not None else "")
+    if exclude:  # a reprocess: the batch's own rows are not "already in the table"
+        columns += ", topic STRING, partition INT, offset LONG"
+    with functions_for(spark) as F:  # the DDL schema is parsed for the session's kind too
+        rows = spark.read.schema(columns).parquet(*files)
+        present = F.col(DEDUP_COLUMN).isNotNull()
+        for r in exclude:
+            present = present & ~((F.col("topic") == r.topic) & (F.col("partition") == r.partition)
+                                  & (F.col("offset") >= r.start) & (F.col("offset") < r.end))
+        if horizon_ms is not None:
+            ts = F.col(TIMESTAMP)
+            present = present & (ts.isNull() | (ts >= F.timestamp_millis(F.lit(int(horizon_ms)))))
+        return rows.where(present).select(DEDUP_COLUMN).distinct()
+
+
+def drop_duplicates(source, expr: str, table_files, horizon_ms: int | None = None, exclude=()) -> Deduplicated:
+    """Split the batch ``source`` by the dedup key ``expr`` against the keys in ``table_files``.
+
+    ``table_files``: the Parquet files (paths or URIs) of the table's snapshot, pruned by the
+    caller to the horizon; empty for a new table. Both results are plans over ``source``
+    (persist it when it is costly to compute twice); kept + duplicates = the batch's rows.
+    """
+    keyed = _with_key(source, expr)
+    columns = keyed.columns
+    known = table_keys(source.sparkSession, table_files, horizon_ms, exclude)
+    with functions_for(keyed) as F:
+        from pyspark.sql import Window
+
+        key = F.col(DEDUP_COLUMN)
+        # Null keys are never duplicates: kept aside, not ranked (one window partition would
+        # hold every keyless record of the batch).
+        nulls = keyed.where(key.isNull())
+        window = Window.partitionBy(key).orderBy(*[F.col(c).asc() for c in ORDER])
+        ranked = keyed.where(key.isNotNull()).withColumn(_RANK, F.row_number().over(window))
+        firsts = ranked.where(F.col(_RANK) == 1).select(*columns)
+        losers = ranked.where(F.col(_RANK) > 1).select(*columns)
+        if known is None:
+            kept, dropped = firsts, losers
+        else:
+            kept = firsts.join(known, on=DEDUP_COLUMN, how="left_anti").select(*columns)
+            in_table = firsts.join(known, on=DEDUP_COLUMN, how="left_semi").select(*columns)
+            dropped = losers.unionByName(in_table)
+        kept = kept.unionByName(nulls)
+        duplicates = dropped.withColumn(REASON_COLUMN, F.lit(REASON))
+    return Deduplicated(kept=kept, duplicates=duplicates)
+
+
+def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: BatchPlan,
+              now_ms: int) -> tuple[list[str], int | None]:
+    """The table's data files that may hold keys within ``spec``'s horizon, and the horizon as
+    epoch ms for a duration. ``"<n> batches"`` keeps the files of the last n batches' attempt
+    directories (and every file outside them: a compaction mixes batches); a duration keeps the
+    files whose ``timestamp`` statistics reach it (or that have none)."""
+    ledger = Ledger.open(location.uri, storage_options)
+    if ledger.table is None:
+        return [], None
+    if not is_local(location.uri):
+        raise ConfigError(f"dedup_key on {location.uri} needs Spark to read the table's keys from object storage, "
+                          "which needs the hadoop-aws jar this deployment lacks: use dedup on local/HDFS tables; "
+                          "nothing was committed")
+    import pyarrow as pa
+
+    actions = pa.table(ledger.table.get_add_actions(flatten=True))
+    names = set(actions.column_names)
+    rows = actions.select([c for c in ("path", "max.timestamp") if c in names]).to_pylist()
+    batches = spec.horizon_batches()
+    horizon_ms = None if batches or not spec.horizon else now_ms - int(parse_duration(spec.horizon) * 1000)
+    kept = []
+    for row in rows:
+        batch = batch_of_path(row["path"])
+        if batches and batch is not None and batch < plan.batch - batches:
+            continue
+        newest = row.get("max.timestamp")
+        if horizon_ms is not None and newest is not None and newest.timestamp() * 1000 < horizon_ms:
+            continue
+        kept.append(location.join(row["path"]))
+    return kept, horizon_ms
+
+
+def deduplicate(source, attempt: Attempt, location: TableLocation, storage_options, now_ms: int) -> Deduplicated:
+    """The batch split by ``attempt.dedup`` against the table's keys within its horizon."""
+    files, horizon_ms = key_files(location, storage_options, attempt.dedup, attempt.plan, now_ms)
+    own = attempt.plan.data_ranges if attempt.kind is AttemptKind.REPROCESS else ()
+    return drop_duplicates(source, attempt.dedup.key, files, horizon_ms, own)
+
+
+def with_key_column(out, kept):
+    """The transform's output with :data:`DEDUP_COLUMN`, joined back by source offset when the
+    transform did not keep it: the next batches find this batch's keys in the table."""
+    if DEDUP_COLUMN in out.columns:
+        return out
+    with functions_for(out) as F:
+        keys = kept.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], F.col(DEDUP_COLUMN))
+        condition = None
+        for c in KEY_COLUMNS:
+            match = F.col(c) == F.col(f"_k_{c}")
+            condition = match if condition is None else condition & match
+        return out.join(keys, on=condition, how="left").drop(*[f"_k_{c}" for c in KEY_COLUMNS])
+
+
+def _first_line(exc: Exception) -> str:
+    # Spark's first line may end in ';' before the plan it leaves out: the message adds its own.
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0].rstrip("; ")

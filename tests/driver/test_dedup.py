@@ -1,0 +1,207 @@
+"""Dropping duplicates by a producer-supplied key: the first occurrence in a batch wins, keys
+already in the table's files are dropped, null keys are kept, and a bad expression is a
+one-line ConfigError (local Spark, and Spark Connect where it matters)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_eo.driver.dedup import (
+    DEDUP_COLUMN, check_dedup_expression, drop_duplicates, header_expression,
+)
+from airflow_eo.driver.reader import KAFKA_SCHEMA, spark_kafka_struct
+from airflow_eo.errors import ConfigError
+
+TS = datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
+
+
+def rec(topic="t", partition=0, offset=0, key=None, value=b"v", headers=None, ts=TS):
+    return (topic, partition, offset, ts, 0, key, value, headers)
+
+
+def frame(spark, rows):
+    return spark.createDataFrame(rows, spark_kafka_struct())
+
+
+def keys_file(path, keys, **columns) -> str:
+    pq.write_table(pa.table({DEDUP_COLUMN: pa.array(keys, pa.string()), **columns}), path)
+    return str(path)
+
+
+def split(out) -> tuple[list, list]:
+    """(kept, duplicates) as sorted (topic, partition, offset, key) rows; duplicates also
+    checked for their reason."""
+    kept = out.kept.select("topic", "partition", "offset", DEDUP_COLUMN).collect()
+    dups = out.duplicates.select("topic", "partition", "offset", DEDUP_COLUMN, "reason").collect()
+    assert {r["reason"] for r in dups} <= {"duplicate key"}
+    return sorted(tuple(r)[:4] for r in kept), sorted(tuple(r)[:4] for r in dups)
+
+
+@pytest.fixture
+def session(spark_path):
+    return spark_path.session()
+
+
+def test_the_first_occurrence_in_a_batch_wins_by_offset_then_partition_then_topic(session):
+    rows = [
+        rec("t", 1, 0, b"a"), rec("t", 0, 1, b"a"),  # lower offset wins across partitions
+        rec("t", 1, 5, b"b"), rec("t", 0, 5, b"b"),  # same offset: lower partition wins
+        rec("u", 0, 7, b"c"), rec("t", 0, 7, b"c"),  # same offset and partition: lower topic wins
+        rec("t", 0, 2, b"d"), rec("t", 0, 3, b"d"), rec("t", 0, 4, b"d"),
+        rec("t", 0, 9, b"e"),
+    ]
+    kept, dups = split(drop_duplicates(frame(session, rows), "CAST(key AS STRING)", []))
+    assert kept == [("t", 0, 2, "d"), ("t", 0, 5, "b"), ("t", 0, 7, "c"), ("t", 0, 9, "e"), ("t", 1, 0, "a")]
+    assert dups == [("t", 0, 1, "a"), ("t", 0, 3, "d"), ("t", 0, 4, "d"), ("t", 1, 5, "b"), ("u", 0, 7, "c")]
+
+
+def test_keys_already_in_the_table_are_dropped_and_files_without_the_column_hold_none(session, tmp_path):
+    files = [
+        keys_file(tmp_path / "a.parquet", ["a", None, "zz"]),
+        str(tmp_path / "old.parquet"),  # written before dedup was turned on
+    ]
+    pq.write_table(pa.table({"offset": [1, 2], "body": ["b", "c"]}), files[1])
+    rows = [rec(offset=0, key=b"a"), rec(offset=1, key=b"b"), rec(offset=2, key=b"a"), rec(offset=3, key=b"c"),
+            rec(offset=4, key=None)]
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files)
+    kept, dups = split(out)
+    assert kept == [("t", 0, 1, "b"), ("t", 0, 3, "c"), ("t", 0, 4, None)]
+    assert dups == [("t", 0, 0, "a"), ("t", 0, 2, "a")]  # one in the table, one a later copy
+    assert out.kept.columns == [*KAFKA_SCHEMA.names, DEDUP_COLUMN]
+    assert out.duplicates.columns == [*KAFKA_SCHEMA.names, DEDUP_COLUMN, "reason"]
+
+
+def test_only_files_without_the_column_mean_no_keys(spark, tmp_path):
+    old = tmp_path / "old.parquet"
+    pq.write_table(pa.table({"_dedup_keyx": ["a"], "offset": [1]}), old)
+    rows = [rec(offset=0, key=b"a"), rec(offset=1, key=b"a")]
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", [str(old)]))
+    assert kept == [("t", 0, 0, "a")] and dups == [("t", 0, 1, "a")]
+
+
+def test_null_keys_are_never_duplicates(spark, tmp_path):
+    files = [keys_file(tmp_path / "k.parquet", [None, None])]
+    rows = [rec(offset=i, key=None) for i in range(4)] + [rec(offset=9, key=b"x")]
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", files))
+    assert [r[2] for r in kept] == [0, 1, 2, 3, 9] and dups == []
+
+
+def test_a_binary_key_is_stored_base64_so_invalid_utf8_keys_do_not_collide(spark, tmp_path):
+    files = [keys_file(tmp_path / "k.parquet", [base64.b64encode(b"\xfe").decode()])]
+    rows = [rec(offset=0, key=b"\xff"), rec(offset=1, key=b"\xfe"), rec(offset=2, key=b"\xfd"),
+            rec(offset=3, key=b"\xff")]
+    kept, dups = split(drop_duplicates(frame(spark, rows), "key", files))
+    assert kept == [("t", 0, 0, "/w=="), ("t", 0, 2, "/Q==")]
+    assert dups == [("t", 0, 1, "/g=="), ("t", 0, 3, "/w==")]
+
+
+def test_a_header_is_read_by_name_the_last_of_that_name(session, tmp_path):
+    def h(*pairs):
+        return [{"key": k, "value": v} for k, v in pairs]
+
+    rows = [
+        rec(offset=0, headers=h(("event-id", b"e1"), ("trace", b"x"))),
+        rec(offset=1, headers=h(("trace", b"y"), ("event-id", b"e1"))),  # a resend of e1
+        rec(offset=2, headers=h(("event-id", b"e0"), ("event-id", b"e2"))),  # the last one counts
+        rec(offset=3, headers=h(("trace", b"z"))),  # no such header: null, kept
+        rec(offset=4, headers=None),
+        rec(offset=5, headers=h(("event-id", b"e9"))),  # in the table
+    ]
+    files = [keys_file(tmp_path / "k.parquet", ["e9"])]
+    kept, dups = split(drop_duplicates(frame(session, rows), "CAST(headers['event-id'] AS STRING)", files))
+    assert kept == [("t", 0, 0, "e1"), ("t", 0, 2, "e2"), ("t", 0, 3, None), ("t", 0, 4, None)]
+    assert dups == [("t", 0, 1, "e1"), ("t", 0, 5, "e9")]
+
+
+def test_the_header_rewrite_leaves_literals_and_fields_alone():
+    lookup = "try_element_at(filter(headers, h -> h.key = 'event-id'), -1).value"
+    assert header_expression("HEADERS [ 'event-id' ]") == lookup
+    assert header_expression("concat('headers[''x'']', s.headers['y'], `headers['z']`)") == \
+        "concat('headers[''x'']', s.headers['y'], `headers['z']`)"
+    assert header_expression("headers[0].value") == "headers[0].value"
+
+
+def test_a_json_path_key(spark):
+    values = [{"id": 1}, {"id": 2}, {"id": 1, "v": 2}, {"other": 1}, {"id": 2}]
+    rows = [rec(offset=i, value=json.dumps(v).encode()) for i, v in enumerate(values)] + [rec(offset=9, value=b"{bad")]
+    kept, dups = split(drop_duplicates(frame(spark, rows), "get_json_object(CAST(value AS STRING), '$.id')", []))
+    assert kept == [("t", 0, 0, "1"), ("t", 0, 1, "2"), ("t", 0, 3, None), ("t", 0, 9, None)]
+    assert dups == [("t", 0, 2, "1"), ("t", 0, 4, "2")]
+
+
+def test_a_key_from_the_decoded_data_column(spark):
+    df = frame(spark, [rec(offset=i, value=json.dumps({"id": i % 2}).encode()) for i in range(4)])
+    decoded = df.selectExpr("*", "from_json(CAST(value AS STRING), 'id INT') AS data")
+    with pytest.raises(ConfigError):
+        check_dedup_expression(spark, "data.id")  # the plain Kafka source has no data
+    check_dedup_expression(spark, "data.id", decoded.schema)
+    kept, dups = split(drop_duplicates(decoded, "data.id", []))
+    assert [r[2] for r in kept] == [0, 1] and [r[2] for r in dups] == [2, 3]
+
+
+def test_kept_and_duplicates_partition_the_batch_as_a_plain_reference_does(session, tmp_path):
+    rnd = random.Random(7)
+    rows = [rec(rnd.choice("tu"), rnd.randrange(3), offset, rnd.choice([None, *(b"k%d" % i for i in range(25))]))
+            for offset in range(300)]
+    in_table = {f"k{i}" for i in range(0, 25, 4)}
+    files = [keys_file(tmp_path / "k1.parquet", sorted(in_table)[:3]),
+             keys_file(tmp_path / "k2.parquet", sorted(in_table)[3:] + ["other"])]
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files)
+    kept, dups = split(out)
+    seen, want_kept, want_dups = set(in_table), [], []
+    for topic, partition, offset, _, _, key, _, _ in sorted(rows, key=lambda r: (r[2], r[1], r[0])):
+        k = key.decode() if key is not None else None
+        (want_dups if k is not None and k in seen else want_kept).append((topic, partition, offset, k))
+        if k is not None:
+            seen.add(k)
+    assert kept == sorted(want_kept) and dups == sorted(want_dups)
+    assert len(kept) + len(dups) == len(rows) and want_dups
+    assert {r[:3] for r in kept} | {r[:3] for r in dups} == {r[:3] for r in rows}
+
+
+def test_the_horizon_ignores_table_rows_older_than_it(spark, tmp_path):
+    old, new = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 3, 1, tzinfo=timezone.utc)
+    files = [keys_file(tmp_path / "k.parquet", ["a", "b", "c"],
+                       timestamp=pa.array([old, new, None], pa.timestamp("us", tz="UTC"))),
+             keys_file(tmp_path / "no-ts.parquet", ["d"])]
+    rows = [rec(offset=i, key=k) for i, k in enumerate([b"a", b"b", b"c", b"d"])]
+    horizon = int(datetime(2026, 2, 1, tzinfo=timezone.utc).timestamp() * 1000)
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", files, horizon_ms=horizon))
+    assert [r[3] for r in kept] == ["a"]  # only "a" is older than the horizon
+    assert [r[3] for r in dups] == ["b", "c", "d"]  # no timestamp: still counted
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", files))
+    assert kept == [] and len(dups) == 4
+
+
+@pytest.mark.parametrize("expr, says", [
+    ("foo(", "does not parse"),
+    ("nope", "cannot be evaluated"),
+    ("count(*)", "MISSING_GROUP_BY"),
+    ("explode(headers)", "generator"),
+    ("*", "not one"),
+    ("  ", "is empty"),
+    ("a\nb(", "does not parse"),
+])
+def test_a_bad_expression_is_a_one_line_config_error(spark, expr, says):
+    with pytest.raises(ConfigError) as err:
+        check_dedup_expression(spark, expr)
+    message = str(err.value)
+    assert "\n" not in message and says in message and repr(expr) in message
+    assert ";;" not in message and "nothing was committed" in message
+    with pytest.raises(ConfigError):
+        drop_duplicates(frame(spark, [rec()]), expr, [])
+
+
+def test_a_bad_expression_fails_before_any_action_on_spark_connect(spark_path):
+    session = spark_path.session()
+    with pytest.raises(ConfigError, match="cannot be evaluated") as err:
+        check_dedup_expression(session, "CAST(nope AS STRING)")
+    assert "\n" not in str(err.value)
+    check_dedup_expression(session, "headers['event-id']")  # the rewrite analyses on both paths
