@@ -41,8 +41,14 @@ def ratios(times: dict, a: argparse.Namespace) -> dict:
 
 
 def decode_ratios(med: dict, a: argparse.Namespace) -> dict:
+    """Avro against JSON decoding; and dedup by key against the same batch without (if measured)."""
+    dedup = {"dedup_1d_horizon_over_plain": med["dedup.dedup"] / med["dedup.plain"]} if "dedup.dedup" in med else {}
     if "decode.avro" not in med:
-        return {}
+        return dedup
+    return {**dedup, **_avro_ratios(med, a)}
+
+
+def _avro_ratios(med: dict, a: argparse.Namespace) -> dict:
     return {"decode_avro_rate_over_json_rate": med["decode.json"] / med["decode.avro"],
             "decode_avro_records_per_s": a.decode_records / med["decode.avro"],
             "decode_json_records_per_s": a.decode_records / med["decode.json"]}
@@ -77,6 +83,8 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         "warm_server_memory_flat(after_N/after_10<=1.1)": None if "warm_server_rss_mb" not in results else (
             max(results["warm_server_rss_mb"].values()) / results["warm_server_rss_mb"]["after_10"] <= 1.1),
     }
+    if "dedup.dedup" in med:
+        warm = {**warm, "dedup_1d_horizon/plain<=1.5": med["dedup.dedup"] / med["dedup.plain"] <= 1.5}
     if "planning.interval_mode.new_table" in med:
         warm = {**warm, "interval_planning_overhead<=0.5s":
                 med["planning.interval_mode.new_table"] - med["planning.offsets_mode.new_table"] <= 0.5}

@@ -15,6 +15,8 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   time goes, and the server's memory after many batches;
 * decoding (``bench_decode``): the same nested records as Avro (Schema Registry wire format,
   fastavro in the tasks) and as JSON (Spark's ``from_json``), each one exactly-once ingest;
+* dedup by key (``bench_dedup``): one batch with ``dedup_key`` and a one-day horizon against the
+  same batch without, into copies of a 10M-row table;
 * maintenance (``bench_maintenance``): reading a table of 10k small batch files before and
   after ``maintain``'s compaction, and the compaction's wall time and peak memory.
 
@@ -46,6 +48,7 @@ import bench_kafka  # noqa: E402
 import bench_ledger  # noqa: E402
 import bench_spark  # noqa: E402
 import bench_decode  # noqa: E402
+import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
 import bench_warm  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
@@ -89,9 +92,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-records", type=int, default=1_000_000, help="records of the Avro/JSON decode run")
     p.add_argument("--maintenance-files", type=int, default=10_000, help="small files of the maintenance table")
     p.add_argument("--maintenance-rows", type=int, default=1_000_000, help="rows of the maintenance table")
-    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "maintenance"],
+    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance"],
                    action="append",
                    help="run only these parts (repeatable; default: all)")
+    p.add_argument("--dedup-rows", type=int, default=10_000_000, help="rows of the table dedup checks against")
+    p.add_argument("--dedup-files", type=int, default=100)
+    p.add_argument("--dedup-batch", type=int, default=200_000, help="records of the measured batch")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -319,6 +325,38 @@ class Bench:
             self.stop_broker()
 
 
+    # -- dedup by key: a batch with dedup_key (one-day horizon) against the same batch without --
+    def dedup(self) -> None:
+        from airflow_eo.driver.session import build_session
+
+        a = self.args
+        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
+        spark = build_session("airflow-eo bench dedup", {"spark.master": a.master, "spark.ui.enabled": "false",
+                                                         "spark.ui.showConsoleProgress": "false"})
+        try:
+            built = os.path.join(self.work, "dedup-table")
+            say(f"building a table of {a.dedup_rows:,} rows in {a.dedup_files} files (keys over 30 days)")
+            bench_dedup.build(built, a.dedup_files, a.dedup_rows, int(time.time() * 1000))
+            bench_kafka.create_topic(self.broker.config, "dedup", a.partitions)
+            resent = bench_dedup.recent_keys(a.dedup_rows, a.dedup_files, max(1, a.dedup_batch // 100))
+            bench_dedup.load(self.kafka_config, "dedup", a.dedup_batch, a.partitions, resent)
+            for side in ("plain", "dedup"):  # not counted: the session's first jobs
+                bench_dedup.ingest(spark, self.kafka_config, bench_dedup.copy(built, self.fresh("dedup-warm")), "dedup",
+                                   side == "dedup")
+            for rep, side in interleaved(["plain", "dedup"], a.repetitions):
+                out = bench_dedup.ingest(spark, self.kafka_config, bench_dedup.copy(built, self.fresh(f"dedup-{side}")),
+                                         "dedup", side == "dedup")
+                expected_dups = len(resent) if side == "dedup" else 0
+                if out["duplicates"] != expected_dups or out["rows"] + out["duplicates"] != a.dedup_batch:
+                    raise RuntimeError(f"dedup {side}: {out}, expected {expected_dups} duplicates")
+                self.record(f"dedup.{side}", out["seconds"])
+                say(f"rep {rep + 1}/{a.repetitions}: {side} {out['seconds']:.2f}s ({out['duplicates']} duplicates)")
+            self.results["dedup"] = {"table_rows": a.dedup_rows, "table_files": a.dedup_files,
+                                     "batch_records": a.dedup_batch, "resent": len(resent), "horizon": "1d"}
+        finally:
+            spark.stop()
+            self.stop_broker()
+
     # -- maintenance: reading before / after compaction, and the compaction's cost ----------
     def maintenance(self) -> None:
         a = self.args
@@ -337,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "maintenance"]:
+        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance"]:
             getattr(bench, part)()
     finally:
         bench.stop_broker()

@@ -20,7 +20,7 @@ def test_benchmark_smoke(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "benchmark.py"), "--records", "5000",
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--long-log-commits", "300", "--cache-dir", str(tmp_path / "cache"),
-           "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200",
+           "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
            "--maintenance-rows", "20000", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -32,7 +32,7 @@ def test_benchmark_smoke(tmp_path):
                 "planning.200.checkpoint_plus_5", "planning.long_log.300", "planning.interval_mode.new_table", "planning.offsets_mode.new_table",
                 "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
                 "warm.raw_single_consumer", "warm.warm_full", "warm.warm_at_least_once", "warm.warm_alo_datasource",
-                "decode.json", "decode.avro"):
+                "decode.json", "decode.avro", "dedup.plain", "dedup.dedup"):
         assert key in times, key
         assert 0 < times[key]["min"] <= times[key]["median"] <= times[key]["max"] < 600, (key, times[key])
     # a Spark run costs at least the JVM start; a committed rerun starts no Spark at all
