@@ -53,6 +53,7 @@ import bench_maintenance  # noqa: E402
 import bench_warm  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
+from airflow_eo.driver.session import classic_process  # noqa: E402
 from airflow_eo.planning import Interval, OffsetRange  # noqa: E402
 from airflow_eo.submit.connect_server import ConnectServer  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
@@ -299,6 +300,7 @@ class Bench:
         from airflow_eo.driver.session import build_session
 
         a = self.args
+        classic_process()  # the warm part's Connect client marked this process: this part runs classic Spark
         self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
         registry = RegistryDouble().start()
         spark = build_session("airflow-eo bench decode", {"spark.master": a.master, "spark.ui.enabled": "false",
@@ -330,6 +332,7 @@ class Bench:
         from airflow_eo.driver.session import build_session
 
         a = self.args
+        classic_process()  # as in decode: classic Spark after the warm part's Connect client
         self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
         spark = build_session("airflow-eo bench dedup", {"spark.master": a.master, "spark.ui.enabled": "false",
                                                          "spark.ui.showConsoleProgress": "false"})
