@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping
 
@@ -229,11 +230,11 @@ class DedupSpec:
         """``"<n> batches"`` → n; None for a duration or no horizon."""
         text = str(self.horizon or "").strip().lower()
         if text.endswith(("batches", "batch")):
-            number = text.split()[0] if " " in text else text.rstrip("batches").rstrip("batch")
-            if not number.isdigit() or int(number) < 1:
+            number = re.fullmatch(r"(\d+)\s*batch(?:es)?", text)
+            if number is None or int(number.group(1)) < 1:
                 raise ConfigError(f"dedup_horizon {self.horizon!r} is not understood: use a duration over the Kafka "
                                   "timestamp ('1d', '12h', seconds) or '<n> batches'")
-            return int(number)
+            return int(number.group(1))
         if text:
             from airflow_eo.intervals import parse_duration
 

@@ -39,7 +39,7 @@ from typing import Mapping
 from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError, OffsetsAheadError
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, Interval, OffsetRange, OnDataLoss, PartitionBounds, RunIdentity, SkippedRange,
-    TopicPartition,
+    TopicPartition, recorded_as,
 )
 
 DEFAULT_CLOSE_AFTER_SECONDS = 15 * 60
@@ -164,6 +164,13 @@ def _iso(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def waiting(f: PartitionFacts, interval: Interval, now_ms: int, close_after_ms: int) -> bool:
+    """Whether the partition may still receive records of ``interval``: no recorded end, no
+    later record below its last stable offset, no later committed interval, within the grace."""
+    return (f.recorded_end is None and _below(f.found_end, f.bounds) is None and f.ceiling is None
+            and now_ms < interval.end_ms + close_after_ms)
+
+
 def plan_interval(
     *, ingest_id: str, batch: int, interval: Interval, facts: Mapping[TopicPartition, PartitionFacts],
     now_ms: int, close_after_ms: int, on_data_loss: OnDataLoss | str = OnDataLoss.FAIL,
@@ -181,18 +188,18 @@ def plan_interval(
         else:
             found = _below(f.found_start, b)
             start = _clamp(b.end if found is None else found, f.floor, f.ceiling)
+        if waiting(f, interval, now_ms, close_after_ms):
+            open_.append((tp, f))
+            continue
         if f.recorded_end is not None:
             end = f.recorded_end
         elif _below(f.found_end, b) is not None:
             end = _clamp(f.found_end, f.floor, f.ceiling)
         elif f.ceiling is not None:  # a later committed interval already bounds this one
             end = _clamp(b.end, f.floor, f.ceiling)
-        elif now_ms >= interval.end_ms + close_after_ms:  # idle past the grace: fix it at the end
+        else:  # idle past the grace: fix it at the end
             end = _clamp(b.end, f.floor, None)
             idle.append(tp)
-        else:
-            open_.append((tp, f))
-            continue
         if max(start, end) > b.end:
             raise OffsetsAheadError(
                 f"{tp}: interval {interval} recorded offsets up to {max(start, end)} but Kafka's end offset is "
@@ -228,18 +235,22 @@ def start_boundaries(plan: BatchPlan) -> dict[TopicPartition, int]:
     return starts
 
 
-def interval_state(plan: BatchPlan, last_batch: int, batch_at_start: int | None, end_of_that: int | None) -> CommitCheck:
+def interval_state(plan: BatchPlan, last_batch: int, batch_at_start: int | None, end_of_that: int | None,
+                   recorded_ranges: "tuple[OffsetRange, ...] | None" = None,
+                   recorded_run_key: str | None = None) -> CommitCheck:
     """Is the interval plan committable, committed, or overtaken? The table's batch counter is
     the compare: a plan is READY only on the snapshot it was planned from (no batch since), so
     every boundary it read is still the table's. ``batch_at_start`` / ``end_of_that``: the
-    batch that committed an interval starting at T0, and that interval's end.
+    batch that committed an interval starting at T0, and that interval's end; the recorded
+    ranges and run key as in :func:`airflow_eo.planning.batch_state`.
 
         >>> plan = BatchPlan("i", 3, (), RunIdentity("r"), interval=Interval(0, 10))
         >>> interval_state(plan, 2, None, None).value, interval_state(plan, 3, 3, 10).value
         ('ready', 'already_committed')
     """
     if batch_at_start is not None:
-        same = batch_at_start == plan.batch and end_of_that == plan.interval.end_ms
+        same = batch_at_start == plan.batch and end_of_that == plan.interval.end_ms and \
+            recorded_as(plan, recorded_ranges, recorded_run_key)
         return CommitCheck.ALREADY_COMMITTED if same else CommitCheck.CONFLICT
     return CommitCheck.READY if last_batch == plan.batch - 1 else CommitCheck.CONFLICT
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import CommittedInterval, PartitionFacts, parse_duration, plan_interval
+from airflow_eo.intervals import CommittedInterval, PartitionFacts, parse_duration, plan_interval, waiting
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.planning import (
     BatchPlan, Interval, RunIdentity, StartingPosition, TopicPartition, partitions_without_offsets, plan_batch,
@@ -110,10 +110,9 @@ class IntervalPlanner:
             for tp in partitions
         }
         now_ms, close_after_ms = int(time.time() * 1000), int(parse_duration(c.close_after) * 1000)
-        if now_ms < iv.end_ms + close_after_ms:  # not closed by the grace: say how far each partition got
-            waiting = [tp for tp, f in facts.items() if f.recorded_end is None and f.ceiling is None
-                       and not 0 <= f.found_end < f.bounds.end]
-            newest = kafka.newest_timestamps({tp: bounds[tp] for tp in waiting[:1]})
+        open_ = [tp for tp, f in sorted(facts.items()) if waiting(f, iv, now_ms, close_after_ms)]
+        if open_:  # the plan will say the interval is not closed: with how far that partition got
+            newest = kafka.newest_timestamps({tp: bounds[tp] for tp in open_[:1]})
             facts.update({tp: replace(facts[tp], newest_ms=ms) for tp, ms in newest.items()})
         return plan_interval(
             ingest_id=c.ingest_id, batch=ledger.last_batch(c.ingest_id) + 1, interval=iv, facts=facts,

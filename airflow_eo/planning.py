@@ -333,13 +333,18 @@ def batch_state(
         return CommitCheck.READY if last_batch == plan.batch - 1 else CommitCheck.CONFLICT
     covered = last_batch >= plan.batch and all(
         committed.get(tp) is not None and committed[tp] >= end for tp, end in plan.ends.items())
-    if not covered:
-        return CommitCheck.CONFLICT
-    if recorded_ranges is not None and sorted(recorded_ranges) != sorted(plan.ranges):
-        return CommitCheck.CONFLICT
-    if recorded_run_key is not None and plan.run.run_key and recorded_run_key != plan.run.run_key:
+    if not covered or not recorded_as(plan, recorded_ranges, recorded_run_key):
         return CommitCheck.CONFLICT
     return CommitCheck.ALREADY_COMMITTED
+
+
+def recorded_as(plan: BatchPlan, recorded_ranges: "tuple[OffsetRange, ...] | None",
+                recorded_run_key: str | None) -> bool:
+    """Whether the commit recorded for the plan's batch (where the log still holds it) read the
+    plan's ranges for the plan's own run: the race loser must not claim the winner's batch."""
+    if recorded_ranges is not None and sorted(recorded_ranges) != sorted(plan.ranges):
+        return False
+    return recorded_run_key is None or not plan.run.run_key or recorded_run_key == plan.run.run_key
 
 
 def backlog(

@@ -103,6 +103,11 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
                           attempt.partition_by)
             dropped = dups.duplicates.count() if dups is not None else None
+            late = None
+            if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
+                # before the cached rows are released: without a timestamp column the count reads them
+                in_files = pa.schema([f for f in arrow_schema if f.name not in attempt.partition_by])
+                late = late_records(files, location, in_files, plan.interval.start_ms, source)
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
@@ -126,9 +131,8 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
         if dropped is not None:
             extra["duplicates"] = {"records": dropped, "to_dead_letters": attempt.dedup.to_dead_letters}
             log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, dropped, attempt.dedup.key)
-        if plan.interval is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
-            kept = pa.schema([f for f in arrow_schema if f.name not in attempt.partition_by])
-            extra["late"] = late_records(files, location, kept, plan.interval.start_ms, source)
+        if late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
+            extra["late"] = late
             log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, extra["late"]["records"])
         outcome = commit(CommitKind.BATCH, location.uri, batch, storage_options,
                          schema_evolution=attempt.schema_evolution, extra_metadata=extra,

@@ -28,15 +28,9 @@ from deltalake.transaction import Transaction
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import CommittedInterval, neighbour_times, overlapping, start_boundaries
 from airflow_eo.planning import BatchPlan, Interval, TopicPartition
-from airflow_eo.table.ledger import APP_PREFIX, Ledger, interval_app_id, interval_at_app_id, partition_app_id
-
-
-def span_app_id(ingest_id: str, side: str) -> str:
-    return f"{APP_PREFIX}:{ingest_id}:intervals:{side}"
-
-
-def boundary_app_id(ingest_id: str, at_ms: int, tp: TopicPartition) -> str:
-    return f"{APP_PREFIX}:{ingest_id}:boundary:{at_ms}:{tp.topic}:{tp.partition}"
+from airflow_eo.table.ledger import (
+    Ledger, boundary_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id,
+)
 
 
 class IntervalLedger:
@@ -130,9 +124,9 @@ class IntervalLedger:
         txns += [Transaction(span_app_id(ingest_id, "min-start"), min(span[0], iv.start_ms)),
                  Transaction(span_app_id(ingest_id, "max-end"), max(span[1], iv.end_ms))]
         starts = start_boundaries(plan)
+        high = self.ledger.committed_offsets(ingest_id, [r.tp for r in plan.ranges])
         for r in plan.ranges:
             txns += [Transaction(boundary_app_id(ingest_id, iv.start_ms, r.tp), starts[r.tp]),
-                     Transaction(boundary_app_id(ingest_id, iv.end_ms, r.tp), r.end)]
-            high = self.ledger.committed_offsets(ingest_id, [r.tp])[r.tp]
-            txns.append(Transaction(partition_app_id(ingest_id, r.tp), max(high or 0, r.end)))
+                     Transaction(boundary_app_id(ingest_id, iv.end_ms, r.tp), r.end),
+                     Transaction(partition_app_id(ingest_id, r.tp), max(high[r.tp] or 0, r.end))]
         return txns

@@ -81,6 +81,16 @@ def interval_at_app_id(ingest_id: str, start_ms: int) -> str:
     return f"{APP_PREFIX}:{ingest_id}:interval-at:{start_ms}"
 
 
+def span_app_id(ingest_id: str, side: str) -> str:
+    """Interval mode: the committed span's ``min-start`` / ``max-end``."""
+    return f"{APP_PREFIX}:{ingest_id}:intervals:{side}"
+
+
+def boundary_app_id(ingest_id: str, at_ms: int, tp: TopicPartition) -> str:
+    """Interval mode: the offset ``B(at_ms)`` of ``tp`` a committed interval used."""
+    return f"{APP_PREFIX}:{ingest_id}:boundary:{at_ms}:{tp.topic}:{tp.partition}"
+
+
 @dataclass(frozen=True)
 class BatchRecord:
     """One committed batch as recorded in the commit's metadata."""
@@ -307,13 +317,12 @@ class Ledger:
     def _interval_state(self, plan: BatchPlan, last: int) -> CommitCheck:
         batch = self.table.transaction_version(interval_at_app_id(plan.ingest_id, plan.interval.start_ms)) \
             if self.table is not None else None
-        end = self.transaction(interval_app_id(plan.ingest_id, batch, "end")) if batch is not None else None
+        end = self.table.transaction_version(interval_app_id(plan.ingest_id, batch, "end")) if batch is not None else None
         state = interval_state(plan, last, batch, end)
-        if state is CommitCheck.ALREADY_COMMITTED:  # the run that committed it, if the log still says
+        if state is CommitCheck.ALREADY_COMMITTED:  # as for offset batches: the run that committed it
             record = self.find_batch(plan.ingest_id, batch=plan.batch, operation="ingest")
-            if record is not None and (sorted(record.ranges) != sorted(plan.ranges) or
-                                       plan.run.run_key and record.run_key != plan.run.run_key):
-                return CommitCheck.CONFLICT
+            state = interval_state(plan, last, batch, end, record.ranges if record else None,
+                                   record.run_key if record else None)
         return state
 
     def batches(self, ingest_id: str, limit: int | None = 20) -> list[BatchRecord]:
