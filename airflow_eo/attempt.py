@@ -28,6 +28,7 @@ from airflow_eo.planning import BatchPlan, RunIdentity
 
 # The columns that key every row to its source record: every file keeps them (with statistics)
 KEY_COLUMNS = ("topic", "partition", "offset")
+TIMESTAMP_COLUMN = "timestamp"  # the Kafka record timestamp: dedup horizons and late counts read it
 
 DEFAULT_MAX_OFFSETS_PER_TASK = 1_000_000
 

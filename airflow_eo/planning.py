@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from airflow_eo.errors import ConfigError, DataLossError, OffsetsAheadError
 from airflow_eo.offsets import (  # noqa: F401 - the planning core's vocabulary, re-exported
@@ -286,6 +286,11 @@ def split_range(r: OffsetRange, max_size: int) -> list[OffsetRange]:
         OffsetRange(r.topic, r.partition, lo, min(lo + max_size, r.end))
         for lo in range(r.start, r.end, max_size)
     ]
+
+
+def read_slices(ranges: Iterable[OffsetRange], max_size: int) -> list[OffsetRange]:
+    """The Spark read tasks of ``ranges``: each range cut by :func:`split_range`, in order."""
+    return [piece for r in ranges for piece in split_range(r, max_size)]
 
 
 class CommitCheck(str, enum.Enum):

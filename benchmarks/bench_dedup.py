@@ -77,16 +77,19 @@ def load(config: dict, topic: str, records: int, partitions: int, resent: list[s
     producer.flush(60)
 
 
-def ingest(spark, kafka_config: dict, table_uri: str, topic: str, dedup: bool) -> dict:
-    """One exactly-once batch of the whole topic into ``table_uri`` (in this process's session)."""
+def ingest(spark, kafka_config: dict, table_uri: str, topic: str, dedup: bool, join_back: bool = False) -> dict:
+    """One exactly-once batch of the whole topic into ``table_uri`` (in this process's session).
+    ``join_back``: the transform leaves ``_dedup_key`` out, so the driver joins it back."""
     from airflow_eo.attempt import Transform
     from airflow_eo.driver.main import InProcessSubmitter
     from airflow_eo.ingest import IngestConfig, Ingestion
     from airflow_eo.planning import RunIdentity
 
-    # the same columns either way; with dedup the key column is joined back by the driver
+    # the same columns either way: plain stores a null key; with dedup the transform keeps the
+    # key column (as the README advises) or the driver joins it back
+    key = "CAST(NULL AS STRING) AS _dedup_key" if not dedup else ("" if join_back else "_dedup_key")
     sql = "SELECT topic, partition, offset, timestamp, CAST(value AS STRING) AS body" + (
-        "" if dedup else ", CAST(NULL AS STRING) AS _dedup_key") + " FROM source"
+        f", {key}" if key else "") + " FROM source"
     config = IngestConfig(table_uri=table_uri, ingest_id=INGEST_ID, topics=[topic], kafka_config=kafka_config,
                           transform=Transform(sql=sql), dedup_key=KEY if dedup else None,
                           dedup_horizon="1d" if dedup else None)

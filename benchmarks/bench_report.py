@@ -42,7 +42,9 @@ def ratios(times: dict, a: argparse.Namespace) -> dict:
 
 def decode_ratios(med: dict, a: argparse.Namespace) -> dict:
     """Avro against JSON decoding; and dedup by key against the same batch without (if measured)."""
-    dedup = {"dedup_1d_horizon_over_plain": med["dedup.dedup"] / med["dedup.plain"]} if "dedup.dedup" in med else {}
+    dedup = {} if "dedup.dedup" not in med else {
+        "dedup_1d_horizon_over_plain": med["dedup.dedup"] / med["dedup.plain"],
+        "dedup_1d_horizon_join_back_over_plain": med["dedup.dedup_join_back"] / med["dedup.plain"]}
     if "decode.avro" not in med:
         return dedup
     return {**dedup, **_avro_ratios(med, a)}

@@ -343,13 +343,13 @@ class Bench:
             bench_kafka.create_topic(self.broker.config, "dedup", a.partitions)
             resent = bench_dedup.recent_keys(a.dedup_rows, a.dedup_files, max(1, a.dedup_batch // 100))
             bench_dedup.load(self.kafka_config, "dedup", a.dedup_batch, a.partitions, resent)
-            for side in ("plain", "dedup"):  # not counted: the session's first jobs
-                bench_dedup.ingest(spark, self.kafka_config, bench_dedup.copy(built, self.fresh("dedup-warm")), "dedup",
-                                   side == "dedup")
-            for rep, side in interleaved(["plain", "dedup"], a.repetitions):
+            sides = ["plain", "dedup", "dedup_join_back"]  # join_back: the transform leaves _dedup_key out
+            for rep, side in [(None, s) for s in sides] + list(interleaved(sides, a.repetitions)):
                 out = bench_dedup.ingest(spark, self.kafka_config, bench_dedup.copy(built, self.fresh(f"dedup-{side}")),
-                                         "dedup", side == "dedup")
-                expected_dups = len(resent) if side == "dedup" else 0
+                                         "dedup", side != "plain", side == "dedup_join_back")
+                if rep is None:
+                    continue  # not counted: the session's first jobs of each kind
+                expected_dups = len(resent) if side != "plain" else 0
                 if out["duplicates"] != expected_dups or out["rows"] + out["duplicates"] != a.dedup_batch:
                     raise RuntimeError(f"dedup {side}: {out}, expected {expected_dups} duplicates")
                 self.record(f"dedup.{side}", out["seconds"])

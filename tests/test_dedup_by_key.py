@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import uuid
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
@@ -119,3 +120,42 @@ def test_bad_dedup_expression_is_one_line_and_commits_nothing(broker, kafka_conf
     assert not DeltaTable.is_deltatable(table_uri)
     with pytest.raises(ConfigError, match="dead_letter_table_uri"):
         ingestion(table_uri, topic, kafka_config, None, dedup_key=KEY, duplicates_to_dead_letters=True)
+
+
+def test_a_duration_horizon_reads_only_the_files_whose_timestamps_reach_it(broker, kafka_config, spark_path, tmp_path):
+    """Each staged file carries Delta stats of its Kafka timestamps, so a one-day horizon reads the
+    keys of the recent files only; a resend of an event stored before it lands again, a resend
+    of a recent one is dropped. The transform keeps ``_dedup_key`` (no join-back), and the count
+    comes from the write's observed metrics on both Spark paths."""
+    import time
+
+    from airflow_eo.attempt import DedupSpec
+    from airflow_eo.driver.dedup import key_files
+    from airflow_eo.table.storage import TableLocation
+
+    topic = new_topic(kafka_config, 2)
+    producer = Producer(kafka_config)
+    uri = str(tmp_path / "t")
+    ing = ingestion(uri, topic, kafka_config, spark_path.submitter(), dedup_key=KEY, dedup_horizon="1d")
+    now_ms = int(time.time() * 1000)
+
+    def send(ids, ts_ms):
+        for i in ids:
+            producer.produce(topic, value=f"e{i}".encode(), partition=i % 2, timestamp=ts_ms,
+                             headers=[("event-id", str(i).encode())])
+        producer.flush(10)
+        return ing.run(RunIdentity(uuid.uuid4().hex))
+
+    assert send(range(10), now_ms - 3 * 86_400_000).rows == 10  # three days ago
+    assert send(range(10, 20), now_ms - 3_600_000).rows == 10  # an hour ago
+    ledger = Ledger.open(uri)
+    stats = pa.table(ledger.table.get_add_actions(flatten=True)).to_pydict()
+    assert all(ts is not None for ts in stats["max.timestamp"])  # every file says how new it is
+    next_plan = type("Plan", (), {"batch": ledger.last_batch("test") + 1})()  # key_files reads only .batch
+    files, horizon_ms = key_files(TableLocation.of(uri), None, DedupSpec(key=KEY, horizon="1d"), next_plan, now_ms)
+    recent = [p for p, ts in zip(stats["path"], stats["max.timestamp"]) if ts.timestamp() * 1000 >= horizon_ms]
+    assert 0 < len(files) == len(recent) < len(stats["path"])  # the old batch's files are not read
+    third = send([3, 4, 13, 14, 99], now_ms)  # two old resends, two recent resends, one new event
+    assert (third.rows, third.duplicates) == (3, 2)
+    table = read_table(uri, ["offset", "_dedup_key"])
+    assert sorted(table["_dedup_key"].to_pylist()) == sorted([str(i) for i in range(20)] + ["3", "4", "99"])

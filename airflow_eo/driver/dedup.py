@@ -14,26 +14,32 @@ reads the value of the *last* header of that name (as Kafka's ``Headers.lastHead
 null when absent): ``headers`` is an array of ``struct(key, value)``, so it is rewritten
 before Spark parses the expression. Its value is bytes (stored base64);
 ``CAST(headers['event-id'] AS STRING)`` stores it as text. Offsets advance past dropped
-records anyway; that, counting them and sending them to the dead-letter table is the
-caller's job.
+records anyway; that and sending them to the dead-letter table is the caller's job.
+
+One pass, no cache: the batch is shuffled once by key and ranked, its first copies anti-joined
+with the stored keys; :meth:`Deduplicated.dropped` reads the count from the write's observed
+metrics (or counts again when there are none).
 
 Example::
 
     >>> out = drop_duplicates(source, "headers['event-id']", table_files)    # doctest: +SKIP
-    >>> out.kept.columns[-1], out.duplicates.count()                        # doctest: +SKIP
+    >>> out.kept.write.parquet(target)                                       # doctest: +SKIP
+    >>> out.kept.columns[-1], out.dropped()                                  # doctest: +SKIP
     ('_dedup_key', 2)
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
+from functools import cached_property
 
-from airflow_eo.attempt import KEY_COLUMNS, Attempt, AttemptKind, DedupSpec
+from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, DedupSpec
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import parse_duration
-from airflow_eo.planning import BatchPlan
+from airflow_eo.planning import BatchPlan, read_slices
 from airflow_eo.table.ledger import Ledger, batch_of_path
 from airflow_eo.table.storage import TableLocation, is_local
 
@@ -41,8 +47,8 @@ DEDUP_COLUMN = "_dedup_key"
 REASON = "duplicate key"
 REASON_COLUMN = "reason"
 ORDER = ("offset", "partition", "topic")  # which copy of a key survives within a batch
-TIMESTAMP = "timestamp"
-_RANK = "_airflow_eo_dedup_rank"
+TIMESTAMP = TIMESTAMP_COLUMN
+_FIRST = "_airflow_eo_first"
 
 # A quoted string or identifier (copied as is, so a literal that spells headers['x'] is not
 # rewritten), or headers['name'] outside quotes (not a field such as s.headers['x']).
@@ -54,10 +60,69 @@ _TOKENS = re.compile(rf"({_QUOTED})|(?<![\w.`])headers\s*\[\s*('(?:[^'\\]|\\.)*'
 @dataclass(frozen=True)
 class Deduplicated:
     """The batch split by its dedup key: ``kept`` (the source columns and :data:`DEDUP_COLUMN`)
-    and ``duplicates`` (the same columns and ``reason`` = ``'duplicate key'``)."""
+    and :attr:`duplicates`; plans over one ranked plan, computed by whichever action runs first
+    (no cache)."""
 
-    kept: object  # DataFrame
-    duplicates: object  # DataFrame
+    kept: object  # DataFrame, observed when ``observed``
+    ranked: object  # DataFrame: the batch with :data:`_FIRST` (not observed)
+    known: object  # DataFrame of the stored keys, or None
+    columns: tuple
+    observed: tuple = ()  # Observations of the write: (ranked records, kept records)
+
+    def _kept_of(self, ranked):
+        with functions_for(ranked) as F:
+            kept = ranked.where(F.col(_FIRST))
+            if self.known is not None:  # an anti join: a key stored twice matches once
+                kept = kept.join(self.known, on=DEDUP_COLUMN, how="left_anti")
+            return kept.select(*self.columns)
+
+    @cached_property
+    def unobserved(self):
+        """``kept`` without the observations, for a second plan over the batch (a join-back, a
+        count): a plan may hold each observation once (Spark Connect), and the shuffle is shared."""
+        return self._kept_of(self.ranked)
+
+    @cached_property
+    def keys(self):
+        """The kept records' key columns and :data:`DEDUP_COLUMN`, for a join-back."""
+        return self.unobserved.select(*KEY_COLUMNS, DEDUP_COLUMN)
+
+    @cached_property
+    def duplicates(self):
+        """The dropped records: the source columns, :data:`DEDUP_COLUMN` and ``reason`` =
+        ``'duplicate key'`` (built when asked for: the write of ``kept`` does not need it)."""
+        with functions_for(self.ranked) as F:
+            dropped = self.ranked.where(~F.col(_FIRST))
+            if self.known is not None:  # a semi join: a key stored twice matches once
+                stored = self.ranked.where(F.col(_FIRST)).join(self.known, on=DEDUP_COLUMN, how="left_semi")
+                dropped = dropped.unionByName(stored)
+            return dropped.select(*self.columns, F.lit(REASON).alias(REASON_COLUMN))
+
+    def dropped(self, read_at_most: int | None = None) -> int:
+        """Records dropped as duplicates, once the batch's write has run.
+
+        Spark's observed metrics of that write (ranked - kept), counted after the shuffle by
+        key, i.e. in the stage that writes the batch unless the transform shuffles again.
+        Without them (no action ran over ``kept``), or when they cannot be right (more records
+        than the plan's ``read_at_most`` offsets: a Spark stage retry counted twice, SPARK-58183),
+        the duplicates are counted again, exactly, by one more pass.
+        """
+        if self.observed:
+            ranked, kept = (_observed(o).get("records") for o in self.observed)
+            if ranked is not None and kept is not None and kept <= ranked <= (read_at_most or ranked):
+                return int(ranked - kept)
+        return self.duplicates.count()
+
+
+def _observed(observation) -> dict:
+    """An Observation's metrics, or {} when none arrived (never blocks)."""
+    try:
+        pending = getattr(observation, "_jo", None)  # classic: .get would wait for an action that never ran
+        if pending is not None and not pending.future().isCompleted():
+            return {}
+        return dict(observation.get or {})
+    except Exception:  # no metrics is an answer here: the caller recounts
+        return {}
 
 
 def header_expression(expr: str) -> str:
@@ -112,7 +177,8 @@ def _with_key(df, expr: str):
 
 
 def table_keys(spark, table_files, horizon_ms: int | None = None, exclude=()):
-    """The distinct non-null keys of ``table_files``, or None when there are no files.
+    """The non-null keys of ``table_files`` (not made distinct: the anti and semi joins that
+    read them match a key once however often it is stored), or None when there are no files.
 
     The schema is given, not inferred: a file written before dedup was turned on (no
     :data:`DEDUP_COLUMN`) reads as nulls, i.e. holds no keys, and no job reads the footers.
@@ -136,39 +202,44 @@ def table_keys(spark, table_files, horizon_ms: int | None = None, exclude=()):
         if horizon_ms is not None:
             ts = F.col(TIMESTAMP)
             present = present & (ts.isNull() | (ts >= F.timestamp_millis(F.lit(int(horizon_ms)))))
-        return rows.where(present).select(DEDUP_COLUMN).distinct()
+        return rows.where(present).select(DEDUP_COLUMN)
 
 
-def drop_duplicates(source, expr: str, table_files, horizon_ms: int | None = None, exclude=()) -> Deduplicated:
+def drop_duplicates(source, expr: str, table_files, horizon_ms: int | None = None, exclude=(),
+                    partitions: int | None = None, observe: bool = True) -> Deduplicated:
     """Split the batch ``source`` by the dedup key ``expr`` against the keys in ``table_files``.
 
     ``table_files``: the Parquet files (paths or URIs) of the table's snapshot, pruned by the
-    caller to the horizon; empty for a new table. Both results are plans over ``source``
-    (persist it when it is costly to compute twice); kept + duplicates = the batch's rows.
+    caller to the horizon; empty for a new table. ``partitions``: how many tasks rank the
+    batch's keys (default: Spark's shuffle partitions). One pass over ``source``: the batch is
+    shuffled once by key and ranked, then its first copies are anti-joined with the stored
+    keys (a broadcast when Spark finds them small); kept + duplicates = the batch's rows.
+    ``observe``: count the duplicates from Spark's observed metrics of the write (False: by
+    one more pass, e.g. when ``source`` is cached anyway).
     """
     keyed = _with_key(source, expr)
-    columns = keyed.columns
+    columns = tuple(keyed.columns)
     known = table_keys(source.sparkSession, table_files, horizon_ms, exclude)
     with functions_for(keyed) as F:
-        from pyspark.sql import Window
+        from pyspark.sql import Observation, Window
 
         key = F.col(DEDUP_COLUMN)
-        # Null keys are never duplicates: kept aside, not ranked (one window partition would
-        # hold every keyless record of the batch).
-        nulls = keyed.where(key.isNull())
-        window = Window.partitionBy(key).orderBy(*[F.col(c).asc() for c in ORDER])
-        ranked = keyed.where(key.isNotNull()).withColumn(_RANK, F.row_number().over(window))
-        firsts = ranked.where(F.col(_RANK) == 1).select(*columns)
-        losers = ranked.where(F.col(_RANK) > 1).select(*columns)
-        if known is None:
-            kept, dropped = firsts, losers
-        else:
-            kept = firsts.join(known, on=DEDUP_COLUMN, how="left_anti").select(*columns)
-            in_table = firsts.join(known, on=DEDUP_COLUMN, how="left_semi").select(*columns)
-            dropped = losers.unionByName(in_table)
-        kept = kept.unionByName(nulls)
-        duplicates = dropped.withColumn(REASON_COLUMN, F.lit(REASON))
-    return Deduplicated(kept=kept, duplicates=duplicates)
+        # A null key is never a duplicate: each such record is a group of its own, so keyless
+        # records spread over the tasks instead of filling one.
+        alone = F.when(key.isNull(), F.struct(*[F.col(c) for c in KEY_COLUMNS]))
+        if partitions:  # the window's clustering: no second shuffle
+            keyed = keyed.repartition(partitions, key, alone)
+        order = Window.partitionBy(key, alone).orderBy(*[F.col(c).asc() for c in ORDER])
+        ranked = keyed.withColumn(_FIRST, F.row_number().over(order) == 1)
+        out = Deduplicated(kept=None, ranked=ranked, known=known, columns=columns)
+        if not observe:
+            return replace(out, kept=out._kept_of(ranked))
+        count = F.count(F.lit(1)).alias("records")
+        tag = uuid.uuid4().hex[:12]  # observation names: unique in a shared (warm) session
+        observed = tuple(Observation(f"airflow_eo_dedup_{what}_{tag}") for what in ("ranked", "kept"))
+        # after the shuffle by key: counted by the tasks that write the batch
+        kept = out._kept_of(ranked.observe(observed[0], count)).observe(observed[1], count)
+        return replace(out, kept=kept, observed=observed)
 
 
 def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: BatchPlan,
@@ -203,20 +274,35 @@ def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: B
     return kept, horizon_ms
 
 
-def deduplicate(source, attempt: Attempt, location: TableLocation, storage_options, now_ms: int) -> Deduplicated:
-    """The batch split by ``attempt.dedup`` against the table's keys within its horizon."""
+def deduplicate(source, attempt: Attempt, location: TableLocation, storage_options, now_ms: int,
+                observe: bool = True) -> Deduplicated:
+    """The batch split by ``attempt.dedup`` against the table's keys within its horizon, ranked by
+    as many tasks as read it, at most one per core (Spark's default of 200 shuffle partitions
+    costs more than the ranking itself on a small batch)."""
     files, horizon_ms = key_files(location, storage_options, attempt.dedup, attempt.plan, now_ms)
     own = attempt.plan.data_ranges if attempt.kind is AttemptKind.REPROCESS else ()
-    return drop_duplicates(source, attempt.dedup.key, files, horizon_ms, own)
+    tasks = len(read_slices(attempt.plan.data_ranges, attempt.spark.max_offsets_per_task))
+    cores = _parallelism(source.sparkSession)
+    return drop_duplicates(source, attempt.dedup.key, files, horizon_ms, own,
+                           partitions=max(1, min(tasks, cores or tasks)), observe=observe)
 
 
-def with_key_column(out, kept):
+def _parallelism(spark) -> int | None:
+    """The application's cores (Spark's default parallelism), None where the client cannot tell."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # a Spark Connect client has no SparkContext
+        return None
+
+
+def with_key_column(out, dups: Deduplicated):
     """The transform's output with :data:`DEDUP_COLUMN`, joined back by source offset when the
-    transform did not keep it: the next batches find this batch's keys in the table."""
+    transform did not keep it (one more shuffle: keep the column to avoid it): the next batches
+    find this batch's keys in the table."""
     if DEDUP_COLUMN in out.columns:
         return out
     with functions_for(out) as F:
-        keys = kept.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], F.col(DEDUP_COLUMN))
+        keys = dups.keys.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], F.col(DEDUP_COLUMN))
         condition = None
         for c in KEY_COLUMNS:
             match = F.col(c) == F.col(f"_k_{c}")

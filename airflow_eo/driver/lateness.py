@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_eo.attempt import TIMESTAMP_COLUMN
 from airflow_eo.table.staging import StagedFile
 from airflow_eo.table.storage import TableLocation
 
-TIMESTAMP = "timestamp"
+TIMESTAMP = TIMESTAMP_COLUMN
 
 
 def _may_be_late(f: StagedFile, start_ms: int) -> bool:

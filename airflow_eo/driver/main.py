@@ -33,7 +33,7 @@ import pyarrow as pa
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.driver.avro import avro_decoder
 from airflow_eo.driver.decode import DeadLetters
-from airflow_eo.driver.dedup import deduplicate, with_key_column
+from airflow_eo.driver.dedup import DEDUP_COLUMN, deduplicate, with_key_column
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
@@ -78,16 +78,16 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                        decoder=decoder)
     dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
-    cached = None  # the batch's rows when dedup reads them twice and no dead-letter step keeps them
     with Progress(spark, plan.batch, sum(r.size for r in plan.data_ranges)):  # Spark itself is at WARN
         try:
             if dead is not None:
                 source = dead.good
             dups = None
             if attempt.dedup.enabled:  # drop records whose producer key is in the table or earlier in the batch
-                if dead is None:
-                    source = cached = source.persist()
-                dups = deduplicate(source, attempt, location, storage_options, int(time.time() * 1000))
+                # one pass, no cache; with dead letters their cached rows are read twice anyway,
+                # so the duplicates are counted over them exactly instead of observed
+                dups = deduplicate(source, attempt, location, storage_options, int(time.time() * 1000),
+                                   observe=dead is None)
                 source = dups.kept
                 if attempt.dedup.to_dead_letters:
                     dead.add(dups.duplicates)
@@ -95,24 +95,27 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                 dead.stage(stage)  # undecodable records (and duplicates): staged beside the dead-letter table
             out = apply_transform(attempt.transform, source, view, attempt.partition_by)
             if dups is not None:
-                out = with_key_column(out, dups.kept)
+                if DEDUP_COLUMN not in out.columns:
+                    log.info("batch %s: the transform leaves out %s, so it is joined back by offset (one more "
+                             "shuffle; select it in the transform to save that)", plan.batch, DEDUP_COLUMN)
+                out = with_key_column(out, dups)
             from pyspark.sql.pandas.types import to_arrow_schema
 
             arrow_schema = to_arrow_schema(out.schema)
             planned = time.monotonic()
             files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
                           attempt.partition_by)
-            dropped = dups.duplicates.count() if dups is not None else None
+            dropped = dups.dropped(sum(r.size for r in plan.data_ranges)) if dups is not None else None
             late = None
             if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
-                # before the cached rows are released: without a timestamp column the count reads them
+                # before the dead letters' cached rows are released: without a timestamp column
+                # the count reads the batch again
                 in_files = pa.schema([f for f in arrow_schema if f.name not in attempt.partition_by])
-                late = late_records(files, location, in_files, plan.interval.start_ms, source)
+                late = late_records(files, location, in_files, plan.interval.start_ms,
+                                    source if dups is None else dups.unobserved)
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
-            if cached is not None:
-                cached.unpersist()
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
     rows = staging.rows_per_partition(files)

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from airflow_eo.attempt import DEFAULT_MAX_OFFSETS_PER_TASK
-from airflow_eo.planning import OffsetRange, split_range
+from airflow_eo.planning import OffsetRange, read_slices
 
 SOURCE_NAME = "airflow_eo_kafka"
 KAFKA_OPTION_PREFIX = "kafka."
@@ -62,7 +62,7 @@ class KafkaRangeReader(DataSourceReader):
         }
 
     def partitions(self) -> list[RangePartition]:
-        pieces = [p for r in self.ranges for p in split_range(r, self.max_per_task)]
+        pieces = read_slices(self.ranges, self.max_per_task)
         return [RangePartition(p) for p in pieces] or [RangePartition(OffsetRange("", 0, 0, 0))]
 
     def read(self, partition: RangePartition) -> Iterator:
@@ -124,7 +124,7 @@ def read_with_map_in_arrow(spark, ranges: Iterable[OffsetRange], kafka_config: d
 
     from airflow_eo.driver.session import for_session
 
-    slices = [p for r in ranges for p in split_range(r, max_offsets_per_task)]
+    slices = read_slices(ranges, max_offsets_per_task)
     schema = SPARK_KAFKA_SCHEMA if decoder is None else decoder.schema(spark_kafka_struct())
     with for_session(spark):
         tasks = spark.range(0, len(slices), 1, max(1, len(slices)))  # row i alone in partition i

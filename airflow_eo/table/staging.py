@@ -24,11 +24,12 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import timezone
 
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from airflow_eo.attempt import KEY_COLUMNS, Attempt
+from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt
 from airflow_eo.planning import BatchPlan
 from airflow_eo.table.partitioning import partition_segments, partition_values_of
 from airflow_eo.table.storage import TableLocation
@@ -313,23 +314,47 @@ def staged_file(location: TableLocation, info) -> StagedFile:
 
 
 def file_stats(meta: pq.FileMetaData) -> dict:
-    """Delta per-file stats (numRecords, min/max/nullCount of the key columns)."""
+    """Delta per-file stats: numRecords, min/max/nullCount of the key columns, and of the
+    Kafka ``timestamp`` when the file keeps it as a timestamp (dedup's horizon and the late
+    count prune files by it)."""
     stats: dict = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     for column in KEY_COLUMNS:
         if column not in names:
             continue
-        idx = names.index(column)
-        lows, highs, nulls = [], [], 0
-        for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(idx).statistics
-            if st is None or not st.has_min_max:
-                return {"numRecords": meta.num_rows}
+        bounds = _bounds(meta, names.index(column))
+        if bounds is None or bounds[0] is None:
+            return {"numRecords": meta.num_rows}
+        stats["minValues"][column], stats["maxValues"][column], stats["nullCount"][column] = bounds
+    if TIMESTAMP_COLUMN in names:
+        idx = names.index(TIMESTAMP_COLUMN)
+        bounds = _bounds(meta, idx) if meta.schema.column(idx).logical_type.type == "TIMESTAMP" else None
+        if bounds is not None and getattr(bounds[0], "tzinfo", None) is not None:  # UTC-adjusted, not NTZ
+            low, high, nulls = bounds
+            # as delta-rs writes them: ISO-8601 UTC truncated to the millisecond (exact for
+            # comparisons with whole milliseconds, which Kafka timestamps are)
+            stats["minValues"][TIMESTAMP_COLUMN] = _iso_millis(low)
+            stats["maxValues"][TIMESTAMP_COLUMN] = _iso_millis(high)
+            stats["nullCount"][TIMESTAMP_COLUMN] = nulls
+    return stats
+
+
+def _bounds(meta: pq.FileMetaData, idx: int):
+    """(min, max, null count) of column ``idx`` over the row groups; None without statistics.
+    A column that is all nulls has (None, None, n)."""
+    lows, highs, nulls = [], [], 0
+    for rg in range(meta.num_row_groups):
+        st = meta.row_group(rg).column(idx).statistics
+        if st is None:
+            return None
+        nulls += st.null_count or 0
+        if st.has_min_max:
             lows.append(st.min)
             highs.append(st.max)
-            nulls += st.null_count or 0
-        if lows:
-            stats["minValues"][column] = min(lows)
-            stats["maxValues"][column] = max(highs)
-            stats["nullCount"][column] = nulls
-    return stats
+        elif (st.null_count or 0) < meta.row_group(rg).num_rows:
+            return None
+    return (min(lows) if lows else None, max(highs) if highs else None, nulls)
+
+
+def _iso_millis(value) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"

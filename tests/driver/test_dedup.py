@@ -205,3 +205,45 @@ def test_a_bad_expression_fails_before_any_action_on_spark_connect(spark_path):
         check_dedup_expression(session, "CAST(nope AS STRING)")
     assert "\n" not in str(err.value)
     check_dedup_expression(session, "headers['event-id']")  # the rewrite analyses on both paths
+
+
+def test_a_key_stored_twice_drops_its_record_once(session, tmp_path):
+    # a duration horizon lets a resend past it be stored again: the table may hold a key twice
+    files = [keys_file(tmp_path / "k1.parquet", ["a", "b"]), keys_file(tmp_path / "k2.parquet", ["a"])]
+    rows = [rec(offset=0, key=b"a"), rec(offset=1, key=b"c"), rec(offset=2, key=b"a")]
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files, partitions=2)
+    kept, dups = split(out)
+    assert kept == [("t", 0, 1, "c")]
+    assert dups == [("t", 0, 0, "a"), ("t", 0, 2, "a")]
+    assert out.dropped() == 2
+
+
+def test_dropped_comes_from_the_write_and_is_recounted_exactly_without_one(session, tmp_path):
+    """The count of duplicates: before any action there are no observed metrics, so it is a
+    recount (one more pass); after the kept rows are written, it is what that write observed."""
+    from airflow_eo.driver.dedup import _observed
+
+    rows = [rec(topic, p, o, None if o % 7 == 0 else b"k%d" % (o % 40))
+            for topic in ("t", "u") for p in range(3) for o in range(50)]
+    files = [keys_file(tmp_path / "k.parquet", ["k1", "k2", "zz"])]
+    expected = len(rows) - len(set(r[5] for r in rows if r[5] is not None) - {b"k1", b"k2"}) - \
+        sum(1 for r in rows if r[5] is None)
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files, partitions=3)
+    assert out.dropped() == expected  # nothing ran yet: counted exactly
+    assert all(_observed(o) == {} for o in out.observed)
+    out.kept.write.parquet(str(tmp_path / "kept"))
+    ranked, kept = (_observed(o).get("records") for o in out.observed)
+    assert ranked == len(rows) and kept == len(rows) - expected  # the write's own metrics
+    assert out.dropped() == expected
+    assert out.dropped(read_at_most=len(rows) - 1) == expected  # impossible metrics: recounted
+    assert pq.read_table(str(tmp_path / "kept")).num_rows == kept
+
+
+def test_keyless_records_are_spread_over_the_tasks_and_all_kept(session):
+    rows = [rec("t", p, o, None) for p in range(4) for o in range(25)] + [rec("t", 0, 99, b"x"), rec("t", 1, 99, b"x")]
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", [], partitions=4)
+    with_task = out.kept.selectExpr("spark_partition_id() AS task", "key").where("key IS NULL")
+    tasks = {r["task"] for r in with_task.collect()}
+    assert len(tasks) > 1  # not one task holding every keyless record
+    kept, dups = split(out)
+    assert len(kept) == 101 and dups == [("t", 1, 99, "x")]
