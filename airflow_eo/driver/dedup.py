@@ -30,9 +30,10 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, DedupSpec
@@ -43,11 +44,12 @@ from airflow_eo.planning import BatchPlan, read_slices
 from airflow_eo.table.ledger import Ledger, batch_of_path
 from airflow_eo.table.storage import TableLocation, is_local
 
+log = logging.getLogger(__name__)
+
 DEDUP_COLUMN = "_dedup_key"
 REASON = "duplicate key"
 REASON_COLUMN = "reason"
 ORDER = ("offset", "partition", "topic")  # which copy of a key survives within a batch
-TIMESTAMP = TIMESTAMP_COLUMN
 _FIRST = "_airflow_eo_first"
 
 # A quoted string or identifier (copied as is, so a literal that spells headers['x'] is not
@@ -69,18 +71,11 @@ class Deduplicated:
     columns: tuple
     observed: tuple = ()  # Observations of the write: (ranked records, kept records)
 
-    def _kept_of(self, ranked):
-        with functions_for(ranked) as F:
-            kept = ranked.where(F.col(_FIRST))
-            if self.known is not None:  # an anti join: a key stored twice matches once
-                kept = kept.join(self.known, on=DEDUP_COLUMN, how="left_anti")
-            return kept.select(*self.columns)
-
     @cached_property
     def unobserved(self):
         """``kept`` without the observations, for a second plan over the batch (a join-back, a
         count): a plan may hold each observation once (Spark Connect), and the shuffle is shared."""
-        return self._kept_of(self.ranked)
+        return _first_copies(self.ranked, self.known, self.columns)
 
     @cached_property
     def keys(self):
@@ -112,6 +107,15 @@ class Deduplicated:
             if ranked is not None and kept is not None and kept <= ranked <= (read_at_most or ranked):
                 return int(ranked - kept)
         return self.duplicates.count()
+
+
+def _first_copies(ranked, known, columns: tuple):
+    """The records of ``ranked`` that are first in the batch and whose key is not in ``known``."""
+    with functions_for(ranked) as F:
+        kept = ranked.where(F.col(_FIRST))
+        if known is not None:  # an anti join: a key stored twice matches once
+            kept = kept.join(known, on=DEDUP_COLUMN, how="left_anti")
+        return kept.select(*columns)
 
 
 def _observed(observation) -> dict:
@@ -190,7 +194,7 @@ def table_keys(spark, table_files, horizon_ms: int | None = None, exclude=()):
     files = [str(f) for f in table_files]
     if not files:
         return None
-    columns = f"`{DEDUP_COLUMN}` STRING" + (f", `{TIMESTAMP}` TIMESTAMP" if horizon_ms is not None else "")
+    columns = f"`{DEDUP_COLUMN}` STRING" + (f", `{TIMESTAMP_COLUMN}` TIMESTAMP" if horizon_ms is not None else "")
     if exclude:  # a reprocess: the batch's own rows are not "already in the table"
         columns += ", topic STRING, partition INT, offset LONG"
     with functions_for(spark) as F:  # the DDL schema is parsed for the session's kind too
@@ -200,7 +204,7 @@ def table_keys(spark, table_files, horizon_ms: int | None = None, exclude=()):
             present = present & ~((F.col("topic") == r.topic) & (F.col("partition") == r.partition)
                                   & (F.col("offset") >= r.start) & (F.col("offset") < r.end))
         if horizon_ms is not None:
-            ts = F.col(TIMESTAMP)
+            ts = F.col(TIMESTAMP_COLUMN)
             present = present & (ts.isNull() | (ts >= F.timestamp_millis(F.lit(int(horizon_ms)))))
         return rows.where(present).select(DEDUP_COLUMN)
 
@@ -231,15 +235,15 @@ def drop_duplicates(source, expr: str, table_files, horizon_ms: int | None = Non
             keyed = keyed.repartition(partitions, key, alone)
         order = Window.partitionBy(key, alone).orderBy(*[F.col(c).asc() for c in ORDER])
         ranked = keyed.withColumn(_FIRST, F.row_number().over(order) == 1)
-        out = Deduplicated(kept=None, ranked=ranked, known=known, columns=columns)
         if not observe:
-            return replace(out, kept=out._kept_of(ranked))
+            return Deduplicated(kept=_first_copies(ranked, known, columns), ranked=ranked, known=known,
+                                columns=columns)
         count = F.count(F.lit(1)).alias("records")
         tag = uuid.uuid4().hex[:12]  # observation names: unique in a shared (warm) session
         observed = tuple(Observation(f"airflow_eo_dedup_{what}_{tag}") for what in ("ranked", "kept"))
         # after the shuffle by key: counted by the tasks that write the batch
-        kept = out._kept_of(ranked.observe(observed[0], count)).observe(observed[1], count)
-        return replace(out, kept=kept, observed=observed)
+        kept = _first_copies(ranked.observe(observed[0], count), known, columns).observe(observed[1], count)
+        return Deduplicated(kept=kept, ranked=ranked, known=known, columns=columns, observed=observed)
 
 
 def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: BatchPlan,
@@ -301,6 +305,8 @@ def with_key_column(out, dups: Deduplicated):
     find this batch's keys in the table."""
     if DEDUP_COLUMN in out.columns:
         return out
+    log.info("the transform leaves out %s, so it is joined back by offset (one more shuffle; select it "
+             "in the transform to save that)", DEDUP_COLUMN)
     with functions_for(out) as F:
         keys = dups.keys.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], F.col(DEDUP_COLUMN))
         condition = None

@@ -26,13 +26,11 @@ from airflow_eo.attempt import TIMESTAMP_COLUMN
 from airflow_eo.table.staging import StagedFile
 from airflow_eo.table.storage import TableLocation
 
-TIMESTAMP = TIMESTAMP_COLUMN
-
 
 def _may_be_late(f: StagedFile, start_ms: int) -> bool:
     """From the file's Delta stats: can it hold a timestamp before ``start_ms``? (no stats: yes)"""
     try:
-        low = json.loads(f.stats or "{}").get("minValues", {}).get(TIMESTAMP)
+        low = json.loads(f.stats or "{}").get("minValues", {}).get(TIMESTAMP_COLUMN)
     except ValueError:
         return True
     if low is None:
@@ -47,7 +45,7 @@ def late_in_files(files, location: TableLocation, start_ms: int) -> dict:
         if not _may_be_late(f, start_ms):
             continue
         with location.fs.open_input_file(location.join(f.path)) as handle:
-            column = pq.read_table(handle, columns=[TIMESTAMP]).column(TIMESTAMP)
+            column = pq.read_table(handle, columns=[TIMESTAMP_COLUMN]).column(TIMESTAMP_COLUMN)
         micros = pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64())
         late = pc.filter(micros, pc.less(micros, start_ms * 1000))
         if len(late):
@@ -62,14 +60,14 @@ def late_in_frame(df, start_ms: int) -> dict:
     from airflow_eo.driver.decode import functions_for
 
     with functions_for(df) as F:
-        late = df.where(F.col(TIMESTAMP) < F.timestamp_millis(F.lit(start_ms)))
-        row = late.agg(F.count(F.lit(1)).alias("n"), F.min(F.unix_millis(F.col(TIMESTAMP))).alias("oldest")).first()
+        late = df.where(F.col(TIMESTAMP_COLUMN) < F.timestamp_millis(F.lit(start_ms)))
+        row = late.agg(F.count(F.lit(1)).alias("n"), F.min(F.unix_millis(F.col(TIMESTAMP_COLUMN))).alias("oldest")).first()
     return {"records": int(row["n"] or 0), "oldest_ms": row["oldest"]}
 
 
 def late_records(files, location: TableLocation, arrow_schema: pa.Schema, start_ms: int, source) -> dict:
     """Late rows of an interval batch: from the staged files when they keep ``timestamp``,
     else from the batch's ``source`` records."""
-    if TIMESTAMP in arrow_schema.names:
+    if TIMESTAMP_COLUMN in arrow_schema.names:
         return late_in_files(files, location, start_ms)
     return late_in_frame(source, start_ms)

@@ -33,7 +33,7 @@ import pyarrow as pa
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.driver.avro import avro_decoder
 from airflow_eo.driver.decode import DeadLetters
-from airflow_eo.driver.dedup import DEDUP_COLUMN, deduplicate, with_key_column
+from airflow_eo.driver.dedup import deduplicate, with_key_column
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
@@ -78,7 +78,8 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                        decoder=decoder)
     dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
-    with Progress(spark, plan.batch, sum(r.size for r in plan.data_ranges)):  # Spark itself is at WARN
+    planned_offsets = sum(r.size for r in plan.data_ranges)
+    with Progress(spark, plan.batch, planned_offsets):  # Spark itself is at WARN
         try:
             if dead is not None:
                 source = dead.good
@@ -95,9 +96,6 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                 dead.stage(stage)  # undecodable records (and duplicates): staged beside the dead-letter table
             out = apply_transform(attempt.transform, source, view, attempt.partition_by)
             if dups is not None:
-                if DEDUP_COLUMN not in out.columns:
-                    log.info("batch %s: the transform leaves out %s, so it is joined back by offset (one more "
-                             "shuffle; select it in the transform to save that)", plan.batch, DEDUP_COLUMN)
                 out = with_key_column(out, dups)
             from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -105,7 +103,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             planned = time.monotonic()
             files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
                           attempt.partition_by)
-            dropped = dups.dropped(sum(r.size for r in plan.data_ranges)) if dups is not None else None
+            dropped = dups.dropped(planned_offsets) if dups is not None else None
             late = None
             if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
                 # before the dead letters' cached rows are released: without a timestamp column
