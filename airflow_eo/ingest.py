@@ -37,7 +37,9 @@ from airflow_eo.planner import INTERVAL, OFFSETS, IntervalPlanner, OffsetPlanner
 from airflow_eo.planning import BatchPlan, CommitCheck, Interval, OnDataLoss, RunIdentity, StartingPosition
 from airflow_eo.result import IngestResult, short_cause  # noqa: F401 - re-exported: the loop's result
 from airflow_eo.status import measure_lag
-from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, commit_dead_letters_of
+from airflow_eo.table.commit import (
+    ALREADY_COMMITTED, COMMITTED, CommitKind, StagedBatch, commit, commit_dead_letters_of,
+)
 from airflow_eo.table.ledger import BatchRecord, Ledger, validate_ingest_id
 from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, StagingArea, collect_orphans, new_attempt_id
@@ -253,14 +255,32 @@ class Ingestion:
         return None
 
     def execute(self, plan: BatchPlan) -> IngestResult:
-        """Run one attempt of a logged plan on Spark and verify the outcome in the log."""
+        """Run one attempt of a logged plan on Spark and verify the outcome in the log (an
+        interval without records in an existing table commits its boundaries without Spark)."""
         attempt = self.config.attempt(plan.with_attempt(new_attempt_id()))
         log.info("batch %s attempt %s: plan %s (%d offsets)%s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges) or "offsets only",
                  sum(r.end - r.start for r in plan.data_ranges),
                  f" for interval {plan.interval}" + (f", idle partitions closed: {', '.join(map(str, plan.closed_idle))}"
                                                      if plan.closed_idle else "") if plan.interval else "")
+        if plan.interval is not None and not plan.data_ranges and self.ledger().table is not None:
+            return self.verify(attempt.plan, self.commit_boundaries(attempt), spark_started=False)
         return self.verify(attempt.plan, self.submit_attempt(attempt))
+
+    def commit_boundaries(self, attempt: Attempt) -> BaseException | None:
+        """Steps 3-5 of an interval with no records: nothing to read or stage, so the driver's
+        compare-and-set commit of its boundaries is made here (a cold Spark job costs seconds per
+        run; a backfill of quiet hours would pay it for each). Returns the error, as a job does."""
+        log.info("interval %s holds no records: committing its boundaries without Spark", attempt.plan.interval)
+        extra = {"late": {"records": 0, "oldest_ms": None}}  # the metadata an empty Spark batch writes
+        if attempt.dedup.enabled:
+            extra["duplicates"] = {"records": 0, "to_dead_letters": attempt.dedup.to_dead_letters}
+        try:
+            commit(CommitKind.BATCH, self.config.table_uri, StagedBatch(attempt.plan, (), partition_by=attempt.partition_by),
+                   self.config.storage_options, extra_metadata=extra)
+        except AirflowEoError as exc:
+            return exc
+        return None
 
     def submit_attempt(self, attempt: Attempt) -> BaseException | None:
         """Record the attempt, run its Spark job, mark it ended; return the job's error if any.
@@ -296,7 +316,8 @@ class Ingestion:
         return typed
 
     # -- step 6: verify -------------------------------------------------------------
-    def verify(self, attempt: BatchPlan, error: BaseException | None = None) -> IngestResult:
+    def verify(self, attempt: BatchPlan, error: BaseException | None = None,
+               spark_started: bool = True) -> IngestResult:
         ledger = self.ledger()
         if ledger.state_of(attempt) is CommitCheck.ALREADY_COMMITTED:
             if error is not None:  # a job that exited cleanly has committed its dead letters itself
@@ -306,8 +327,8 @@ class Ingestion:
                 if error is not None:
                     log.warning("the Spark job failed (%s) after its commit landed: batch %s is committed",
                                 error, attempt.batch)
-                return self._result(COMMITTED, attempt, record, ledger, spark_started=True)
-            return self._result(ALREADY_COMMITTED, attempt, record, ledger, spark_started=True)
+                return self._result(COMMITTED, attempt, record, ledger, spark_started=spark_started)
+            return self._result(ALREADY_COMMITTED, attempt, record, ledger, spark_started=spark_started)
         if isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
             raise error
         raise SparkJobError(

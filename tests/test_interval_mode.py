@@ -225,6 +225,33 @@ def test_idle_partition_closes_after_the_grace_and_later_records_are_late_in_the
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 6
 
 
+def test_an_interval_without_records_commits_its_boundaries_without_spark(broker, kafka_config, spark, table_uri):
+    from airflow_eo.driver.main import InProcessSubmitter
+
+    topic, base = new_topic(kafka_config, PARTITIONS), hour_base()
+    first, quiet, third = (Interval(base + k * H, base + (k + 1) * H) for k in range(3))
+    # one record per partition in hours 0 and 2, none in hour 1; a later one closes hour 2
+    produce_at(kafka_config, topic, [(p, base + k * H + 10 + p) for k in (0, 2, 3) for p in range(PARTITIONS)])
+    dedup = {"dedup_key": "CAST(value AS STRING)"}
+    ing = ingestion(table_uri, topic, kafka_config, InProcessSubmitter(spark), **dedup)
+    assert ing.run(RunIdentity("first"), first).rows == 3  # the first batch creates the table: Spark
+    no_spark = ingestion(table_uri, topic, kafka_config, NoSpark(), **dedup)
+    result = no_spark.run(RunIdentity("quiet"), quiet)
+    assert (result.status, result.batch, result.rows, result.spark_started) == ("committed", 2, 0, False)
+    assert result.ranges == [] and result.version == Ledger.open(table_uri).version
+    record = Ledger.open(table_uri).find_batch("test", batch=2)
+    assert record.attempt_id == result.attempt_id and record.raw["late"]["records"] == 0
+    assert record.raw["duplicates"]["records"] == 0 and record.raw["files"] == 0
+    # its boundaries are recorded: empty ranges where the first interval ended
+    assert owned_ranges(table_uri, topic)[quiet] == {p: (1, 1) for p in range(PARTITIONS)}
+    assert no_spark.run(RunIdentity("quiet-again"), quiet).status == "already_committed"
+    status = table_status(table_uri, "test", kafka_config)["intervals"]
+    assert [c["interval"] for c in status["committed"]] == [str(first), str(quiet)] and status["gaps"] == []
+    assert ing.run(RunIdentity("third"), third).rows == 3
+    assert owned_ranges(table_uri, topic)[third] == {p: (1, 2) for p in range(PARTITIONS)}
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 6
+
+
 def test_bad_input_is_one_line_and_commits_nothing(broker, kafka_config, spark, table_uri):
     from airflow_eo.driver.main import InProcessSubmitter
 

@@ -150,6 +150,8 @@ class _Batch:
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         ledger.check_writable(self.plan.ingest_id, self.staged.partition_by)  # a table made since planning
+        if self.staged.arrow_schema is None:  # boundaries only (an interval without records): no columns
+            return ledger
         schema = delta_schema_of(self.staged.arrow_schema)
         new_columns = check_schema(ledger, schema, self.schema_evolution)
         if not new_columns:
