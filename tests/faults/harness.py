@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -191,6 +193,11 @@ class KillingSubmit(LocalSparkSubmit):
         self._done = threading.Event()
 
     def submit(self, attempt, secrets) -> None:
+        # a JVM killed with -9 runs no shutdown hook and leaves its Spark scratch dirs behind:
+        # this job's go in a directory of its own, removed once the job is gone
+        scratch = tempfile.mkdtemp(prefix="airflow-eo-killed-")
+        opts = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), f"-Djava.io.tmpdir={scratch}"]))
+        self.extra_env = {**self.extra_env, "SPARK_LOCAL_DIRS": scratch, "SPARK_SUBMIT_OPTS": opts}
         timer = None
         if self.window in TREE_WINDOWS:
             timer = threading.Thread(target=self._killer, daemon=True)
@@ -203,6 +210,7 @@ class KillingSubmit(LocalSparkSubmit):
                 timer.join(5)
             code = self.process.returncode if self.process else None
             self.killed = self.killed or (self.window in FAILPOINT_WINDOWS and code not in (0, None))
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _killer(self) -> None:
         while self.process is None and not self._done.is_set():
