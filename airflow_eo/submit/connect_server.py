@@ -81,7 +81,11 @@ class ConnectServer:
             "spark.connect.grpc.binding.address": "127.0.0.1", "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false",
             "spark.sql.warehouse.dir": os.path.join(self._dir, "warehouse"),
-            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+            # Spark's own scratch (spark-*, blockmgr-*) too: a killed JVM runs no shutdown hook,
+            # and stop()/kill() remove this directory
+            "spark.local.dir": os.path.join(self._dir, "local"),
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j} "
+                                             f"-Djava.io.tmpdir={self._dir}",
             "spark.airflow_eo.version": __version__, **self.conf,
         }
         cmd = [spark_submit_binary(), "--class", SERVER_CLASS, "--master", self.master]

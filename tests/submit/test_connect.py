@@ -119,6 +119,8 @@ def test_server_killed_mid_batch_fails_fast_and_the_retry_commits_once(broker, k
     worker = threading.Thread(target=run)
     worker.start()
     time.sleep(4.0)  # the read is running on the server
+    # Spark's own scratch is inside the server's directory, so the kill leaves none in /tmp
+    assert any(n.startswith("blockmgr-") for n in os.listdir(os.path.join(scratch, "local")))
     killed_at = time.monotonic()
     server.kill()
     worker.join(120)
