@@ -15,7 +15,7 @@ is compared and what is set:
   letters and sets the counter to it, so a replay never writes them twice.
 
 Readers see a commit whole or not at all. What deltalake's conflict detection adds
-(verified in ``tests/table/test_commit.py::test_deltalake_conflict_detection_on_txn_app_ids``):
+(verified in ``tests/unit/table/test_commit.py::test_deltalake_conflict_detection_on_txn_app_ids``):
 two commits carrying a ``txn`` for the same appId from the same snapshot conflict, and the
 second fails with ``CommitFailedError``; commits with disjoint appIds are rebased and both
 land. Every batch of one ingest writes the ``txn`` of every partition it planned and the

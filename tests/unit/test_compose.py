@@ -19,7 +19,7 @@ import yaml
 
 from airflow_eo.attempt import Env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 TABLES_VOLUME = "delta-tables"

@@ -6,7 +6,7 @@ every run the table is compared with the broker (``harness.check_table``): nothi
 nothing doubled, nothing aborted, offsets exactly behind the last record.
 
 Budget: ~26 spark-submits (~20 s each on 2 idle cores), under 15 minutes. The longer
-soak is ``python -m tests.faults.soak --kills 50``.
+soak is ``python -m tests.system.faults.soak --kills 50``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from airflow_eo.errors import CommitConflictError, SparkJobError
 from airflow_eo.ingest import NOTHING_NEW, Ingestion
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.planning import RunIdentity
-from tests.faults.harness import (
+from tests.system.faults.harness import (
     WINDOWS, FlowingProducer, KillingSubmit, Tally, check_table, has_python_worker,
     ingest_config, kill_chain, run_once,
 )
@@ -154,8 +154,8 @@ def test_after_the_faults_everything_produced_is_in_the_table_once(flow):
 @pytest.mark.soak
 @pytest.mark.timeout(4 * 3600)
 def test_soak(capsys):
-    """The long soak (``-m soak``; also ``python -m tests.faults.soak --kills 50``)."""
-    from tests.faults.soak import soak
+    """The long soak (``-m soak``; also ``python -m tests.system.faults.soak --kills 50``)."""
+    from tests.system.faults.soak import soak
 
     with capsys.disabled():  # the table is the point: show it
         assert soak(kills=int(os.environ.get("AIRFLOW_EO_SOAK_KILLS", "50")), seed=1, restart_every=4) == 0

@@ -1,7 +1,7 @@
 """The fault harness: data that keeps flowing, Spark jobs that get killed, and the check.
 
-Shared by the CI fault module (``tests/faults/test_faults.py``) and the soak script
-(``python -m tests.faults.soak``), so both prove the same thing:
+Shared by the CI fault module (``tests/system/faults/test_faults.py``) and the soak script
+(``python -m tests.system.faults.soak``), so both prove the same thing:
 
 * :class:`FlowingProducer` writes to every partition from a thread with an idempotent
   producer, plus a transactional producer whose transactions alternate between commit

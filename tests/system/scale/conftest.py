@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.scale.servers import MotoS3, SparkStandalone
+from tests.system.scale.servers import MotoS3, SparkStandalone
 
 
 @pytest.fixture(scope="module")

@@ -141,9 +141,9 @@ def test_transform_with_bad_sql(table, spark):
 
 def test_transform_function_that_raises(table, spark):
     assert_fails_unchanged(table, spark, ConfigError,
-                           "transform 'tests.test_bad_input:exploding_transform' raised ValueError",
+                           "transform 'tests.integration.test_bad_input:exploding_transform' raised ValueError",
                            "column 'amount' is missing", "Fix the function",
-                           transform=Transform(callable="tests.test_bad_input:exploding_transform"))
+                           transform=Transform(callable="tests.integration.test_bad_input:exploding_transform"))
 
 
 def test_output_that_does_not_match_the_table_schema(table, spark):

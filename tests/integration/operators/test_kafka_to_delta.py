@@ -18,7 +18,7 @@ from airflow_eo.operators.kafka_to_delta import run_key_of, summary_link
 from airflow_eo.planning import BatchPlan, RunIdentity
 from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
 from tests.helpers import duplicates, new_topic, produce, read_table
-from tests.operators.conftest import SECRET, context_for, make_operator
+from tests.integration.operators.conftest import SECRET, context_for, make_operator
 
 def test_operator_ingests_and_reports_summary_asset_and_link(hooks, kafka_env, kafka_config, table_uri):
     topic = new_topic(kafka_config)

@@ -19,7 +19,7 @@ from airflow_eo.errors import (
     SparkUnavailableError, TableError, error_from_line, error_line,
 )
 from tests.helpers import new_topic, produce
-from tests.operators.conftest import InProcessHook, context_for, make_operator
+from tests.integration.operators.conftest import InProcessHook, context_for, make_operator
 
 
 class ExitCodeHook(InProcessHook):

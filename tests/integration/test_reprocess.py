@@ -2,7 +2,7 @@
 
 Runs on both in-process paths (local Spark and the warm Spark Connect server, fixture
 ``spark_path``): the job code is the same as under spark-submit; the Airflow-driven
-reprocess is in tests/airflow/test_dag_runs.py.
+reprocess is in tests/integration/airflow/test_dag_runs.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.airflow.dagtest import run_dag, xcom
+from tests.integration.airflow.dagtest import run_dag, xcom
 from tests.conftest import SPARK_CONF
 from tests.helpers import assert_exactly_once, committed_offsets, new_topic, produce
 

@@ -2,7 +2,7 @@
 
 Run::
 
-    python -m tests.faults.soak --kills 50
+    python -m tests.system.faults.soak --kills 50
 
 Each trial retries one run key, killing its Spark job once per window (reading, after
 staging, during the commit, a random moment, after the commit) and then once more
@@ -29,7 +29,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
-from tests.faults.harness import (  # noqa: E402
+from tests.system.faults.harness import (  # noqa: E402
     WINDOWS, FlowingProducer, Tally, check_table, ingest_config, kill_chain, run_once,
 )
 from tests.helpers import new_topic  # noqa: E402
@@ -107,7 +107,7 @@ def print_table(out, tally: Tally, restarts: int, produced: int, final, seconds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.faults.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.system.faults.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=50, help="stop after at least this many kills")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--restart-every", type=int, default=3, help="restart the broker every N trials (0: never)")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    logging.getLogger("tests.faults.harness").setLevel(logging.INFO)
+    logging.getLogger("tests.system.faults.harness").setLevel(logging.INFO)
     return soak(args.kills, args.seed, args.restart_every)
 
 

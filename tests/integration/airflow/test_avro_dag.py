@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from deltalake import DeltaTable
 
-from tests.airflow.dagtest import run_dag, xcom
+from tests.integration.airflow.dagtest import run_dag, xcom
 from tests.conftest import SPARK_CONF
 from tests.helpers import new_topic, produce_avro, read_table
 from tests.registry_double import RegistryDouble

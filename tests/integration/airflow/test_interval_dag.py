@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 from deltalake import DeltaTable
 
-from tests.airflow.dagtest import run_dag, xcom
+from tests.integration.airflow.dagtest import run_dag, xcom
 from tests.conftest import SPARK_CONF
 from tests.helpers import duplicates, keys_of, new_topic, read_table
-from tests.test_interval_mode import H, _timestamps, hour_base, produce_at
+from tests.integration.test_interval_mode import H, _timestamps, hour_base, produce_at
 
 SQL = "SELECT topic, partition, offset, timestamp, CAST(value AS STRING) AS body FROM source"
 

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from airflow_eo.offsets import TopicPartition
 from airflow_eo.table.ledger import Ledger
 from tests.conftest import SPARK_CONF
-from tests.airflow.dagtest import run_dag, xcom
+from tests.integration.airflow.dagtest import run_dag, xcom
 from tests.helpers import broker_records, duplicates, keys_of, new_topic, produce, read_table
 
 D1 = datetime(2026, 3, 1, tzinfo=timezone.utc)
