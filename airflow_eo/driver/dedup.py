@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, DedupSpec
+from airflow_eo.compat import observation_pending
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import parse_duration
@@ -121,8 +122,7 @@ def _first_copies(ranked, known, columns: tuple):
 def _observed(observation) -> dict:
     """An Observation's metrics, or {} when none arrived (never blocks)."""
     try:
-        pending = getattr(observation, "_jo", None)  # classic: .get would wait for an action that never ran
-        if pending is not None and not pending.future().isCompleted():
+        if observation_pending(observation):  # classic: .get would wait for an action that never ran
             return {}
         return dict(observation.get or {})
     except Exception:  # no metrics is an answer here: the caller recounts

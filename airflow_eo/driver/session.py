@@ -2,7 +2,8 @@
 plans for the session a DataFrame belongs to, classic or Spark Connect.
 
 pyspark chooses between classic and Spark Connect objects (columns, UDFs, ``mapInArrow``) by
-a process-wide environment mark that opening any Spark Connect session sets. A process that
+a process-wide environment mark that opening any Spark Connect session sets (a private API:
+:func:`airflow_eo.compat.connect_mode`). A process that
 holds both kinds — the test suite, an Airflow worker that ran a warm batch before a local
 one, a spark-submit job started from a Connect client — must build each plan for its own
 session's kind: :func:`for_session`.
@@ -16,12 +17,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
 
-from airflow_eo.attempt import SPARK_APP_DEFAULTS, Env
-
-_MARK = Env.CONNECT_CLIENT[0]
+from airflow_eo.attempt import SPARK_APP_DEFAULTS
+from airflow_eo.compat import connect_mode, forget_connect_mode
 
 
 def is_connect(spark_or_df) -> bool:
@@ -31,36 +29,19 @@ def is_connect(spark_or_df) -> bool:
     return isinstance(spark_or_df, (ConnectSession, ConnectDataFrame))
 
 
-# The mark is process-wide, so two threads building plans (racing attempts in one worker)
-# must take turns, or one restores the mark while the other is still building.
-_BUILDING = threading.RLock()
-
-
 @contextlib.contextmanager
 def for_session(spark_or_df):
     """Within the block, pyspark builds objects for ``spark_or_df``'s kind of session.
 
     Hold it only while building a plan, not while running one: other threads wait for it.
     """
-    with _BUILDING:
-        saved = os.environ.get(_MARK)
-        if is_connect(spark_or_df):
-            os.environ[_MARK] = "1"
-        else:
-            os.environ.pop(_MARK, None)
-        try:
-            yield
-        finally:
-            if saved is None:
-                os.environ.pop(_MARK, None)
-            else:
-                os.environ[_MARK] = saved
+    with connect_mode(is_connect(spark_or_df)):
+        yield
 
 
 def classic_process() -> None:
     """Forget an inherited Spark Connect mark: this process (a spark-submit job) is classic."""
-    for name in Env.CONNECT_CLIENT:
-        os.environ.pop(name, None)
+    forget_connect_mode()
 
 
 def build_session(app_name: str, extra_conf: dict | None = None):

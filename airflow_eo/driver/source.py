@@ -89,9 +89,11 @@ class KafkaRangeSource(DataSource):
 
 def register(spark) -> None:
     """Register the source once per SparkSession."""
-    if not getattr(spark, "_airflow_eo_source", False):
+    from airflow_eo.compat import flag_session, session_flagged
+
+    if not session_flagged(spark, "_airflow_eo_source"):
         spark.dataSource.register(KafkaRangeSource)
-        spark._airflow_eo_source = True
+        flag_session(spark, "_airflow_eo_source")
 
 
 def read_with_data_source(spark, ranges: Iterable[OffsetRange], kafka_config: dict, max_offsets_per_task: int):

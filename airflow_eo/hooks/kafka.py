@@ -16,12 +16,12 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import CALLBACK_CONFIG_KEYS, KafkaBaseHook
 
+from airflow_eo.compat import kafka_hook_config, msk_iam_region
 from airflow_eo.errors import ConfigError
 from airflow_eo.kafka import MSK_IAM_CALLBACK, MSK_IAM_REGION, SECRET_HINTS
 
@@ -62,7 +62,7 @@ class KafkaConfigHook(KafkaBaseHook):
                 'e.g. {"bootstrap.servers": "broker:9092"}'
             )
         try:
-            built = self._build_config()
+            built = kafka_hook_config(self)
         except Exception as exc:  # the provider's refusals: ValueError, missing optional feature
             raise ConfigError(f"Kafka connection {self.kafka_config_id!r}: {exc}") from exc
         config: dict[str, Any] = {}
@@ -77,8 +77,9 @@ class KafkaConfigHook(KafkaBaseHook):
     def _portable_callback(self, key: str, value: Any, original: Any) -> dict[str, Any]:
         if isinstance(original, str):  # an allowlisted path: the Spark side imports the same one
             return {key: original}
-        if isinstance(value, functools.partial) and getattr(value.func, "__name__", "") == "_msk_iam_oauth_cb":
-            return {key: MSK_IAM_CALLBACK, MSK_IAM_REGION: value.args[0]}
+        region = msk_iam_region(value)
+        if region is not None:
+            return {key: MSK_IAM_CALLBACK, MSK_IAM_REGION: region}
         raise ConfigError(
             f"Kafka connection {self.kafka_config_id!r} sets callback {key} to a Python object, which "
             "cannot be passed to the Spark job: give it as an importable path listed in "

@@ -28,6 +28,7 @@ import uuid
 
 from airflow_eo import __version__
 from airflow_eo.attempt import Attempt, Secrets
+from airflow_eo.compat import client_closed, close_client_once, limit_client_retries
 from airflow_eo.driver.main import run_attempt
 from airflow_eo.errors import ConfigError, SparkUnavailableError
 
@@ -43,14 +44,9 @@ _clients_lock = threading.Lock()
 
 
 def detach(spark) -> None:
-    """Close a Connect client once, and disarm the close its ``__del__`` would do again: that
-    second close shuts down pyspark's process-wide release pool and can deadlock a gRPC call
-    running at garbage-collection time (seen here)."""
-    try:
-        spark.client.close()
-    except Exception:  # best effort: the server may be gone
-        pass
-    spark.client.close = lambda: None
+    """Close a Connect client once (:func:`airflow_eo.compat.close_client_once`): a second
+    close at garbage collection can deadlock a gRPC call running then."""
+    close_client_once(spark)
 
 
 def server_version(spark) -> str:
@@ -118,7 +114,7 @@ class ConnectSubmitter:
         """This process's client of the shared session on the server (made once, then reused)."""
         with _clients_lock:
             spark = _clients.get(self.url)
-            if spark is None or spark.client.is_closed:
+            if spark is None or client_closed(spark):
                 spark = _clients[self.url] = self._attach()
         for key, value in self.conf.items():
             spark.conf.set(key, value)
@@ -129,15 +125,14 @@ class ConnectSubmitter:
         server is gone (pyspark's default retries for up to 10 minutes; a task retry is the
         better place to wait for a server that went away)."""
         from pyspark.sql import SparkSession
-        from pyspark.sql.connect.client.retries import DefaultPolicy
 
         from airflow_eo.attempt import SPARK_DEFAULTS
 
         last: Exception | None = None
         for slot in range(SESSION_SLOTS):
             spark = SparkSession.builder.remote(with_session_id(self.url, shared_session_id(slot))).create()
-            spark.client.set_retry_policies([DefaultPolicy(max_retries=RETRIES, initial_backoff=200,
-                                                           backoff_multiplier=2.0, max_backoff=2000)])
+            limit_client_retries(spark, max_retries=RETRIES, initial_backoff_ms=200, backoff_multiplier=2.0,
+                                 max_backoff_ms=2000)
             try:
                 for key, value in SPARK_DEFAULTS.items():
                     spark.conf.set(key, value)

@@ -120,13 +120,14 @@ class ConnectServer:
         from pyspark.sql import SparkSession
 
         try:
+            from airflow_eo.compat import release_server_session
             from airflow_eo.submit.connect import detach
 
             spark = SparkSession.builder.remote(self.url).create()
             try:
                 spark.range(1).count()
             finally:
-                spark.client.release_session()
+                release_server_session(spark)
                 detach(spark)
             return True
         except Exception:
