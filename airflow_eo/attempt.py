@@ -330,9 +330,6 @@ class Attempt:
     def attempt_id(self) -> str:
         return self.plan.attempt_id
 
-    def with_kind(self, kind: AttemptKind, **changes) -> "Attempt":
-        return replace(self, kind=kind, **changes)
-
     def to_json(self) -> str:
         raw = asdict(self)
         raw["plan"] = json.loads(self.plan.to_json())

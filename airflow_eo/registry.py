@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -57,9 +56,6 @@ class RegisteredSchema:
     version: int
     schema_id: int
     schema: str
-
-    def parsed(self) -> dict | list | str:
-        return json.loads(self.schema)
 
 
 def public_url(url: str) -> str:

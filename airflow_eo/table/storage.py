@@ -73,9 +73,6 @@ class TableLocation:
             raise ValueError(f"{path} is not under the table root {self.root}")
         return path[len(prefix):]
 
-    def uri_of(self, relative: str) -> str:
-        return f"{self.uri}/{relative}"
-
     def read_text(self, path: str) -> str | None:
         try:
             with self.fs.open_input_stream(path) as f:
