@@ -111,6 +111,23 @@ def table_uri(tmp_path) -> str:
     return str(tmp_path / "table")
 
 
+def build_ingestion(table_uri: str, topics, kafka_config: dict, submitter, *, ingest_id: str = "test", **options):
+    """An ``Ingestion`` of ``topics`` (one name or several) into ``table_uri``; ``options`` are the
+    ingest's settings (``max_records_per_run=...``, ``transform=...``). The one place tests build it."""
+    from airflow_eo.ingest import IngestConfig, Ingestion
+
+    names = [topics] if isinstance(topics, str) else list(topics)
+    config = IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=names, kafka_config=kafka_config, **options)
+    return Ingestion(config, submitter)
+
+
+@pytest.fixture(scope="session")
+def ingestion():
+    """Builds an ingestion: ``ingestion(table_uri, topics, kafka_config, submitter, **options)``.
+    A module narrows it by overriding the fixture with ``functools.partial(ingestion, ...)``."""
+    return build_ingestion
+
+
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory):
     """One warm Spark Connect server per test session (the path of ``--remote`` / ``spark_connect``)."""

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -15,19 +16,18 @@ import pytest
 
 from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.errors import CommitConflictError
-from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import CommitCheck, RunIdentity
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import new_attempt_id
 from tests.helpers import assert_exactly_once, new_topic, produce
 
 
-def ingestion(table_uri, topic, kafka_config, submitter, ingest_id="race"):
-    return Ingestion(IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=[topic],
-                                  kafka_config=kafka_config), submitter)
+@pytest.fixture
+def ingestion(ingestion):
+    return functools.partial(ingestion, ingest_id="race")
 
 
-def test_the_race_loser_gets_a_conflict_not_the_winners_batch(broker, kafka_config, spark, table_uri):
+def test_the_race_loser_gets_a_conflict_not_the_winners_batch(broker, kafka_config, spark, table_uri, ingestion):
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 40, partitions=2)
     ing = ingestion(table_uri, topic, kafka_config, InProcessSubmitter(spark))
@@ -48,13 +48,13 @@ def test_the_race_loser_gets_a_conflict_not_the_winners_batch(broker, kafka_conf
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic], "race") == 40
 
 
-def test_runs_of_one_table_take_turns_runs_of_two_tables_do_not(broker, kafka_config, spark, tmp_path):
+def test_runs_of_one_table_take_turns_runs_of_two_tables_do_not(broker, kafka_config, spark, tmp_path, ingestion):
     topic_a, topic_b = new_topic(kafka_config), new_topic(kafka_config)
     produce(kafka_config, topic_a, 30)
     produce(kafka_config, topic_b, 20)
     table_a, table_b = str(tmp_path / "a"), str(tmp_path / "b")
-    a = ingestion(table_a, topic_a, kafka_config, InProcessSubmitter(spark), "table_a")
-    b = ingestion(table_b, topic_b, kafka_config, InProcessSubmitter(spark), "table_b")
+    a = ingestion(table_a, topic_a, kafka_config, InProcessSubmitter(spark), ingest_id="table_a")
+    b = ingestion(table_b, topic_b, kafka_config, InProcessSubmitter(spark), ingest_id="table_b")
 
     # an attempt on table a is running (recorded, driver alive: this process)
     plan = a.plan(RunIdentity("other-run"))

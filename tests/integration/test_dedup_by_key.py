@@ -12,7 +12,6 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
 from airflow_eo.reprocess import Reprocessor
 from airflow_eo.table.ledger import Ledger
@@ -39,12 +38,7 @@ def produce_with_resends(config: dict, topic: str, events: int, resend_fraction:
     return sent
 
 
-def ingestion(table_uri, topic, kafka_config, submitter, **kw) -> Ingestion:
-    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config, **kw)
-    return Ingestion(config, submitter)
-
-
-def test_resent_events_land_once_with_dedup_and_once_per_offset_without(broker, kafka_config, spark_path, tmp_path):
+def test_resent_events_land_once_with_dedup_and_once_per_offset_without(broker, kafka_config, spark_path, tmp_path, ingestion):
     from airflow_eo.attempt import Transform
 
     topic = new_topic(kafka_config, 3)
@@ -82,7 +76,7 @@ def test_resent_events_land_once_with_dedup_and_once_per_offset_without(broker, 
     assert read_table(deduped, ["topic", "partition", "offset"]).num_rows == before
 
 
-def test_dedup_horizon_in_batches_limits_the_look_back(broker, kafka_config, spark, tmp_path):
+def test_dedup_horizon_in_batches_limits_the_look_back(broker, kafka_config, spark, tmp_path, ingestion):
     from airflow_eo.attempt import Transform
     from airflow_eo.driver.main import InProcessSubmitter
 
@@ -106,7 +100,7 @@ def test_dedup_horizon_in_batches_limits_the_look_back(broker, kafka_config, spa
         ingestion(uri, topic, kafka_config, None, dedup_key=KEY, dedup_horizon="soon batches")
 
 
-def test_bad_dedup_expression_is_one_line_and_commits_nothing(broker, kafka_config, spark, table_uri):
+def test_bad_dedup_expression_is_one_line_and_commits_nothing(broker, kafka_config, spark, table_uri, ingestion):
     from airflow_eo.driver.main import InProcessSubmitter
 
     topic = new_topic(kafka_config, 1)
@@ -122,7 +116,7 @@ def test_bad_dedup_expression_is_one_line_and_commits_nothing(broker, kafka_conf
         ingestion(table_uri, topic, kafka_config, None, dedup_key=KEY, duplicates_to_dead_letters=True)
 
 
-def test_a_duration_horizon_reads_only_the_files_whose_timestamps_reach_it(broker, kafka_config, spark_path, tmp_path):
+def test_a_duration_horizon_reads_only_the_files_whose_timestamps_reach_it(broker, kafka_config, spark_path, tmp_path, ingestion):
     """Each staged file carries Delta stats of its Kafka timestamps, so a one-day horizon reads the
     keys of the recent files only; a resend of an event stored before it lands again, a resend
     of a recent one is dropped. The transform keeps ``_dedup_key`` (no join-back), and the count

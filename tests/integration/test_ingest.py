@@ -15,7 +15,6 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from airflow_eo.errors import CommitConflictError, DataLossError, OffsetsAheadError, SparkJobError
-from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.planning import RunIdentity
 from airflow_eo.table.staging import StagingArea
@@ -38,17 +37,11 @@ class NoSpark:
         raise AssertionError("Spark was started for a run that needed none")
 
 
-def ingestion(table_uri, topics, kafka_config, submitter, **kw):
-    config = IngestConfig(table_uri=table_uri, ingest_id=kw.pop("ingest_id", "test"), topics=topics,
-                          kafka_config=kafka_config, **kw)
-    return Ingestion(config, submitter)
-
-
 def run(ing, key=None):
     return ing.run(RunIdentity(key or uuid.uuid4().hex))
 
 
-def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark_path, table_uri):
+def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark_path, table_uri, ingestion):
     t1, t2 = new_topic(kafka_config, 3), new_topic(kafka_config, 2)
     produce(kafka_config, t1, 900, partitions=3)
     produce(kafka_config, t2, 400, partitions=2)
@@ -63,7 +56,7 @@ def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark_pa
     assert sum(b.rows for b in history) == 1300
 
 
-def test_new_records_between_runs_and_nothing_new_commits_nothing(broker, kafka_config, spark_path, table_uri):
+def test_new_records_between_runs_and_nothing_new_commits_nothing(broker, kafka_config, spark_path, table_uri, ingestion):
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 100, partitions=2)
     ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
@@ -77,7 +70,7 @@ def test_new_records_between_runs_and_nothing_new_commits_nothing(broker, kafka_
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 150
 
 
-def test_crash_after_staging_before_commit(broker, kafka_config, table_uri):
+def test_crash_after_staging_before_commit(broker, kafka_config, table_uri, ingestion):
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 200, partitions=2)
     crashing = ingestion(table_uri, [topic], kafka_config,
@@ -94,7 +87,7 @@ def test_crash_after_staging_before_commit(broker, kafka_config, table_uri):
     assert staged[0] not in left, "orphaned files of the crashed attempt were collected"
 
 
-def test_crash_after_commit_before_caller_learns(broker, kafka_config, table_uri):
+def test_crash_after_commit_before_caller_learns(broker, kafka_config, table_uri, ingestion):
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 120, partitions=2)
     crashing = ingestion(table_uri, [topic], kafka_config,
@@ -108,7 +101,7 @@ def test_crash_after_commit_before_caller_learns(broker, kafka_config, table_uri
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 120
 
 
-def test_replayed_attempt_commits_nothing_twice(broker, kafka_config, spark_path, table_uri):
+def test_replayed_attempt_commits_nothing_twice(broker, kafka_config, spark_path, table_uri, ingestion):
     """The same attempt executed twice (a duplicated Spark job): the second commits nothing."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 30, partitions=1)
@@ -125,7 +118,7 @@ def test_replayed_attempt_commits_nothing_twice(broker, kafka_config, spark_path
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 30
 
 
-def test_racing_commits_of_same_range(broker, kafka_config, spark_path, table_uri):
+def test_racing_commits_of_same_range(broker, kafka_config, spark_path, table_uri, ingestion):
     """Two attempts of one plan commit at once: one lands, the other commits nothing."""
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 60, partitions=2)
@@ -156,7 +149,7 @@ def test_racing_commits_of_same_range(broker, kafka_config, spark_path, table_ur
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 120
 
 
-def test_stale_plan_conflicts_instead_of_duplicating(broker, kafka_config, spark_path, table_uri):
+def test_stale_plan_conflicts_instead_of_duplicating(broker, kafka_config, spark_path, table_uri, ingestion):
     """A plan made before another run committed fails its compare-and-set."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 40, partitions=1)
@@ -172,7 +165,7 @@ def test_stale_plan_conflicts_instead_of_duplicating(broker, kafka_config, spark
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 25
 
 
-def test_transactions_only_committed_records_land_open_waits(broker, kafka_config, spark_path, table_uri):
+def test_transactions_only_committed_records_land_open_waits(broker, kafka_config, spark_path, table_uri, ingestion):
     topic = new_topic(kafka_config, 1)
     tx = transactional_producer(kafka_config)
     tx.begin_transaction()
@@ -199,7 +192,7 @@ def test_transactions_only_committed_records_land_open_waits(broker, kafka_confi
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 9
 
 
-def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark_path, table_uri):
+def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark_path, table_uri, ingestion):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
     ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
@@ -219,7 +212,7 @@ def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark_
     assert [(s.start, s.end) for s in latest.skipped] == [(10, 15)]
 
 
-def test_topic_recreated_is_refused(broker, kafka_config, spark_path, table_uri):
+def test_topic_recreated_is_refused(broker, kafka_config, spark_path, table_uri, ingestion):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
     ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
@@ -233,7 +226,7 @@ def test_topic_recreated_is_refused(broker, kafka_config, spark_path, table_uri)
         run(ing)
 
 
-def test_new_partition_picked_up_from_starting_position(broker, kafka_config, spark_path, table_uri):
+def test_new_partition_picked_up_from_starting_position(broker, kafka_config, spark_path, table_uri, ingestion):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
     ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
@@ -245,7 +238,7 @@ def test_new_partition_picked_up_from_starting_position(broker, kafka_config, sp
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 20
 
 
-def test_latest_start_of_an_empty_new_partition_is_committed(broker, kafka_config, spark_path, table_uri):
+def test_latest_start_of_an_empty_new_partition_is_committed(broker, kafka_config, spark_path, table_uri, ingestion):
     """'latest' is resolved once: records produced after the first run are not skipped."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
@@ -256,7 +249,7 @@ def test_latest_start_of_an_empty_new_partition_is_committed(broker, kafka_confi
     assert run(ing).rows == 4
 
 
-def test_cap_is_honoured_and_fair(broker, kafka_config, spark_path, table_uri):
+def test_cap_is_honoured_and_fair(broker, kafka_config, spark_path, table_uri, ingestion):
     topic = new_topic(kafka_config, 3)
     producer_counts = {0: 10, 1: 300, 2: 300}
     from confluent_kafka import Producer
@@ -272,7 +265,7 @@ def test_cap_is_honoured_and_fair(broker, kafka_config, spark_path, table_uri):
     assert result.rows_per_partition == {f"{topic}[0]": 10, f"{topic}[1]": 45, f"{topic}[2]": 45}
 
 
-def test_sql_transform_keeps_key_columns(broker, kafka_config, spark_path, table_uri):
+def test_sql_transform_keeps_key_columns(broker, kafka_config, spark_path, table_uri, ingestion):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 5, partitions=1)
     ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), transform=Transform(

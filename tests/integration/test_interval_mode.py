@@ -3,6 +3,7 @@ idle partitions, reprocess, bad input (airflow_eo.intervals, airflow_eo.planner)
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -57,10 +58,9 @@ def timeline(base: int, seed: int = 3) -> list[tuple[int, int]]:
     return out + [(p, base + 6 * H + 60_000) for p in range(PARTITIONS)]
 
 
-def ingestion(table_uri, topic, kafka_config, submitter, **kw) -> Ingestion:
-    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
-                          mode="interval", **kw)
-    return Ingestion(config, submitter)
+@pytest.fixture
+def ingestion(ingestion):
+    return functools.partial(ingestion, mode="interval")
 
 
 def hours(base: int) -> list[Interval]:
@@ -114,7 +114,7 @@ def run_intervals(ing: Ingestion, intervals: list[Interval], order: list[int]) -
     return [ing.run(RunIdentity(f"run-{i}-{uuid.uuid4().hex[:6]}"), intervals[i]).status for i in order]
 
 
-def test_backfills_forward_backward_shuffled_and_racing_give_one_table(broker, kafka_config, spark, tmp_path):
+def test_backfills_forward_backward_shuffled_and_racing_give_one_table(broker, kafka_config, spark, tmp_path, ingestion):
     from airflow_eo.driver.main import InProcessSubmitter
 
     topic, base = new_topic(kafka_config, PARTITIONS), hour_base()
@@ -171,7 +171,7 @@ def test_backfills_forward_backward_shuffled_and_racing_give_one_table(broker, k
     assert DeltaTable(tables["forward"]).version() == version
 
 
-def test_reprocess_of_an_interval_replaces_exactly_its_rows(broker, kafka_config, spark, table_uri):
+def test_reprocess_of_an_interval_replaces_exactly_its_rows(broker, kafka_config, spark, table_uri, ingestion):
     from airflow_eo.driver.main import InProcessSubmitter
 
     topic, base = new_topic(kafka_config, PARTITIONS), hour_base()
@@ -199,7 +199,7 @@ def test_reprocess_of_an_interval_replaces_exactly_its_rows(broker, kafka_config
 
 
 def test_idle_partition_closes_after_the_grace_and_later_records_are_late_in_the_next(broker, kafka_config, spark,
-                                                                                       table_uri):
+                                                                                       table_uri, ingestion):
     from airflow_eo.driver.main import InProcessSubmitter
 
     topic, base = new_topic(kafka_config, PARTITIONS), hour_base()
@@ -225,7 +225,7 @@ def test_idle_partition_closes_after_the_grace_and_later_records_are_late_in_the
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 6
 
 
-def test_an_interval_without_records_commits_its_boundaries_without_spark(broker, kafka_config, spark, table_uri):
+def test_an_interval_without_records_commits_its_boundaries_without_spark(broker, kafka_config, spark, table_uri, ingestion):
     from airflow_eo.driver.main import InProcessSubmitter
 
     topic, base = new_topic(kafka_config, PARTITIONS), hour_base()
@@ -252,7 +252,7 @@ def test_an_interval_without_records_commits_its_boundaries_without_spark(broker
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 6
 
 
-def test_bad_input_is_one_line_and_commits_nothing(broker, kafka_config, spark, table_uri):
+def test_bad_input_is_one_line_and_commits_nothing(broker, kafka_config, spark, table_uri, ingestion):
     from airflow_eo.driver.main import InProcessSubmitter
 
     topic, base = new_topic(kafka_config, 1), hour_base()
@@ -266,8 +266,7 @@ def test_bad_input_is_one_line_and_commits_nothing(broker, kafka_config, spark, 
         ing.run(RunIdentity("x"))
     # one ingest id keeps one mode: an offset-mode table refuses interval runs, and back
     produce_at(kafka_config, topic, [(0, base + 5)])
-    offsets = Ingestion(IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config),
-                        InProcessSubmitter(spark))
+    offsets = ingestion(table_uri, topic, kafka_config, InProcessSubmitter(spark), mode="offsets")
     assert offsets.run(RunIdentity("o1")).status == "committed"
     version = DeltaTable(table_uri).version()
     with pytest.raises(ConfigError, match="offset-keyed"):

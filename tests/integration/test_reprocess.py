@@ -7,13 +7,13 @@ reprocess is in tests/integration/airflow/test_dag_runs.py.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
 from deltalake import DeltaTable
 
 from airflow_eo.errors import ConfigError, DataLossError
-from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
 from airflow_eo.reprocess import ALREADY_REPROCESSED, REPROCESSED, Reprocessor
 from airflow_eo.attempt import Transform
@@ -35,10 +35,9 @@ class CountingSubmitter:
         self.inner.submit(attempt, secrets)
 
 
-def ingestion(spark_path, kafka_config, table_uri, topic, sql=PLAIN):
-    config = IngestConfig(table_uri=table_uri, ingest_id="orders", topics=[topic], kafka_config=kafka_config,
-                          transform=Transform(sql=sql))
-    return Ingestion(config, CountingSubmitter(spark_path))
+@pytest.fixture
+def ingestion(ingestion):
+    return functools.partial(ingestion, ingest_id="orders", transform=Transform(sql=PLAIN))
 
 
 def bodies(table_uri):
@@ -58,16 +57,16 @@ def assert_only_run_replaced(table_uri, run, rows: int, replaced: int) -> None:
     assert all(after[k].startswith("v") for k in set(after) - in_run)  # the others, untouched
 
 
-def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafka_config, table_uri):
+def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafka_config, table_uri, ingestion):
     topic = new_topic(kafka_config)
     produce(kafka_config, topic, 30)
-    first = ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    first = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path)).run(RunIdentity("dag/run1/t/-1"))
     produce(kafka_config, topic, 12, start=30)
-    second = ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/run2/t/-1"))
+    second = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path)).run(RunIdentity("dag/run2/t/-1"))
     offsets_before = committed_offsets(table_uri, "orders", topic, 3)
     version_before = DeltaTable(table_uri).version()
 
-    ing = ingestion(spark_path, kafka_config, table_uri, topic, sql=UPPER)
+    ing = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path), transform=Transform(sql=UPPER))
     result = Reprocessor(ing).run(RunIdentity("dag/run1/t/-1"))
 
     assert result.status == REPROCESSED and result.batch == first.batch and result.spark_started
@@ -80,7 +79,7 @@ def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafk
     assert second.batch == first.batch + 1
 
     # a retry of the same reprocess request: reports it, starts nothing, replaces nothing
-    retry_ing = ingestion(spark_path, kafka_config, table_uri, topic, sql=UPPER)
+    retry_ing = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path), transform=Transform(sql=UPPER))
     # pretend the first try died before recording "done"
     log = Reprocessor(retry_ing).requests
     pending = log.load("dag/run1/t/-1")
@@ -91,18 +90,19 @@ def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafk
     assert DeltaTable(table_uri).version() == version_before + 1
 
     # a plain clear of run 1 afterwards: a no-op that reports the batch
-    clear = ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    clear = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path)).run(RunIdentity("dag/run1/t/-1"))
     assert clear.status == "already_committed" and not clear.spark_started
 
 
-def test_reprocess_refuses_unknown_run_and_lost_ranges(spark_path, kafka_config, table_uri):
+def test_reprocess_refuses_unknown_run_and_lost_ranges(spark_path, kafka_config, table_uri, ingestion):
     from confluent_kafka.admin import AdminClient
 
     topic = new_topic(kafka_config, partitions=1)
     produce(kafka_config, topic, 10, partitions=1)
-    ingestion(spark_path, kafka_config, table_uri, topic).run(RunIdentity("dag/r1/t/-1"))
+    ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path)).run(RunIdentity("dag/r1/t/-1"))
     with pytest.raises(ConfigError, match="nothing to reprocess"):
-        Reprocessor(ingestion(spark_path, kafka_config, table_uri, topic)).run(RunIdentity("dag/never/t/-1"))
+        ing = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path))
+        Reprocessor(ing).run(RunIdentity("dag/never/t/-1"))
 
     # recreate the topic with fewer records: Kafka no longer holds run 1's range
     admin = AdminClient(kafka_config)
@@ -112,14 +112,14 @@ def test_reprocess_refuses_unknown_run_and_lost_ranges(spark_path, kafka_config,
     new_topic(kafka_config, partitions=1, name=topic)
     produce(kafka_config, topic, 3, partitions=1)
     version = DeltaTable(table_uri).version()
-    ing = ingestion(spark_path, kafka_config, table_uri, topic)
+    ing = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path))
     with pytest.raises(DataLossError, match="no longer holds"):
         Reprocessor(ing).run(RunIdentity("dag/r1/t/-1"))
     assert ing.submitter.calls == 0 and DeltaTable(table_uri).version() == version
     assert read_table(table_uri).num_rows == 10
 
 
-def test_reprocess_after_compaction_replaces_exactly_its_rows(spark, kafka_config, table_uri):
+def test_reprocess_after_compaction_replaces_exactly_its_rows(spark, kafka_config, table_uri, ingestion):
     """Compaction mixes batches in one file: the reprocess finds its rows by offset range and
     rewrites the shared file without them, in the same one commit."""
     from airflow_eo.table.maintenance import MaintenancePlan, maintain
@@ -128,14 +128,15 @@ def test_reprocess_after_compaction_replaces_exactly_its_rows(spark, kafka_confi
     path = SparkPath("local", spark)
     topic = new_topic(kafka_config)
     produce(kafka_config, topic, 30)
-    first = ingestion(path, kafka_config, table_uri, topic).run(RunIdentity("dag/run1/t/-1"))
+    first = ingestion(table_uri, topic, kafka_config, CountingSubmitter(path)).run(RunIdentity("dag/run1/t/-1"))
     produce(kafka_config, topic, 12, start=30)
-    second = ingestion(path, kafka_config, table_uri, topic).run(RunIdentity("dag/run2/t/-1"))
+    second = ingestion(table_uri, topic, kafka_config, CountingSubmitter(path)).run(RunIdentity("dag/run2/t/-1"))
     maintain(table_uri, plan=MaintenancePlan(vacuum=False, checkpoint=False, cleanup_log=False))
     assert len(DeltaTable(table_uri).file_uris()) == 1  # both batches in one file now
     offsets_before = committed_offsets(table_uri, "orders", topic, 3)
 
-    result = Reprocessor(ingestion(path, kafka_config, table_uri, topic, sql=UPPER)).run(RunIdentity("dag/run1/t/-1"))
+    upper = ingestion(table_uri, topic, kafka_config, CountingSubmitter(path), transform=Transform(sql=UPPER))
+    result = Reprocessor(upper).run(RunIdentity("dag/run1/t/-1"))
 
     assert result.status == REPROCESSED and result.batch == first.batch and result.rows == 30
     assert_only_run_replaced(table_uri, first, rows=42, replaced=30)  # the rest copied out of the shared file
@@ -145,8 +146,9 @@ def test_reprocess_after_compaction_replaces_exactly_its_rows(spark, kafka_confi
 
     # the copy of run 2's rows is a shared file too: reprocessing run 2, then run 1 again,
     # finds each run's rows wherever they are and never drops or doubles the other's
-    Reprocessor(ingestion(path, kafka_config, table_uri, topic, sql=UPPER)).run(RunIdentity("dag/run2/t/-1"))
-    again = Reprocessor(ingestion(path, kafka_config, table_uri, topic, sql=PLAIN)).run(
+    Reprocessor(ingestion(table_uri, topic, kafka_config, CountingSubmitter(path), transform=Transform(sql=UPPER))).run(
+        RunIdentity("dag/run2/t/-1"))
+    again = Reprocessor(ingestion(table_uri, topic, kafka_config, CountingSubmitter(path))).run(
         RunIdentity("dag/run9/t/-1"), target_run_key="dag/run1/t/-1")
     assert again.status == REPROCESSED
     assert_only_run_replaced(table_uri, second, rows=42, replaced=12)  # run 2 upper-cased, run 1 plain again
