@@ -111,14 +111,21 @@ def table_uri(tmp_path) -> str:
     return str(tmp_path / "table")
 
 
-def build_ingestion(table_uri: str, topics, kafka_config: dict, submitter, *, ingest_id: str = "test", **options):
-    """An ``Ingestion`` of ``topics`` (one name or several) into ``table_uri``; ``options`` are the
-    ingest's settings (``max_records_per_run=...``, ``transform=...``). The one place tests build it."""
-    from airflow_eo.ingest import IngestConfig, Ingestion
+def build_config(table_uri: str, topics, kafka_config: dict, *, ingest_id: str = "test", **options):
+    """The ingest's config: ``topics`` (one name or several) into ``table_uri``; ``options`` are its
+    settings (``max_records_per_run=...``, ``transform=...``)."""
+    from airflow_eo.ingest import IngestConfig
 
     names = [topics] if isinstance(topics, str) else list(topics)
-    config = IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=names, kafka_config=kafka_config, **options)
-    return Ingestion(config, submitter)
+    return IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=names, kafka_config=kafka_config, **options)
+
+
+def build_ingestion(table_uri: str, topics, kafka_config: dict, submitter, *, ingest_id: str = "test", **options):
+    """An ``Ingestion`` (:func:`build_config`) that runs its attempts with ``submitter``. The one place
+    tests build it."""
+    from airflow_eo.ingest import Ingestion
+
+    return Ingestion(build_config(table_uri, topics, kafka_config, ingest_id=ingest_id, **options), submitter)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,85 @@
+"""Fakes at the unit lane's boundaries: Kafka's offsets held in memory, small Delta ledgers.
+
+``FakeKafka`` answers the questions the planners ask a cluster (partitions, bounds, offsets
+by timestamp, newest timestamps) from record timestamps kept in a list per partition; the
+rest of :class:`airflow_eo.kafka.KafkaOffsets` (``resolve_starts``) is the real code.
+``ledger_table`` writes a Delta table whose log holds given ``txn`` versions, as a table
+airflow-eo committed to would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
+
+from airflow_eo.errors import KafkaUnavailableError
+from airflow_eo.kafka import KafkaOffsets
+from airflow_eo.planning import PartitionBounds, TopicPartition
+
+
+class FakeKafka(KafkaOffsets):
+    """A cluster in memory: per partition the timestamps (epoch ms) of its records, by offset."""
+
+    def __init__(self, **topics: int):
+        self.config = {"bootstrap.servers": "fake:9092"}
+        self.timeout = 0.0
+        self.records: dict[TopicPartition, list[int]] = {
+            TopicPartition(t, p): [] for t, n in topics.items() for p in range(n)}
+        self.log_start: dict[TopicPartition, int] = dict.fromkeys(self.records, 0)
+        self.asked: list[str] = []  # which questions were asked, in order
+
+    def produce(self, tp: TopicPartition, *timestamps_ms: int) -> None:
+        self.records[tp].extend(timestamps_ms)
+
+    def delete_records(self, tp: TopicPartition, before: int) -> None:
+        """Retention: offsets below ``before`` are gone."""
+        self.log_start[tp] = before
+
+    def partitions(self, topics: list[str]) -> list[TopicPartition]:
+        self.asked.append("partitions")
+        found = []
+        for topic in topics:
+            mine = sorted(tp for tp in self.records if tp.topic == topic)
+            if not mine:
+                raise KafkaUnavailableError(f"topic {topic!r} does not exist on fake:9092")
+            found += mine
+        return found
+
+    def bounds(self, tps: list[TopicPartition]) -> dict[TopicPartition, PartitionBounds]:
+        self.asked.append("bounds")
+        return {tp: PartitionBounds(tp, self.log_start[tp], len(self.records[tp])) for tp in tps}
+
+    def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
+        self.asked.append(f"offsets_for_timestamp({timestamp_ms})")
+        found = {}
+        for tp in tps:
+            offsets = range(self.log_start[tp], len(self.records[tp]))
+            found[tp] = next((o for o in offsets if self.records[tp][o] >= timestamp_ms), -1)
+        return found
+
+    def newest_timestamps(self, bounds, look_back: int = 10, timeout: float = 5.0):
+        self.asked.append("newest_timestamps")
+        return {tp: max(self.records[tp][max(b.log_start, b.end - look_back):b.end], default=None)
+                for tp, b in bounds.items()}
+
+
+@dataclass(frozen=True)
+class Txn:
+    """One ``txn`` action: app id and version."""
+
+    app_id: str
+    version: int
+
+
+def ledger_table(uri: str, *txns: Txn, rows: pa.Table | None = None) -> DeltaTable:
+    """A Delta table at ``uri`` whose latest commit carries ``txns`` (and appends ``rows``)."""
+    data = rows if rows is not None else pa.table({"topic": pa.array([], pa.string()),
+                                                   "partition": pa.array([], pa.int32()),
+                                                   "offset": pa.array([], pa.int64())})
+    write_deltalake(uri, data, mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(t.app_id, t.version)
+                                                                         for t in txns]))
+    return DeltaTable(uri)

@@ -1,0 +1,82 @@
+"""Kafka helpers that need no broker: the portable client config, starting offsets, bad configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_eo import kafka
+from airflow_eo.errors import ConfigError
+from airflow_eo.kafka import KafkaOffsets, client_config
+from airflow_eo.planning import PartitionBounds, StartingPosition, TopicPartition
+from tests.unit.fakes import FakeKafka
+
+A, B = TopicPartition("orders", 0), TopicPartition("orders", 1)
+BOUNDS = {A: PartitionBounds(A, 10, 50), B: PartitionBounds(B, 0, 0)}
+
+
+def upper(config_str: str) -> tuple[str, float]:
+    """A callback a connection names by its path."""
+    return config_str.upper(), 1.0
+
+
+def test_client_config_imports_callback_paths_and_sets_a_log_level():
+    config = client_config({"bootstrap.servers": "b:9092", "oauth_cb": f"{__name__}.upper"})
+    assert config["oauth_cb"] is upper and config["log_level"] == 3
+    assert client_config({"bootstrap.servers": "b:9092", "oauth_cb": f"{__name__}:upper"})["oauth_cb"] is upper
+    assert client_config({"bootstrap.servers": "b:9092", "log_level": "7"})["log_level"] == 7
+
+
+def test_the_msk_region_is_bound_into_the_callback_and_removed_from_the_config(monkeypatch):
+    seen = []
+    monkeypatch.setattr(kafka, "msk_iam_oauth_cb", lambda region, config_str="": seen.append(region) or ("t", 1.0))
+    config = client_config({"bootstrap.servers": "b:9098", "oauth_cb": kafka.MSK_IAM_CALLBACK,
+                            kafka.MSK_IAM_REGION: "eu-west-1"})
+    assert kafka.MSK_IAM_REGION not in config
+    assert config["oauth_cb"]("") == ("t", 1.0) and seen == ["eu-west-1"]
+
+
+def test_a_callable_in_the_config_is_kept_as_it_is():
+    assert client_config({"bootstrap.servers": "b:9092", "error_cb": upper})["error_cb"] is upper
+
+
+@pytest.mark.parametrize("config, message", [
+    ({}, "has no 'bootstrap.servers'"),
+    ({"bootstrap.servers": ""}, "has no 'bootstrap.servers'"),
+    ({"bootstrap.servers": "b:9092", "oauth_cb": "no_such_module_here.cb"}, "cannot be imported here"),
+    ({"bootstrap.servers": "b:9092", "stats_cb": f"{__name__}.missing"}, "stats_cb=.*cannot be imported"),
+])
+def test_a_bad_client_config_is_a_one_line_config_error(config, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        client_config(config)
+    assert "\n" not in str(err.value)
+
+
+def test_an_unknown_librdkafka_property_is_a_config_error_before_any_connection():
+    with pytest.raises(ConfigError, match="not valid.*librdkafka property names"):
+        KafkaOffsets({"bootstrap.servers": "127.0.0.1:9", "no.such.property": "1"})
+
+
+@pytest.mark.parametrize("position, expected", [
+    (StartingPosition("earliest"), {A: 10, B: 0}),
+    (StartingPosition("latest"), {A: 50, B: 0}),
+    (StartingPosition.parse('{"orders": {"0": 20}}'), {A: 20, B: 0}),  # B not listed: earliest
+    (StartingPosition.parse({"orders": {"0": -1, "1": -2}}), {A: 50, B: 0}),  # -1 latest, -2 earliest
+])
+def test_resolve_starts_without_asking_kafka(position, expected):
+    fake = FakeKafka(orders=2)
+    assert fake.resolve_starts(position, [A, B], BOUNDS) == expected
+    assert fake.asked == []
+
+
+def test_a_timestamp_start_asks_kafka_and_a_partition_without_later_records_starts_at_its_end():
+    fake = FakeKafka(orders=2)
+    fake.produce(A, *range(1000, 1050))
+    fake.delete_records(A, 10)
+    found = fake.resolve_starts(StartingPosition("timestamp", timestamp_ms=1030), [A, B],
+                                {A: PartitionBounds(A, 10, 50), B: PartitionBounds(B, 0, 0)})
+    assert found == {A: 30, B: 0} and fake.asked == ["offsets_for_timestamp(1030)"]
+
+
+def test_an_explicit_start_outside_the_partition_is_refused():
+    with pytest.raises(ConfigError, match=r"starting offset 5 for orders\[0\] is outside what Kafka holds \[10, 50\)"):
+        FakeKafka(orders=2).resolve_starts(StartingPosition.parse({"orders": {"0": 5}}), [A], BOUNDS)
