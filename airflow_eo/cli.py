@@ -23,6 +23,7 @@ import uuid
 
 from airflow_eo.attempt import Env
 from airflow_eo.errors import AirflowEoError, ConfigError
+from airflow_eo.spec import add_arguments
 
 log = logging.getLogger("airflow_eo")
 
@@ -53,12 +54,10 @@ def _schema_registry(args) -> dict | None:
     return config or None
 
 
-def _text_option(text: str | None) -> str | None:
-    """A text given inline or as ``@file`` (an .avsc schema)."""
-    if text and text.startswith("@"):
-        with open(text[1:]) as f:
-            return f.read()
-    return text
+def _read_text(path: str) -> str:
+    """The text of an option given as ``@file`` (an .avsc schema)."""
+    with open(path) as f:
+        return f.read()
 
 
 def _json_option(text: str | None) -> dict | None:
@@ -80,35 +79,22 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
 
 
 def cmd_ingest(args) -> int:
-    from airflow_eo.attempt import Transform
+    from airflow_eo.config import IngestConfig
     from airflow_eo.errors import ConfigError
-    from airflow_eo.ingest import IngestConfig, Ingestion
+    from airflow_eo.ingest import Ingestion
     from airflow_eo.intervals import interval_of
     from airflow_eo.planning import RunIdentity
+    from airflow_eo.spec import options_from_args
     from airflow_eo.submit.spark_submit import LocalSparkSubmit
 
     if (args.interval_start is None) != (args.interval_end is None):
         raise ConfigError("give both --interval-start and --interval-end (interval mode), or neither")
     interval = interval_of(args.interval_start, args.interval_end) if args.interval_start is not None else None
-    config = IngestConfig(
-        table_uri=args.table, ingest_id=args.ingest_id, topics=args.topics.split(","),
-        kafka_config=_kafka_config(args), starting_offsets=args.starting_offsets,
-        max_records_per_run=args.max_records_per_run, on_data_loss=args.on_data_loss,
-        transform=Transform(sql=args.transform_sql, callable=args.transform),
-        storage_options=_storage_options(args), value_schema=args.value_schema,
-        value_format=args.value_format, key_format=args.key_format, key_schema=args.key_schema,
-        schema_registry=_schema_registry(args), avro_schema=_text_option(args.avro_schema),
-        key_avro_schema=_text_option(args.key_avro_schema), value_subject=args.value_subject,
-        value_schema_version=args.value_schema_version, key_subject=args.key_subject,
-        max_value_bytes=args.max_value_bytes, dead_letter_table_uri=args.dead_letter_table,
-        max_dead_letters=args.max_dead_letters, max_dead_letter_fraction=args.max_dead_letter_fraction,
-        schema_evolution=args.schema_evolution, mirror_consumer_group=args.mirror_consumer_group,
-        table_properties=_pairs(args.table_property, "--table-property"),
-        partition_by=tuple(c.strip() for value in args.partition_by or () for c in value.split(",")),
-        mode="interval" if interval else "offsets", close_after=args.close_after,
-        dedup_key=args.dedup_key, dedup_horizon=args.dedup_horizon,
-        duplicates_to_dead_letters=args.duplicates_to_dead_letters,
-    )
+    options = options_from_args(args, _read_text)  # the spec's options, flags derived from its fields
+    if interval is not None:
+        options.setdefault("mode", "interval")
+    config = IngestConfig(kafka_config=_kafka_config(args), storage_options=_storage_options(args),
+                          schema_registry=_schema_registry(args), **options)
     conf = _pairs(args.conf, "--conf")
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
     if args.remote:  # the warm path: each batch on a long-lived Spark Connect server
@@ -178,6 +164,9 @@ def cmd_status(args) -> int:
             print(f"  batch {c['batch']:>5}  {c['interval']}")
         for g in iv["gaps"][:10]:
             print(f"  gap          {g}")
+    for a in status["attempts"]:
+        print(f"waiting for: attempt {a['attempt_id']} ({a['kind']}, batch {a['batch']}, run {a['run_key']}) on "
+              f"{a['host']} pid {a['pid']}, {a['age_seconds']:.0f} s old: {a['why']}")
     print("last batches:")
     for b in status["batches"]:
         late = f"  late {b['late']}" if b.get("late") else ""
@@ -224,61 +213,19 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="airflow-eo", description="Exactly-once Kafka → Delta ingestion on Spark")
     sub = root.add_subparsers(dest="command", required=True)
     ing = sub.add_parser("ingest", help="plan, run and verify one batch (the operator's code path)")
-    ing.add_argument("--table", required=True, help="Delta table path or URI")
-    ing.add_argument("--ingest-id", required=True, help="stable id of this ingest (names its offsets)")
-    ing.add_argument("--topics", required=True, help="comma-separated topics")
+    add_arguments(ing)  # every option of the spec (airflow_eo.spec), with its help and default
     _kafka_args(ing)
-    ing.add_argument("--starting-offsets", default="earliest")
-    ing.add_argument("--max-records-per-run", type=int)
-    ing.add_argument("--on-data-loss", default="fail", choices=["fail", "skip"])
-    ing.add_argument("--transform-sql", help="Spark SQL over the view `source`")
-    ing.add_argument("--transform", help="a Python callable 'package.module:function' (DataFrame → DataFrame)")
     ing.add_argument("--master", default="local[*]", help="Spark master for spark-submit")
     ing.add_argument("--remote", help="run the batch on this Spark Connect server (sc://host:port) instead of "
                      "starting spark-submit; see `airflow-eo connect-server`")
     ing.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
     ing.add_argument("--run-key", help="stable key: re-running with the same key replays, never duplicates")
     _storage_args(ing)
-    ing.add_argument("--value-schema", help="Spark DDL of the JSON value, e.g. 'id INT, name STRING': "
-                     "decoded into column `data`, undecodable records become dead letters")
-    ing.add_argument("--max-value-bytes", type=int, help="values larger than this become dead letters")
-    ing.add_argument("--value-format", choices=["json", "avro", "raw"], default="json",
-                     help="json (with --value-schema), avro (registry or --avro-schema) or raw bytes")
-    ing.add_argument("--key-format", choices=["json", "avro", "raw"], default="raw",
-                     help="decode the key too, into column `key_data` (json needs --key-schema)")
-    ing.add_argument("--key-schema", help="Spark DDL of a JSON key")
     ing.add_argument("--schema-registry", metavar="URL",
                      help=f"Confluent Schema Registry URL (credentials only in ${Env.SCHEMA_REGISTRY})")
-    ing.add_argument("--avro-schema", help="inline Avro schema of the value (JSON, or @file.avsc): plain Avro, "
-                     "no registry")
-    ing.add_argument("--key-avro-schema", help="inline Avro schema of the key (JSON or @file.avsc)")
-    ing.add_argument("--value-subject", help="registry subject of the reader schema (default <topic>-value)")
-    ing.add_argument("--value-schema-version", default="latest",
-                     help="version of the reader schema: latest (default) or a number")
-    ing.add_argument("--key-subject", help="registry subject of the key's reader schema (default <topic>-key)")
-    ing.add_argument("--dead-letter-table", help="Delta table for records that cannot be decoded")
-    ing.add_argument("--max-dead-letters", type=int, help="fail the run above this many dead letters")
-    ing.add_argument("--max-dead-letter-fraction", type=float, help="fail the run above this fraction")
-    ing.add_argument("--schema-evolution", action="store_true", help="add new transform columns to the table")
-    ing.add_argument("--table-property", action="append", metavar="KEY=VALUE",
-                     help="Delta table property of the table the first batch creates (repeatable), e.g. "
-                     "delta.logRetentionDuration='interval 30 days'")
-    ing.add_argument("--partition-by", action="append", metavar="COLUMN",
-                     help="partition column of the table the first batch creates (repeatable or comma-separated), "
-                     "produced by the transform, e.g. --transform-sql \"SELECT *, to_date(timestamp) AS date FROM "
-                     "source\" --partition-by date")
     ing.add_argument("--interval-start", metavar="T0", help="interval mode: ingest the records of [T0, T1) by Kafka "
                      "timestamp (ISO-8601 with a zone, or epoch ms); with --interval-end")
     ing.add_argument("--interval-end", metavar="T1", help="interval mode: the end of the data interval (exclusive)")
-    ing.add_argument("--close-after", metavar="DURATION", help="interval mode: an idle partition closes this long "
-                     "after the interval end (seconds, or 90s/15m/1h; default 15m)")
-    ing.add_argument("--dedup-key", metavar="EXPR", help="drop records whose producer key (a Spark SQL expression "
-                     "over the source, e.g. \"headers['event-id']\") is already in the table or earlier in the batch")
-    ing.add_argument("--dedup-horizon", help="how far back --dedup-key looks: a duration over the Kafka timestamp "
-                     "(1d, 12h) or '<n> batches' (default: the whole table)")
-    ing.add_argument("--duplicates-to-dead-letters", action="store_true",
-                     help="also write dropped duplicates to --dead-letter-table (reason 'duplicate key')")
-    ing.add_argument("--mirror-consumer-group", help="also commit the offsets to this consumer group")
     ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)
     st = sub.add_parser("status", help="committed offsets, end offsets, lag and last batches of a table")

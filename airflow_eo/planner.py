@@ -24,23 +24,14 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import CommittedInterval, PartitionFacts, parse_duration, plan_interval, waiting
+from airflow_eo.intervals import CommittedInterval, PartitionFacts, plan_interval, waiting
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import (
-    BatchPlan, Interval, RunIdentity, StartingPosition, TopicPartition, partitions_without_offsets, plan_batch,
-)
+from airflow_eo.planning import BatchPlan, Interval, RunIdentity, TopicPartition, partitions_without_offsets, plan_batch
+from airflow_eo.spec import Mode
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
 
-OFFSETS, INTERVAL = "offsets", "interval"
-MODES = (OFFSETS, INTERVAL)
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ConfigError(f"mode={mode!r} is not a planning mode: use 'offsets' (everything new since the last "
-                          "commit, the default) or 'interval' (the records of the run's data interval)")
-    return mode
+OFFSETS, INTERVAL = Mode.OFFSETS, Mode.INTERVAL
 
 
 def _now() -> str:
@@ -58,7 +49,7 @@ def shrunk(partitions: list[TopicPartition]) -> list[TopicPartition]:
 
 class OffsetPlanner:
     """The next batch: ``[committed, last stable offset)`` per partition, capped fairly.
-    ``config`` is the ingest's :class:`airflow_eo.ingest.IngestConfig`."""
+    ``config`` is the ingest's :class:`airflow_eo.config.IngestConfig` (its options typed by the spec)."""
 
     def __init__(self, config):
         self.config = config
@@ -71,7 +62,7 @@ class OffsetPlanner:
         committed = ledger.committed_offsets(c.ingest_id, partitions + shrunk(partitions))
         committed = {tp: v for tp, v in committed.items() if v is not None or tp in bounds}
         new = partitions_without_offsets(committed, bounds)
-        new_starts = kafka.resolve_starts(StartingPosition.parse(c.starting_offsets), new, bounds)
+        new_starts = kafka.resolve_starts(c.starting_offsets, new, bounds)
         return plan_batch(
             ingest_id=c.ingest_id, batch=ledger.last_batch(c.ingest_id) + 1,
             committed=committed, bounds=bounds, new_starts=new_starts,
@@ -109,7 +100,7 @@ class IntervalPlanner:
                 found_end=found_end[tp], floor=intervals.boundary(before, tp), ceiling=intervals.boundary(after, tp))
             for tp in partitions
         }
-        now_ms, close_after_ms = int(time.time() * 1000), int(parse_duration(c.close_after) * 1000)
+        now_ms, close_after_ms = int(time.time() * 1000), int(c.close_after * 1000)
         open_ = [tp for tp, f in sorted(facts.items()) if waiting(f, iv, now_ms, close_after_ms)]
         if open_:  # the plan will say the interval is not closed: with how far that partition got
             newest = kafka.newest_timestamps({tp: bounds[tp] for tp in open_[:1]})

@@ -16,6 +16,8 @@ Example::
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from typing import Mapping
 
 from airflow_eo.errors import AirflowEoError, TableError
@@ -24,31 +26,49 @@ from airflow_eo.planning import PartitionBounds, StartingPosition, TopicPartitio
 from airflow_eo.intervals import gaps
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, StagingArea
 
 log = logging.getLogger(__name__)
 
 
 def lag_of(kafka: KafkaOffsets, bounds: Mapping[TopicPartition, PartitionBounds], ledger: Ledger, ingest_id: str,
-           starting_offsets: object = "earliest") -> dict[TopicPartition, int]:
+           starting_offsets: StartingPosition = StartingPosition("earliest")) -> dict[TopicPartition, int]:
     """The lag per partition, from Kafka's bounds and the table's ledger."""
     committed = ledger.committed_offsets(ingest_id, bounds)
     new = partitions_without_offsets(committed, bounds)
-    starts = kafka.resolve_starts(StartingPosition.parse(starting_offsets), new, bounds) if new else {}
+    starts = kafka.resolve_starts(starting_offsets, new, bounds) if new else {}
     return backlog(bounds, committed, starts)
 
 
 def measure_lag(kafka_config: Mapping[str, object], topics: list[str], ledger: Ledger, ingest_id: str,
-                starting_offsets: object = "earliest", timeout: float = 30.0) -> dict[str, int]:
+                starting_offsets: StartingPosition = StartingPosition("earliest"),
+                timeout: float = 30.0) -> dict[str, int]:
     """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table."""
     kafka = KafkaOffsets(kafka_config, timeout=timeout)
     bounds = kafka.bounds(kafka.partitions(topics))
     return {str(tp): n for tp, n in lag_of(kafka, bounds, ledger, ingest_id, starting_offsets).items()}
 
 
+def blocking_attempts(ledger: Ledger, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                      now: float | None = None) -> list[dict]:
+    """The attempts a new run of the table would wait for, with their age and where they run
+    (:meth:`airflow_eo.table.staging.StagingArea.blocking_attempts`): so a user sees why a run waits."""
+    now = time.time() if now is None else now
+    markers = StagingArea(ledger.location()).blocking_attempts(None, ledger.last_batch, grace_seconds, now)
+    here = socket.gethostname()
+    return [{"attempt_id": m.attempt_id, "batch": m.batch, "kind": m.kind or "ingest", "run_key": m.run_key,
+             "age_seconds": round(now - m.started_at, 1), "host": m.host, "pid": m.pid,
+             "driver": f"{m.driver_host}:{m.driver_pid}" if m.driver_pid else None,
+             "why": "a process of it is alive on this host" if here in (m.host, m.driver_host) else
+                    f"it runs on another host: waited for until {grace_seconds:.0f} s after its start"}
+            for m in sorted(markers, key=lambda m: m.started_at)]
+
+
 def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limit: int = 5,
-                 storage_options: dict | None = None) -> dict:
+                 storage_options: dict | None = None, staging_grace_seconds: float = DEFAULT_GRACE_SECONDS) -> dict:
     """Per partition committed offset, Kafka end offset and lag; the last batches; the table's
-    files and log (:class:`airflow_eo.table.maintenance.Layout`) and which maintenance is due."""
+    files and log (:class:`airflow_eo.table.maintenance.Layout`) and which maintenance is due;
+    the attempts that make a new run wait."""
     ledger = Ledger.open(table_uri, storage_options)
     if not ledger.exists:
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
@@ -84,7 +104,8 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
                       "gaps": [str(g) for g in gaps(committed_intervals)]} if committed_intervals else None,
         "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
         "last_batch": ledger.last_batch(ingest_id), "layout": table_layout, "partitions": rows,
+        "attempts": blocking_attempts(ledger, staging_grace_seconds),
         "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation,
                      "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size],
-                     "late": (b.raw.get("late") or {}).get("records", 0)} for b in batches],
+                     "late": b.meta.late_records} for b in batches],
     }

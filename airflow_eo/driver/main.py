@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -42,10 +43,13 @@ from airflow_eo.driver.transforms import apply_transform
 from airflow_eo.driver.writer import stage
 from airflow_eo.errors import error_line
 from airflow_eo.faults import failpoint
+from airflow_eo.spec import add_arguments, options_from_args
 from airflow_eo.table.commit import (
-    ALREADY_COMMITTED, COMMITTED, CommitKind, CommitOutcome, StagedBatch, commit, commit_dead_letters_of,
+    ALREADY_COMMITTED, COMMITTED, BatchCommit, CommitOutcome, ReprocessCommit, StagedBatch, commit,
+    commit_dead_letters_of,
 )
 from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, LateRecords
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
 
@@ -124,28 +128,36 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     failpoint("after_stage")
     failpoint("before_commit")
     batch = StagedBatch(plan, tuple(files), rows, arrow_schema, attempt.partition_by)
-    if attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
-        outcome = commit(CommitKind.REPROCESS, location.uri, batch, storage_options,
-                         reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by)
-    else:
-        extra = {"dead_letters": dead.manifest()} if dead is not None else {}
-        if dropped is not None:
-            extra["duplicates"] = {"records": dropped, "to_dead_letters": attempt.dedup.to_dead_letters}
-            log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, dropped, attempt.dedup.key)
-        if late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
-            extra["late"] = late
-            log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, extra["late"]["records"])
-        outcome = commit(CommitKind.BATCH, location.uri, batch, storage_options,
-                         schema_evolution=attempt.schema_evolution, extra_metadata=extra,
-                         table_properties=attempt.table_properties)
-        if dead is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
-            commit_dead_letters_of(Ledger.open(location.uri, storage_options), plan.ingest_id, storage_options)
-    staging.end_attempt(attempt.attempt_id, committed=outcome.status == COMMITTED)
+    if dropped is not None:
+        log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, dropped, attempt.dedup.key)
+    if late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
+        log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, late["records"])
+    # what the commit records beside the rows: the one builder the quiet-interval commit uses too
+    findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
+                                dropped, LateRecords(**late) if late is not None else None)
+    outcome = commit_staged(attempt, staging, batch, findings, storage_options)
     log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
              time.monotonic() - staged)
     failpoint("after_commit")
     if outcome.status == ALREADY_COMMITTED:
         log.info("batch %s was already committed by an earlier attempt", plan.batch)
+    return outcome
+
+
+def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, findings: BatchFindings,
+                  storage_options: dict | None) -> CommitOutcome:
+    """Step 5: the compare-and-set commit of what ``attempt`` staged (its dead letters follow
+    it), then its marker says whether it committed."""
+    uri = staging.loc.uri
+    if attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
+        outcome = commit(ReprocessCommit(batch, reprocess_from=attempt.reprocess_from,
+                                         requested_by=attempt.requested_by, findings=findings), uri, storage_options)
+    else:
+        outcome = commit(BatchCommit(batch, findings=findings, schema_evolution=attempt.schema_evolution,
+                                     table_properties=attempt.table_properties), uri, storage_options)
+        if findings.dead_letters is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
+            commit_dead_letters_of(Ledger.open(uri, storage_options), batch.plan.ingest_id, storage_options)
+    staging.end_attempt(attempt.attempt_id, committed=outcome.status == COMMITTED)
     return outcome
 
 
@@ -166,21 +178,25 @@ class InProcessSubmitter:
         run_attempt(self.spark, attempt, secrets)
 
 
-def main(argv: list[str]) -> int:
-    """``spark_jobs/kafka_to_delta.py``: run a recorded attempt, or plan and run one batch."""
-    import argparse
+def _read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
+
+def job_parser() -> argparse.ArgumentParser:
+    """The job's flags: a recorded attempt's id, or (standalone) the spec's options."""
     parser = argparse.ArgumentParser(prog="kafka_to_delta.py", description=__doc__.splitlines()[0])
     parser.add_argument("--table-uri", required=True)
     parser.add_argument("--attempt-id", help="execute an attempt logged by airflow-eo ingest / the operator")
-    parser.add_argument("--ingest-id", help="standalone: the ingest's stable id")
-    parser.add_argument("--topics", help="standalone: comma-separated topics")
     parser.add_argument("--run-key", default="", help="standalone: stable key that makes reruns replay")
-    parser.add_argument("--starting-offsets", default="earliest")
-    parser.add_argument("--max-records-per-run", type=int)
-    parser.add_argument("--on-data-loss", default="fail", choices=["fail", "skip"])
-    parser.add_argument("--transform-sql")
-    parser.add_argument("--transform")
+    # standalone (no --attempt-id): every option of `airflow-eo ingest`, derived from the same spec
+    add_arguments(parser, skip=("table_uri",), require=False)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``spark_jobs/kafka_to_delta.py``: run a recorded attempt, or plan and run one batch."""
+    parser = job_parser()
     args = parser.parse_args(argv)
     # our lines at INFO; py4j and other libraries only from WARN, like Spark itself
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -198,17 +214,10 @@ def main(argv: list[str]) -> int:
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0
         # Standalone: this driver plans too, running the same loop as `airflow-eo ingest`.
-        from airflow_eo.attempt import Transform
         from airflow_eo.ingest import IngestConfig, Ingestion
         from airflow_eo.planning import RunIdentity
 
-        config = IngestConfig(
-            table_uri=args.table_uri, ingest_id=args.ingest_id, topics=args.topics.split(","),
-            kafka_config=dict(secrets.kafka_config), starting_offsets=args.starting_offsets,
-            max_records_per_run=args.max_records_per_run, on_data_loss=args.on_data_loss,
-            transform=Transform(sql=args.transform_sql, callable=args.transform),
-            storage_options=secrets.storage_options,
-        )
+        config = IngestConfig(credentials=secrets, **options_from_args(args, _read_text))  # with --table-uri
         result = Ingestion(config, InProcessSubmitter(spark)).run(RunIdentity(run_key=args.run_key))
         print(RESULT_PREFIX + json.dumps(result.to_dict()), flush=True)
         return 0

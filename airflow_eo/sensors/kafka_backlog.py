@@ -22,6 +22,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
+from airflow_eo.spec import parse_option
 from airflow_eo.triggers.kafka_backlog import KafkaBacklogTrigger, measure_backlog
 
 
@@ -53,7 +54,7 @@ class KafkaBacklogSensor(BaseSensorOperator):
         self.storage_conn_id = storage_conn_id
 
     def _topics(self) -> list[str]:
-        return [t.strip() for t in self.topics.split(",")] if isinstance(self.topics, str) else list(self.topics)
+        return list(parse_option("topics", self.topics))
 
     def _ingest_id(self) -> str:
         return self.ingest_id or f"{self.dag_id}.ingest"

@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -33,26 +32,15 @@ from airflow_eo.attempt import TXN_RETENTION
 from airflow_eo.errors import ConfigError, TableError
 from airflow_eo.intervals import interval_state
 from airflow_eo.planning import (
-    BatchPlan, CommitCheck, OffsetRange, SkippedRange, TopicPartition, batch_state,
+    BatchPlan, CommitCheck, OffsetRange, TopicPartition, batch_state,
 )
+# METADATA_KEY: re-exported, the commitInfo key is named from here too
+from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind  # noqa: F401
 from airflow_eo.table.partitioning import check_table_partitioning
+from airflow_eo.spec import validate_ingest_id  # noqa: F401 - parsed with the spec; re-exported here
 from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
 
 APP_PREFIX = "airflow-eo"
-# The commitInfo key of every commit airflow-eo makes; ``operation`` in it names the kind.
-METADATA_KEY = "airflow_eo.batch"
-# Commits that hold a batch's rows (the others: dead letters, schema changes).
-DATA_OPERATIONS = ("ingest", "reprocess")
-_INGEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def validate_ingest_id(ingest_id: str) -> str:
-    if not isinstance(ingest_id, str) or not _INGEST_ID.match(ingest_id):
-        raise ConfigError(
-            f"ingest_id {ingest_id!r} is not valid: use 1-128 letters, digits, '.', '_' or '-' "
-            "(it names the table's offsets in the Delta log, so keep it stable)"
-        )
-    return ingest_id
 
 
 def partition_app_id(ingest_id: str, tp: TopicPartition) -> str:
@@ -93,41 +81,35 @@ def boundary_app_id(ingest_id: str, at_ms: int, tp: TopicPartition) -> str:
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """One committed batch as recorded in the commit's metadata."""
+    """One commit of a batch: its table version and time, and its typed metadata."""
 
     version: int
-    ingest_id: str
-    batch: int
-    attempt_id: str
-    run_key: str
-    ranges: tuple[OffsetRange, ...]
-    rows: int
-    rows_per_partition: dict[str, int]
-    skipped: tuple[SkippedRange, ...]
-    operation: str
     timestamp_ms: int | None
-    raw: dict
+    meta: BatchMetadata
 
     @classmethod
     def from_commit_info(cls, info: dict) -> "BatchRecord | None":
+        """The record of a commitInfo entry; None for commits that are not airflow-eo's (or
+        of a kind this version does not know)."""
         text = info.get(METADATA_KEY)
         if not text:
             return None
-        meta = json.loads(text) if isinstance(text, str) else text
-        return cls(
-            version=int(info.get("version", -1)),
-            ingest_id=meta["ingest_id"],
-            batch=int(meta["batch"]),
-            attempt_id=meta.get("attempt_id", ""),
-            run_key=meta.get("run", {}).get("run_key", ""),
-            ranges=tuple(OffsetRange(**r) for r in meta.get("ranges", [])),
-            rows=int(meta.get("rows", 0)),
-            rows_per_partition=dict(meta.get("rows_per_partition", {})),
-            skipped=tuple(SkippedRange(**s) for s in meta.get("skipped", [])),
-            operation=meta.get("operation", "ingest"),
-            timestamp_ms=info.get("timestamp"),
-            raw=meta,
-        )
+        try:
+            meta = BatchMetadata.from_json(text)
+        except (ValueError, KeyError, TypeError):
+            return None
+        return cls(version=int(info.get("version", -1)), timestamp_ms=info.get("timestamp"), meta=meta)
+
+    # the fields every reader asks for, named as before
+    ingest_id = property(lambda self: self.meta.ingest_id)
+    batch = property(lambda self: self.meta.batch)
+    attempt_id = property(lambda self: self.meta.attempt_id)
+    run_key = property(lambda self: self.meta.run_key)
+    ranges = property(lambda self: self.meta.ranges)
+    rows = property(lambda self: self.meta.rows)
+    rows_per_partition = property(lambda self: self.meta.rows_per_partition)
+    skipped = property(lambda self: self.meta.skipped)
+    operation = property(lambda self: self.meta.operation)
 
 
 _OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")
@@ -309,7 +291,7 @@ class Ledger:
         committed = self.committed_offsets(plan.ingest_id, plan.starts)
         state = batch_state(plan, committed, last)
         if state is CommitCheck.ALREADY_COMMITTED:  # only then is the history worth reading
-            record = self.find_batch(plan.ingest_id, batch=plan.batch, operation="ingest")
+            record = self.find_batch(plan.ingest_id, batch=plan.batch, operation=CommitKind.BATCH)
             state = batch_state(plan, committed, last, record.ranges if record else None,
                                 record.run_key if record else None)
         return state
@@ -320,7 +302,7 @@ class Ledger:
         end = self.table.transaction_version(interval_app_id(plan.ingest_id, batch, "end")) if batch is not None else None
         state = interval_state(plan, last, batch, end)
         if state is CommitCheck.ALREADY_COMMITTED:  # as for offset batches: the run that committed it
-            record = self.find_batch(plan.ingest_id, batch=plan.batch, operation="ingest")
+            record = self.find_batch(plan.ingest_id, batch=plan.batch, operation=CommitKind.BATCH)
             state = interval_state(plan, last, batch, end, record.ranges if record else None,
                                    record.run_key if record else None)
         return state
@@ -340,7 +322,7 @@ class Ledger:
 
     def find_batch(
         self, ingest_id: str, *, attempt_id: str | None = None, run_key: str | None = None,
-        batch: int | None = None, since_version: int = 0, operation: str | None = None,
+        batch: int | None = None, since_version: int = 0, operation: CommitKind | None = None,
     ) -> BatchRecord | None:
         """The newest commit that matches the given attempt, run or batch number."""
         if self.table is None:

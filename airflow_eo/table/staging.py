@@ -19,25 +19,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import timezone
 
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt
+from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind
 from airflow_eo.planning import BatchPlan
+from airflow_eo.spec import DEFAULT_GRACE_SECONDS  # the default of the staging_grace_seconds option
+from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch
+from airflow_eo.table.files import StagedFile  # noqa: F401 - re-exported: what an attempt staged
 from airflow_eo.table.partitioning import partition_segments, partition_values_of
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS_DIR = "_airflow_eo/attempts"
-DEFAULT_GRACE_SECONDS = 24 * 3600
 
 
 def new_attempt_id() -> str:
@@ -59,18 +60,6 @@ def attempt_dir_of(path: str) -> str:
 
 
 @dataclass(frozen=True)
-class StagedFile:
-    """One Parquet file an attempt staged, with what its Delta add action needs."""
-
-    path: str  # relative to the table root
-    size: int
-    modification_time: int  # epoch ms
-    num_records: int
-    stats: str  # Delta stats JSON
-    partition_values: dict = field(default_factory=dict)  # column -> value, from its directory (partitioning)
-
-
-@dataclass(frozen=True)
 class AttemptMarker:
     attempt_id: str
     batch: int
@@ -78,12 +67,18 @@ class AttemptMarker:
     started_at: float
     ended_at: float | None = None
     committed: bool = False
-    host: str = ""
+    host: str = ""  # the process that submitted the attempt (the Airflow task, the CLI)
     pid: int = 0
     attempt: str = ""  # Attempt JSON: what this attempt reads and commits, never secrets
     driver_host: str = ""  # where the attempt's driver runs (it commits), once it has started
     driver_pid: int = 0
     error: str = ""  # the driver's failure as one line (airflow_eo.errors.error_line), for its caller
+    # start times of pid and driver_pid (epoch s; PID reuse), and what the attempt is for: a run
+    # need not wait for an ingest attempt whose batch is committed (all 0/"" in older markers)
+    pid_started: float = 0.0
+    driver_pid_started: float = 0.0
+    ingest_id: str = ""
+    kind: str = ""
 
     @classmethod
     def from_json(cls, text: str) -> "AttemptMarker | None":
@@ -108,10 +103,11 @@ class StagingArea:
 
     def begin_attempt(self, attempt: Attempt) -> str:
         """Record that an attempt starts (before it writes a byte) and return its directory."""
-        plan = attempt.plan
+        plan, me = attempt.plan, ProcessId.current()
         marker = AttemptMarker(
             plan.attempt_id, plan.batch, plan.run.run_key, time.time(),
-            host=socket.gethostname(), pid=os.getpid(), attempt=attempt.to_json(),
+            host=me.host, pid=me.pid, attempt=attempt.to_json(), pid_started=me.started,
+            ingest_id=plan.ingest_id, kind=attempt.kind.value,
         )
         self._write_marker(marker)
         return self.attempt_path(plan)
@@ -120,8 +116,8 @@ class StagingArea:
         """Record the process that will commit the attempt: once it is gone, the attempt is over."""
         marker = self.read_marker(attempt_id)
         if marker is not None and marker.ended_at is None:
-            self._write_marker(AttemptMarker(**{**marker.__dict__, "driver_host": socket.gethostname(),
-                                                "driver_pid": os.getpid()}))
+            me = ProcessId.current()
+            self._write_marker(replace(marker, driver_host=me.host, driver_pid=me.pid, driver_pid_started=me.started))
 
     def record_error(self, attempt_id: str, line: str) -> None:
         """Leave the driver's failure where its caller finds it, whatever ran the driver
@@ -156,20 +152,43 @@ class StagingArea:
     def _write_marker(self, marker: AttemptMarker) -> None:
         self.loc.write_text(self.marker_path(marker.attempt_id), json.dumps(marker.__dict__))
 
+    def markers(self) -> list[AttemptMarker]:
+        """Every attempt marker of the table (ended or not)."""
+        found = []
+        for info in self.loc.list_files(self.loc.join(ATTEMPTS_DIR)):
+            if info.base_name.endswith(".json"):
+                marker = self.read_marker(info.base_name[:-5])
+                if marker is not None:
+                    found.append(marker)
+        return found
+
     def running_attempts(self, grace_seconds: float = DEFAULT_GRACE_SECONDS,
                          now: float | None = None) -> list[AttemptMarker]:
-        """Attempts that may still be running: not ended, driver not known dead, started less
-        than ``grace_seconds`` ago (the same liveness rule orphan collection uses)."""
-        now = time.time() if now is None else now
-        running = []
-        for info in self.loc.list_files(self.loc.join(ATTEMPTS_DIR)):
-            if not info.base_name.endswith(".json"):
+        """Attempts that may still be running (:func:`airflow_eo.table.liveness.liveness`)."""
+        return [m for m in self.markers() if liveness(m, grace_seconds, now) is Liveness.RUNNING]
+
+    def blocking_attempts(self, run_key: str | None, committed_batch: Callable[[str], int | None],
+                          grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                          now: float | None = None) -> list[AttemptMarker]:
+        """The running attempts a run of ``run_key`` waits for before planning. Not those of its
+        own run key (a retry replays its plan; the compare-and-set commit protects the table),
+        nor an ingest attempt whose batch is already committed (``committed_batch(ingest_id)``:
+        the ingest's last committed batch), which can never commit again."""
+        blocking = []
+        for marker in self.running_attempts(grace_seconds, now):
+            if run_key is not None and marker.run_key == run_key:
                 continue
-            marker = self.read_marker(info.base_name[:-5])
-            if marker is not None and marker.ended_at is None and not _driver_gone(marker) \
-                    and now - marker.started_at < grace_seconds:
-                running.append(marker)
-        return running
+            if marker.kind == AttemptKind.INGEST.value and marker.ingest_id:
+                last = committed_batch(marker.ingest_id)
+                if last is not None and last >= marker.batch:
+                    continue
+            blocking.append(marker)
+        return blocking
+
+    def collect_scratch(self, grace_seconds: float = DEFAULT_GRACE_SECONDS, now: float | None = None) -> list[str]:
+        """Remove this host's Spark scratch of the table's attempts that ended or are dead."""
+        return [m.attempt_id for m in self.markers()
+                if liveness(m, grace_seconds, now) is not Liveness.RUNNING and remove_scratch(m.attempt_id)]
 
     def staged_files(self, attempt_path: str, only: set[str] | None = None) -> list[StagedFile]:
         """Every Parquet data file an attempt wrote, with Delta stats from the footers.
@@ -208,12 +227,11 @@ class StagingArea:
         """Delete attempt directories that never committed and can no longer be running.
 
         An attempt's files are deleted only when none of them is in the table and the
-        attempt is known to have ended (its marker says so: written by the job itself or
-        by whoever watched spark-submit exit) or it started longer than ``grace_seconds``
-        ago, the bound on how long one attempt may run. A running attempt has no end mark
-        and a recent start, so it is never touched. An attempt whose driver (the process that
-        would commit it) ran on this host and is gone is over too: a killed CLI or Airflow
-        worker on the Spark Connect path, a killed spark-submit driver in local mode.
+        attempt is not running by :func:`airflow_eo.table.liveness.liveness`: its marker says
+        it ended (written by the job itself or by whoever watched spark-submit exit), its
+        processes on this host are gone (a killed task, CLI or driver), or it started longer
+        than ``grace_seconds`` ago, the bound on how long one attempt may run. A running
+        attempt has no end mark, a live process or a recent start, so it is never touched.
         """
         now = time.time() if now is None else now
         removed = []
@@ -226,10 +244,11 @@ class StagingArea:
             marker = self.read_marker(attempt_id)
             if marker is not None and marker.committed:
                 continue
-            started = marker.started_at if marker else (info.mtime.timestamp() if info.mtime else now)
-            ended = marker is not None and (marker.ended_at is not None or _driver_gone(marker))
-            if not ended and now - started < grace_seconds:
-                continue
+            if marker is not None:
+                if liveness(marker, grace_seconds, now) is Liveness.RUNNING:
+                    continue
+            elif info.mtime is None or now - info.mtime.timestamp() < grace_seconds:
+                continue  # no marker (torn, or pruned): only its age can tell
             try:
                 self.loc.fs.delete_dir(info.path)
             except OSError as exc:
@@ -245,18 +264,6 @@ class StagingArea:
             removed.append(name)
             log.info("removed orphaned staged files of attempt %s", name)
         return removed
-
-
-def _driver_gone(marker: AttemptMarker) -> bool:
-    if not marker.driver_pid or marker.driver_host != socket.gethostname():
-        return False  # not started yet, or elsewhere (cluster mode): the grace period decides
-    try:
-        os.kill(marker.driver_pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
 
 
 def collect_orphans(table_uri: str, storage_options: dict | None, grace_seconds: float) -> list[str]:

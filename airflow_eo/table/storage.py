@@ -19,19 +19,10 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from airflow_eo.errors import ConfigError
+from airflow_eo.spec import normalize_table_uri  # noqa: F401 - parsed with the spec; re-exported here
 
 
 S3_SCHEMES = ("s3", "s3a")
-
-
-def normalize_table_uri(table_uri: str) -> str:
-    """Absolute ``file://``-less path for local tables, the URI unchanged otherwise."""
-    if not table_uri:
-        raise ConfigError("table_uri is empty: pass a local path or an s3://… URI of the Delta table")
-    parsed = urlparse(table_uri)
-    if parsed.scheme in ("", "file"):
-        return os.path.abspath(parsed.path if parsed.scheme == "file" else table_uri).rstrip("/")
-    return table_uri.rstrip("/")
 
 
 def is_local(table_uri: str) -> bool:

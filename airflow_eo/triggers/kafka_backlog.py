@@ -22,19 +22,23 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_eo.errors import AirflowEoError, error_line
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
+from airflow_eo.spec import parse_option
 from airflow_eo.status import measure_lag
 from airflow_eo.table.ledger import Ledger
 
 MAX_BACKOFF_SECONDS = 300.0
 
 
-def measure_backlog(kafka_config: dict, topics: list[str], table_uri: str, ingest_id: str,
+def measure_backlog(kafka_config: dict, topics: list[str] | str, table_uri: str, ingest_id: str,
                     storage_options: dict | None = None, starting_offsets: object = "earliest") -> dict[str, int]:
     """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table: the
-    lag as the planner sees it (:func:`airflow_eo.status.measure_lag`)."""
+    lag as the planner sees it (:func:`airflow_eo.status.measure_lag`). ``topics`` and
+    ``starting_offsets`` are the operator's options, raw (as templated or serialised): the spec
+    parses them as it does the operator's."""
     ledger = Ledger.open(table_uri, storage_options)
     ledger.check_owner(ingest_id)  # the operator's check: never report "no backlog" for another's table
-    return measure_lag(kafka_config, topics, ledger, ingest_id, starting_offsets)
+    return measure_lag(kafka_config, list(parse_option("topics", topics)), ledger, ingest_id,
+                       parse_option("starting_offsets", starting_offsets))
 
 
 class KafkaBacklogTrigger(BaseTrigger):

@@ -23,6 +23,7 @@ from airflow_eo.attempt import Secrets
 from airflow_eo.driver.main import run_recorded_attempt
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from airflow_eo.attempt import Transform
+from tests.conftest import build_config
 from tests.helpers import (
     assert_exactly_once,
     add_partitions, committed_offsets, new_topic, produce,
@@ -279,13 +280,12 @@ def test_sql_transform_keeps_key_columns(broker, kafka_config, spark_path, table
 
 def test_orphans_of_running_attempts_are_never_collected(table_uri):
     """A staged directory whose attempt has not ended is kept, however the table looks."""
-    from airflow_eo.attempt import Attempt
     from airflow_eo.planning import BatchPlan, OffsetRange
 
     loc = TableLocation.of(table_uri)
     staging = StagingArea(loc)
     plan = BatchPlan("test", 1, (OffsetRange("t", 0, 0, 5),), RunIdentity("r"), attempt_id="f" * 16)
-    path = staging.begin_attempt(Attempt(plan=plan, table_uri=table_uri))
+    path = staging.begin_attempt(build_config(table_uri, "t", {}).attempt(plan))
     loc.write_text(path + "/part-0.parquet", "x")
     assert staging.collect_orphans(set()) == []
     staging.end_attempt(plan.attempt_id)
@@ -298,7 +298,6 @@ def test_an_orphan_that_cannot_be_removed_yet_is_left_for_the_next_run(table_uri
     pass removes it."""
     import dataclasses
 
-    from airflow_eo.attempt import Attempt
     from airflow_eo.planning import BatchPlan, OffsetRange
 
     class StillBeingWritten:  # the local filesystem, whose delete_dir loses a race with a writer
@@ -314,7 +313,7 @@ def test_an_orphan_that_cannot_be_removed_yet_is_left_for_the_next_run(table_uri
     loc = TableLocation.of(table_uri)
     staging = StagingArea(loc)
     plan = BatchPlan("test", 1, (OffsetRange("t", 0, 0, 5),), RunIdentity("r"), attempt_id="e" * 16)
-    path = staging.begin_attempt(Attempt(plan=plan, table_uri=table_uri))
+    path = staging.begin_attempt(build_config(table_uri, "t", {}).attempt(plan))
     loc.write_text(path + "/part-0.parquet", "x")
     staging.end_attempt(plan.attempt_id)
     racing = StagingArea(dataclasses.replace(loc, fs=StillBeingWritten(loc.fs)))

@@ -4,7 +4,6 @@ the offsets, every record and the staged files of running attempts survive it.""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import uuid
 
@@ -13,18 +12,17 @@ import pytest
 from deltalake import DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import CommitProperties, PostCommitHookProperties
 
-from airflow_eo.attempt import Attempt
 from airflow_eo.errors import ConfigError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.offsets import TopicPartition
 from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
 from airflow_eo.status import table_status
-from airflow_eo.table.commit import batch_metadata
+from airflow_eo.table.metadata import BatchMetadata, CommitKind
 from airflow_eo.table.ledger import METADATA_KEY, Ledger, batch_app_id, partition_app_id
 from airflow_eo.table.maintenance import MaintenancePlan, layout, maintain
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
-from tests.conftest import SparkPath
+from tests.conftest import SparkPath, build_config
 from tests.helpers import assert_exactly_once, committed_offsets, new_topic, produce
 
 NOTHING = MaintenancePlan(compact=False, vacuum=False, checkpoint=False, cleanup_log=False, prune_orphans=False,
@@ -70,7 +68,7 @@ def test_vacuum_deletes_removed_files_but_never_a_running_attempts_staged_files(
     small_batches(SparkPath("local", spark), kafka_config, table_uri, topic, 2)
     staging = StagingArea(TableLocation.of(table_uri))
     plan = BatchPlan("test", 3, (OffsetRange(topic, 0, 12, 18),), RunIdentity("running"), attempt_id="a" * 16)
-    running = staging.begin_attempt(Attempt(plan=plan, table_uri=table_uri))
+    running = staging.begin_attempt(build_config(table_uri, "t", {}).attempt(plan))
     staging.driver_started(plan.attempt_id)  # this process: alive, so the attempt is running
     staging.loc.write_text(running + "/part-00000.parquet", "staged rows")
     old = os.path.getmtime(running + "/part-00000.parquet") - 30 * 24 * 3600
@@ -176,7 +174,7 @@ def test_old_records_that_nothing_needs_are_pruned_and_the_rest_kept(broker, kaf
     pending = BatchPlan("test", 3, (OffsetRange(topic, 0, 12, 18),), RunIdentity("pending"))
     PlanLog(location).record(pending)  # logged, not committed: a retry may still replay it
     running = BatchPlan("test", 3, (OffsetRange(topic, 0, 12, 18),), RunIdentity("pending"), attempt_id="c" * 16)
-    ing.staging.begin_attempt(Attempt(plan=running, table_uri=table_uri))  # its directory does not exist yet
+    ing.staging.begin_attempt(build_config(table_uri, "t", {}).attempt(running))  # its directory does not exist yet
     records = [i.path for d in (PLANS_DIR, ATTEMPTS_DIR) for i in location.list_files(location.join(d))]
     month_ago = os.path.getmtime(records[0]) - 31 * 86400
     for path in records:
@@ -272,7 +270,7 @@ def test_a_table_of_10k_commits_plans_from_one_checkpoint_after_maintain(broker,
         plan = BatchPlan("test", batch, (OffsetRange(topic, 0, 12, 12),), RunIdentity(f"r{batch}"),
                          attempt_id=f"{batch:016x}")
         table.create_write_transaction([], mode="append", schema=schema, commit_properties=CommitProperties(
-            custom_metadata={METADATA_KEY: json.dumps(batch_metadata(plan, {}))},
+            custom_metadata={METADATA_KEY: BatchMetadata.of(CommitKind.BATCH, plan).to_json()},
             app_transactions=[Transaction(partition_app_id("test", tp), 12), Transaction(batch_app_id("test"), batch)]),
             post_commithook_properties=no_cleanup)
         table.update_incremental()

@@ -1,0 +1,88 @@
+"""IngestConfig: an ingest's spec together with the secrets it runs with (what the ingest loop takes).
+
+The spec (:class:`airflow_eo.spec.IngestSpec`) is the configuration; the secrets (Kafka client
+config, storage options, Schema Registry config) never enter it. The checks that need both, or
+a module above the spec (an inline Avro schema is parsed here, before any run), are made once,
+when the config is built. Options read by name (``config.table_uri``, ``config.mode``) come from
+the spec, typed.
+
+Example::
+
+    >>> config = IngestConfig(table_uri="/data/orders", ingest_id="orders_raw", topics=["orders"],
+    ...                       kafka_config={"bootstrap.servers": "b:9092"}, starting_offsets="latest")
+    >>> config.spec.source.starting_offsets.kind, config.topics, config.kafka_config["bootstrap.servers"]
+    ('latest', ('orders',), 'b:9092')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from airflow_eo.attempt import Attempt, AttemptKind, Secrets
+from airflow_eo.planning import BatchPlan
+from airflow_eo.spec import IngestSpec
+
+
+@dataclass(frozen=True, init=False)
+class IngestConfig:
+    """Everything that defines one ingest into one table: the spec, and the secrets apart."""
+
+    spec: IngestSpec
+    credentials: Secrets = field(repr=False)  # never logged or stored
+
+    def __init__(self, spec: IngestSpec | None = None, credentials: Secrets | None = None, *,
+                 kafka_config: Mapping[str, object] | None = None, storage_options: Mapping[str, str] | None = None,
+                 schema_registry: Mapping[str, object] | None = None, **options: Any):
+        """From a built spec, or from options by name (parsed here); secrets as
+        ``credentials`` or as the three keywords they always had."""
+        if spec is None:
+            spec = IngestSpec.of(**options)
+        elif options:
+            spec = spec.replace(**options)
+        if credentials is None:
+            credentials = Secrets(dict(kafka_config or {}), storage_options, schema_registry)
+        elif kafka_config is not None or storage_options is not None or schema_registry is not None:
+            # dataclasses.replace(config, schema_registry=...) passes both: the keyword wins
+            credentials = Secrets(dict(credentials.kafka_config if kafka_config is None else kafka_config),
+                                  credentials.storage_options if storage_options is None else storage_options,
+                                  credentials.schema_registry if schema_registry is None else schema_registry)
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "credentials", credentials)
+        spec.decode.check_registry(credentials.schema_registry is not None)
+        for inline in filter(None, (spec.decode.avro_schema, spec.decode.key_avro_schema)):
+            from airflow_eo.avro_schema import check_schema
+
+            check_schema(inline)
+
+    def __getattr__(self, name: str) -> Any:
+        """An option of the spec by its name (``config.partition_by``), typed."""
+        if name.startswith("_") or name in ("spec", "credentials"):
+            raise AttributeError(name)
+        try:
+            return self.spec.value(name)
+        except KeyError:
+            raise AttributeError(f"IngestConfig has no option {name!r}") from None
+
+    @property
+    def kafka_config(self) -> Mapping[str, object]:
+        return self.credentials.kafka_config
+
+    @property
+    def storage_options(self) -> Mapping[str, str] | None:
+        return self.credentials.storage_options
+
+    @property
+    def schema_registry(self) -> Mapping[str, object] | None:
+        return self.credentials.schema_registry
+
+    def secrets(self) -> Secrets:
+        return self.credentials
+
+    def replace(self, **options: Any) -> "IngestConfig":
+        """The same ingest with some options changed (parsed and checked again)."""
+        return IngestConfig(self.spec.replace(**options), self.credentials)
+
+    def attempt(self, plan: BatchPlan, kind: AttemptKind = AttemptKind.INGEST, **reprocess: Any) -> Attempt:
+        """The typed value an attempt of ``plan`` runs from (no secrets)."""
+        return Attempt(plan=plan, spec=self.spec, kind=kind, **reprocess)

@@ -1,0 +1,249 @@
+"""The sub-specs an ingest spec composes: table, source, planning, transform, decoding, dead letters,
+dedup, Spark. Each user-facing field carries its :class:`~airflow_eo.spec.options.Option`. No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from airflow_eo.errors import ConfigError
+from airflow_eo.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
+from airflow_eo.planning import OnDataLoss, StartingPosition
+from airflow_eo.spec.options import (
+    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, TXN_RETENTION, Cli, Mode, check_partition_by,
+    check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer, key_format_of,
+    normalize_table_uri, number, option, optional_table_uri, schema_version_of, starting_position, switch,
+    table_properties_of, text, topic_list, validate_ingest_id, value_format_of,
+)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The Delta table and how a first batch creates it."""
+
+    table_uri: str = option("table_uri", "the Delta table: a local path or an s3://… URI", flag="--table",
+                            templated=True, parse=normalize_table_uri)
+    ingest_id: str = option("ingest_id", "stable id of this ingest in the table's log (names its offsets); "
+                            "operator default <dag_id>.<task_id>", templated=True, parse=validate_ingest_id)
+    schema_evolution: bool = option("schema_evolution", "add new columns of the transform's output to the table",
+                                    False, cli=Cli.SWITCH, parse=switch)
+    table_properties: dict = option(
+        "table_properties", "Delta properties of the table the first batch creates (an existing table keeps its "
+        f"own); {TXN_RETENTION} is refused", flag="--table-property", factory=dict, cli=Cli.REPEAT,
+        metavar="KEY=VALUE", templated=True, parse=table_properties_of)
+    partition_by: tuple[str, ...] = option(
+        "partition_by", "partition columns (produced by the transform, e.g. to_date(timestamp) AS date) of the "
+        "table the first batch creates; an existing table must be named with its own", (), cli=Cli.REPEAT,
+        metavar="COLUMN", templated=True, parse=check_partition_by, dump=list)
+    staging_grace_seconds: float = DEFAULT_GRACE_SECONDS
+
+    def __post_init__(self):
+        check_table_properties(self.table_properties)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """The topics and where partitions never read start."""
+
+    topics: tuple[str, ...] = option("topics", "Kafka topics (comma-separated or a list)", templated=True,
+                                     parse=topic_list, dump=list)
+    starting_offsets: StartingPosition = option(
+        "starting_offsets", "where partitions the table never read start: earliest, latest, "
+        '{"timestamp": ms} or {"topic": {"0": 42}} (-2 earliest, -1 latest); resolved once, committed with the '
+        "first batch", factory=lambda: StartingPosition("earliest"), templated=True, parse=starting_position,
+        dump=dump_starting_position)
+    on_data_loss: OnDataLoss = option(
+        "on_data_loss", "offsets deleted by retention before they were read: fail, or skip them (the gap is "
+        "recorded in the commit)", OnDataLoss.FAIL, choices=tuple(m.value for m in OnDataLoss), parse=OnDataLoss,
+        dump=enum_value)
+    mirror_consumer_group: str | None = option(
+        "mirror_consumer_group", "also commit the table's offsets to this consumer group, for lag tools (the Delta "
+        "log stays the source of truth)", None, parse=text)
+
+
+@dataclass(frozen=True)
+class PlanningSpec:
+    """How a run chooses its records."""
+
+    mode: Mode = option("mode", "offsets: everything new since the last commit; interval: the records of the "
+                        "run's data interval by Kafka timestamp (CLI: implied by --interval-start)", Mode.OFFSETS,
+                        choices=tuple(m.value for m in Mode), templated=True, parse=Mode.parse, dump=enum_value)
+    close_after: float = option("close_after", "interval mode: an idle partition closes this long after the "
+                                "interval end (seconds, or 90s/15m/1h)", DEFAULT_CLOSE_AFTER_SECONDS,
+                                metavar="DURATION", parse=duration)
+    max_records_per_run: int | None = option(
+        "max_records_per_run", "cap on the offsets one batch spans, split by max-min fairness over partitions",
+        None, parse=integer)
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How Kafka records become the table's columns: Spark SQL over the view ``source``, or a
+    callable ``"package.module:function"`` (DataFrame → DataFrame), or neither (identity).
+    Applied in the driver by :func:`airflow_eo.driver.transforms.apply_transform`.
+
+    >>> Transform(sql="SELECT topic, partition, offset FROM source").describe()
+    'sql'
+    """
+
+    sql: str | None = option("transform_sql", "Spark SQL over the view `source` (must keep topic, partition, "
+                             "offset)", None, templated=True, parse=text)
+    callable: str | None = option("transform", "or a Python callable 'package.module:function' "
+                                  "(DataFrame → DataFrame)", None, parse=text)
+
+    def __post_init__(self):
+        if self.sql and self.callable:
+            raise ConfigError("give either transform_sql or transform (a 'module:function'), not both")
+        if self.callable and ":" not in self.callable:
+            raise ConfigError(f"transform {self.callable!r} must name a function as 'package.module:function'")
+
+    def describe(self) -> str:
+        return "sql" if self.sql else ("callable " + self.callable if self.callable else "identity")
+
+
+FORMATS = ("json", "avro", "raw")
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How keys and values are decoded before the transform (:mod:`airflow_eo.driver.decode`).
+
+    ``value_format``: ``json`` (with ``value_schema``, Spark DDL, parsed into the column
+    ``data``), ``avro`` (Confluent wire format through the Schema Registry, reader schema
+    ``value_subject`` at ``value_schema_version``; or plain Avro of the inline ``avro_schema``)
+    or ``raw`` (bytes as they are). ``key_format`` the same for the key, into ``key_data``
+    (``key_schema`` for JSON, ``key_avro_schema`` / ``key_subject`` for Avro). Records that do
+    not decode, or values larger than ``max_value_bytes``, become dead letters.
+
+    >>> DecodeSpec(value_format="avro", avro_schema='"long"').enabled
+    True
+    """
+
+    value_schema: str | None = option("value_schema", "Spark DDL of JSON values, e.g. 'id INT, name STRING': "
+                                      "decoded into column `data`, undecodable records become dead letters",
+                                      None, templated=True, parse=text)
+    value_format: str = option("value_format", "json (with value_schema), avro (a registry or avro_schema) or "
+                               "raw bytes", "json", choices=FORMATS, templated=True, parse=value_format_of)
+    max_value_bytes: int | None = option("max_value_bytes", "values larger than this become dead letters", None,
+                                         parse=integer)
+    avro_schema: str | None = option("avro_schema", "inline Avro schema (JSON) of plain Avro values, instead of "
+                                     "a registry", None, templated=True, from_file=True, parse=text)
+    value_subject: str | None = option("value_subject", "registry subject of the values' reader schema (default "
+                                       "<first topic>-value)", None, templated=True, parse=text)
+    value_schema_version: str = option("value_schema_version", "version of the reader schema: latest or a "
+                                       "number", "latest", templated=True, parse=schema_version_of)
+    key_format: str = option("key_format", "decode the key too, into column `key_data`: raw, json (with "
+                             "key_schema) or avro", "raw", choices=FORMATS, templated=True, parse=key_format_of)
+    key_schema: str | None = option("key_schema", "Spark DDL of JSON keys", None, templated=True, parse=text)
+    key_avro_schema: str | None = option("key_avro_schema", "inline Avro schema (JSON) of plain Avro keys", None,
+                                         templated=True, from_file=True, parse=text)
+    key_subject: str | None = option("key_subject", "registry subject of the keys' reader schema (default "
+                                     "<first topic>-key)", None, templated=True, parse=text)
+
+    FORMATS = FORMATS
+
+    def __post_init__(self):
+        for name in ("value_format", "key_format"):
+            if getattr(self, name) not in FORMATS:
+                raise ConfigError(f"{name} {getattr(self, name)!r} is not supported: use one of {', '.join(FORMATS)}")
+        if self.value_format != "json" and self.value_schema:
+            raise ConfigError("value_schema is the Spark DDL of JSON values: with value_format="
+                              f"{self.value_format!r} leave it unset (Avro: avro_schema or a Schema Registry)")
+        if self.key_format == "json" and not self.key_schema:
+            raise ConfigError("key_format='json' needs key_schema (Spark DDL, e.g. 'id STRING')")
+        if str(self.value_schema_version) != "latest" and not str(self.value_schema_version).isdigit():
+            raise ConfigError(f"value_schema_version {self.value_schema_version!r} is not 'latest' or a number")
+
+    @property
+    def avro_value_by_registry(self) -> bool:
+        return self.value_format == "avro" and not self.avro_schema
+
+    @property
+    def avro_key_by_registry(self) -> bool:
+        return self.key_format == "avro" and not self.key_avro_schema
+
+    def with_default_subjects(self, topics: tuple[str, ...]) -> "DecodeSpec":
+        """Avro read through a registry defaults to ``<first topic>-value`` / ``-key`` (Confluent's
+        TopicNameStrategy); without one, no subject."""
+        value, key = self.avro_value_by_registry, self.avro_key_by_registry
+        return replace(self, value_subject=(self.value_subject or f"{topics[0]}-value") if value else None,
+                       key_subject=(self.key_subject or f"{topics[0]}-key") if key else None)
+
+    def check_registry(self, has_registry: bool) -> None:
+        if (self.avro_value_by_registry or self.avro_key_by_registry) and not has_registry:
+            raise ConfigError("Avro without an inline schema needs a Schema Registry: set schema_registry_conn_id "
+                              "(CLI --schema-registry URL), or avro_schema / key_avro_schema")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.value_schema or self.max_value_bytes or self.value_format == "avro"
+                    or self.key_format != "raw")
+
+
+@dataclass(frozen=True)
+class DeadLetterSpec:
+    """Where undecodable records go, and how many a batch may have before it fails."""
+
+    table_uri: str | None = option("dead_letter_table_uri", "the Delta table undecodable records (and, if asked, "
+                                   "duplicates) go to", None, flag="--dead-letter-table", templated=True,
+                                   parse=optional_table_uri)
+    max_count: int | None = option("max_dead_letters", "fail the run (committing nothing) above this many dead "
+                                   "letters", None, parse=integer)
+    max_fraction: float | None = option("max_dead_letter_fraction", "fail the run above this fraction of the "
+                                        "batch as dead letters, e.g. 0.01", None, parse=number)
+
+    def __post_init__(self):
+        if self.max_fraction is not None and not 0 <= self.max_fraction <= 1:
+            raise ConfigError("max_dead_letter_fraction must be between 0 and 1, e.g. 0.01 for 1 %")
+
+
+@dataclass(frozen=True)
+class DedupSpec:
+    """Dedup by a producer-supplied key (:mod:`airflow_eo.driver.dedup`): ``key`` a Spark SQL
+    expression over the source columns; ``horizon`` how far back the table is checked — a
+    duration over the Kafka timestamp (``"1d"``, seconds) or ``"<n> batches"``; None: the whole
+    table; ``to_dead_letters``: dropped records also go to the dead-letter table."""
+
+    key: str | None = option("dedup_key", "drop records whose producer key (a Spark SQL expression over the "
+                             "source, e.g. headers['event-id']) is already in the table or earlier in the batch",
+                             None, metavar="EXPR", templated=True, parse=text)
+    horizon: str | None = option("dedup_horizon", "how far back dedup_key looks: a duration over the Kafka "
+                                 "timestamp (1d, 12h) or '<n> batches' (default: the whole table)", None,
+                                 parse=horizon_text)
+    to_dead_letters: bool = option("duplicates_to_dead_letters", "also write dropped duplicates to the dead-letter "
+                                   "table (reason 'duplicate key')", False, cli=Cli.SWITCH, parse=switch)
+
+    def __post_init__(self):
+        if self.horizon is not None:
+            self.horizon_batches()  # parse now, not on Spark
+        if self.to_dead_letters and not self.key:
+            raise ConfigError("duplicates_to_dead_letters needs a dedup_key")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.key)
+
+    def horizon_batches(self) -> int | None:
+        """``"<n> batches"`` → n; None for a duration or no horizon."""
+        horizon = str(self.horizon or "").strip().lower()
+        if horizon.endswith(("batches", "batch")):
+            count = re.fullmatch(r"(\d+)\s*batch(?:es)?", horizon)
+            if count is None or int(count.group(1)) < 1:
+                raise ConfigError(f"dedup_horizon {self.horizon!r} is not understood: use a duration over the Kafka "
+                                  "timestamp ('1d', '12h', seconds) or '<n> batches'")
+            return int(count.group(1))
+        if horizon:
+            parse_duration(horizon)
+        return None
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """Settings of the attempt's Spark job that are not Spark conf."""
+
+    max_offsets_per_task: int = DEFAULT_MAX_OFFSETS_PER_TASK
+
+    def __post_init__(self):
+        if self.max_offsets_per_task <= 0:
+            raise ConfigError(f"max offsets per Spark task must be positive, got {self.max_offsets_per_task}")
