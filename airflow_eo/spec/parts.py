@@ -36,7 +36,9 @@ class TableSpec:
         "partition_by", "partition columns (produced by the transform, e.g. to_date(timestamp) AS date) of the "
         "table the first batch creates; an existing table must be named with its own", (), cli=Cli.REPEAT,
         metavar="COLUMN", templated=True, parse=check_partition_by, dump=list)
-    staging_grace_seconds: float = DEFAULT_GRACE_SECONDS
+    staging_grace_seconds: float = option(
+        "staging_grace_seconds", "how long an attempt whose processes cannot be checked (another host) counts as "
+        "running: runs wait for it and keep its staged files until then (seconds)", DEFAULT_GRACE_SECONDS, parse=float)
 
     def __post_init__(self):
         check_table_properties(self.table_properties)
@@ -242,7 +244,8 @@ class DedupSpec:
 class SparkSettings:
     """Settings of the attempt's Spark job that are not Spark conf."""
 
-    max_offsets_per_task: int = DEFAULT_MAX_OFFSETS_PER_TASK
+    max_offsets_per_task: int = option("max_offsets_per_task", "offsets one Spark task reads at most: a batch's "
+                                       "ranges are cut into slices of this size", DEFAULT_MAX_OFFSETS_PER_TASK, parse=int)
 
     def __post_init__(self):
         if self.max_offsets_per_task <= 0:
