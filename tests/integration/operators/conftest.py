@@ -1,5 +1,9 @@
 """Operator tests' fixtures: SparkSubmitHook replaced at its boundary by a stand-in that runs
-the very job (``run_recorded_attempt``) in the session's SparkSession, and the connections."""
+the very job (``run_recorded_attempt``) in the session's SparkSession, and the connections.
+
+The stand-in is a SparkSubmitHook (the provider's class, with its connection handling) whose
+``submit`` runs the job in this process; the provider module's ``SparkSubmitHook`` is replaced
+by it, which is where airflow-eo looks the hook up each time it submits."""
 
 from __future__ import annotations
 
@@ -8,23 +12,25 @@ import os
 from datetime import datetime
 from types import SimpleNamespace
 
+import airflow.providers.apache.spark.hooks.spark_submit as spark_submit_hooks
 import pytest
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 from airflow_eo.attempt import Secrets
 from airflow_eo.driver.main import run_recorded_attempt
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
-from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
 
 SECRET = "s3cr3t-value-never-logged"
 
 
-class InProcessHook:
-    """Stands in for SparkSubmitHook: same constructor keywords, runs the job in-process."""
+class InProcessHook(SparkSubmitHook):
+    """A SparkSubmitHook that runs the job in-process instead of spawning spark-submit."""
 
     made: list["InProcessHook"] = []
     spark = None
 
     def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.kwargs = kwargs
         self.killed = False
         InProcessHook.made.append(self)
@@ -45,9 +51,7 @@ class InProcessHook:
 def hooks(spark, monkeypatch):
     InProcessHook.made = []
     InProcessHook.spark = spark
-    monkeypatch.setattr("airflow_eo.submit.spark_hook._default_hook_factory", InProcessHook)
-    monkeypatch.setattr(SparkSubmitHookSubmitter.__init__, "__defaults__",
-                        SparkSubmitHookSubmitter.__init__.__defaults__[:-1] + (InProcessHook,))
+    monkeypatch.setattr(spark_submit_hooks, "SparkSubmitHook", InProcessHook)
     return InProcessHook.made
 
 

@@ -19,7 +19,7 @@ from airflow_eo.errors import (
     SparkUnavailableError, TableError, error_from_line, error_line,
 )
 from tests.helpers import new_topic, produce
-from tests.integration.operators.conftest import InProcessHook, context_for, make_operator
+from tests.integration.operators.conftest import InProcessHook, context_for, make_operator, spark_submit_hooks
 
 
 class ExitCodeHook(InProcessHook):
@@ -35,11 +35,7 @@ class ExitCodeHook(InProcessHook):
 
 @pytest.fixture
 def exit_code_hooks(hooks, monkeypatch):
-    monkeypatch.setattr("airflow_eo.submit.spark_hook._default_hook_factory", ExitCodeHook)
-    from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
-
-    monkeypatch.setattr(SparkSubmitHookSubmitter.__init__, "__defaults__",
-                        SparkSubmitHookSubmitter.__init__.__defaults__[:-1] + (ExitCodeHook,))
+    monkeypatch.setattr(spark_submit_hooks, "SparkSubmitHook", ExitCodeHook)
     return hooks
 
 

@@ -13,12 +13,12 @@ import os
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.attempt import Env, Secrets
+from airflow_eo.attempt import Env
 from airflow_eo.operators.kafka_to_delta import run_key_of, summary_link
 from airflow_eo.planning import BatchPlan, RunIdentity
-from airflow_eo.submit.spark_hook import SparkSubmitHookSubmitter
 from tests.helpers import duplicates, new_topic, produce, read_table
 from tests.integration.operators.conftest import SECRET, context_for, make_operator
+
 
 def test_operator_ingests_and_reports_summary_asset_and_link(hooks, kafka_env, kafka_config, table_uri):
     topic = new_topic(kafka_config)
@@ -95,38 +95,6 @@ def test_kafka_connection_without_bootstrap_is_refused(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EMPTY", json.dumps({"conn_type": "kafka", "extra": {}}))
     with pytest.raises(ConfigError, match="bootstrap.servers"):
         KafkaConfigHook("kafka_empty").client_config()
-
-
-@pytest.mark.parametrize("deploy_mode", ["cluster", "client"])
-def test_no_secret_on_the_spark_submit_command_line_of_a_cluster_manager(deploy_mode, monkeypatch):
-    """The real SparkSubmitHook's command for YARN (Kubernetes goes the same way; its hook path
-    needs the cncf.kubernetes provider): the secrets travel in a private file shipped with
-    --files (env vars would become --conf arguments there), never in argv."""
-    master = "yarn"
-    from airflow_eo.ingest import IngestConfig
-    from airflow_eo.submit.spark_submit import job_script
-
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CM", json.dumps({"conn_type": "spark", "host": master,
-                                                           "extra": {"deploy-mode": deploy_mode}}))
-    config = IngestConfig(table_uri="/tmp/x", ingest_id="i", topics=["t"],
-                          kafka_config={"bootstrap.servers": "b:9092", "sasl.password": SECRET})
-    attempt = config.attempt(BatchPlan("i", 1, (), RunIdentity("r"), attempt_id="a1"))
-    submitter = SparkSubmitHookSubmitter(conn_id="spark_cm")
-    hook = submitter.build_hook(attempt, config.secrets())
-    argv = hook._build_spark_submit_command(job_script())
-    try:
-        assert SECRET not in " ".join(argv)
-        assert "--files" in argv and argv[argv.index("--files") + 1] == submitter.secrets_file
-        assert oct(os.stat(submitter.secrets_file).st_mode & 0o777) == "0o600"
-        env = {**json.load(open(submitter.secrets_file))}
-        assert json.loads(env[Env.KAFKA_CONFIG])["sasl.password"] == SECRET  # what the driver reads
-        shipped = {Env.SECRETS_FILE: os.path.basename(submitter.secrets_file)}
-        assert any(a.endswith(f"{Env.SECRETS_FILE}={shipped[Env.SECRETS_FILE]}") for a in argv)
-        found = Secrets.from_env(shipped, search=(os.path.dirname(submitter.secrets_file),))
-        assert found.kafka_config["sasl.password"] == SECRET
-        assert "AIRFLOW_EO_" in hook._conf["spark.redaction.regex"] and hook._conf["spark.log.level"] == "WARN"
-    finally:
-        os.unlink(submitter.secrets_file)
 
 
 def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_env, monkeypatch, tmp_path):
