@@ -31,24 +31,32 @@ Example::
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, replace
+import time
+from dataclasses import replace
 
 from airflow_eo.attempt import AttemptKind
-from airflow_eo.errors import AirflowEoError, ConfigError, DataLossError, SparkJobError
-from airflow_eo.ingest import NOTHING_NEW, IngestResult, Ingestion, short_cause
+from airflow_eo.errors import ConfigError, DataLossError
+from airflow_eo.ingest import IngestResult, Ingestion
+from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
+from airflow_eo.runner import verdict
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
 from airflow_eo.table.staging import new_attempt_id
 
 log = logging.getLogger(__name__)
 
-REPROCESSED = "reprocessed"
-ALREADY_REPROCESSED = "already_reprocessed"
+# the names earlier versions exported
+REPROCESSED = RunStatus.REPROCESSED
+ALREADY_REPROCESSED = RunStatus.ALREADY_REPROCESSED
 
 
 class Reprocessor:
-    """Reprocess the batch a past run committed (see the module docstring)."""
+    """Reprocess the batch a past run committed (see the module docstring).
+
+    Composes the ingestion's parts: its plan log (the target's plan), its attempt runner
+    and the one verification and result builder (:func:`airflow_eo.runner.verdict`,
+    :meth:`Ingestion.result`), so a reprocess result carries what an ingest result does."""
 
     def __init__(self, ingestion: Ingestion):
         self.ing = ingestion
@@ -56,20 +64,24 @@ class Reprocessor:
 
     def run(self, requester: RunIdentity, target_run_key: str | None = None) -> IngestResult:
         """Reprocess the batch of ``target_run_key`` (default: the requester's own run)."""
+        started = time.monotonic()
+        return self._run(requester, target_run_key or requester.run_key).timed(started)
+
+    def _run(self, requester: RunIdentity, target: str) -> IngestResult:
         ing, ingest_id = self.ing, self.ing.config.ingest_id
-        target = target_run_key or requester.run_key
         ledger = ing.ledger()
         ing.collect_orphans()
         plan = self._committed_plan(target, ledger)
         if not plan.data_ranges:
-            return self._result(NOTHING_NEW, plan, None, False)
+            return ing.result(RunStatus.NOTHING_NEW, plan, None, ledger)
         counter = ledger.reprocess_count(ingest_id, plan.batch)
         pending = self.requests.load(requester.run_key)
         if pending and not pending.done and pending.batch == plan.batch and pending.target_run_key == target:
             if counter == pending.from_version + 1:
                 log.info("reprocess of batch %s by %s already committed; starting nothing", plan.batch, requester.run_key)
                 self.requests.record(replace(pending, done=True))
-                return self._result(ALREADY_REPROCESSED, plan, self._record(ledger, plan.batch), False)
+                return ing.result(RunStatus.ALREADY_REPROCESSED, plan,
+                                  ledger.find_batch(ingest_id, batch=plan.batch), ledger)
             if counter == pending.from_version:
                 log.info("replaying the pending reprocess of batch %s", plan.batch)
         request = ReprocessRequest(requester.run_key, target, plan.batch, counter)
@@ -111,31 +123,8 @@ class Reprocessor:
                                      reprocess_from=request.from_version, requested_by=requester)
         log.info("reprocessing batch %s (attempt %s): %s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges))
-        error = ing.submit_attempt(attempt)
+        error = ing.runner.submit(attempt)
         ledger = ing.ledger()
-        if ledger.reprocess_count(plan.ingest_id, plan.batch) == request.from_version + 1:
-            record = self._record(ledger, plan.batch)
-            self.requests.record(replace(request, done=True))
-            mine = record is not None and record.attempt_id == attempt.attempt_id
-            return self._result(REPROCESSED if mine else ALREADY_REPROCESSED, plan, record, True)
-        if isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
-            raise error
-        raise SparkJobError(
-            f"the reprocess of batch {plan.batch} ended without committing "
-            f"({short_cause(error) if error else 'no commit found'}); "
-            "the batch's rows are unchanged. Retry the task: it replays the same request"
-        ) from error
-
-    def _record(self, ledger: Ledger, batch: int):
-        """The newest commit of ``batch``: the reprocess commit once there is one."""
-        return ledger.find_batch(self.ing.config.ingest_id, batch=batch)
-
-    def _result(self, status: str, plan: BatchPlan, record, spark_started: bool) -> IngestResult:
-        return IngestResult(
-            status=status, ingest_id=plan.ingest_id, table_uri=self.ing.config.table_uri,
-            run_key=plan.run.run_key, batch=plan.batch, version=record.version if record else None,
-            attempt_id=record.attempt_id if record else None, ranges=[asdict(r) for r in plan.data_ranges],
-            rows=record.rows if record else 0,
-            rows_per_partition=record.rows_per_partition if record else {}, spark_started=spark_started,
-            lag=self.ing.lag(self.ing.ledger()),
-        )
+        found = verdict(attempt, ledger, error)  # raises when the reprocess did not land
+        self.requests.record(replace(request, done=True))
+        return ing.result(found.status, plan, found.record, ledger, spark_started=True)

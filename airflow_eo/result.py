@@ -1,16 +1,21 @@
-"""What a run did: the ingestion loop's result (the operator's XCom) and a failure's one-line cause."""
+"""What a run did: the result every kind of run returns (the operator's XCom), built in one place."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+from airflow_eo.outcomes import RunStatus
+from airflow_eo.planning import BatchPlan
+from airflow_eo.table.ledger import BatchRecord
 
 
 @dataclass(frozen=True)
 class IngestResult:
     """What a run did; ``to_dict()`` is the operator's XCom and Asset event extra."""
 
-    status: str
+    status: RunStatus
     ingest_id: str
     table_uri: str
     run_key: str
@@ -31,7 +36,36 @@ class IngestResult:
     duplicates: int = 0  # dedup_key: records of the batch dropped as duplicates (their offsets are consumed)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "status": RunStatus(self.status).value}  # plain strings in XCom and JSON
+
+    def timed(self, started: float) -> "IngestResult":
+        """This result with the run's wall time since ``started`` (``time.monotonic()``)."""
+        return replace(self, seconds=round(time.monotonic() - started, 3))
+
+
+def build_result(status: RunStatus, plan: BatchPlan, record: BatchRecord | None, *, table_uri: str,
+                 lag: dict[str, int], spark_started: bool = False, version: int | None = None) -> IngestResult:
+    """The result of every kind of run, from the plan it ran and the commit that holds its batch
+    (``record``; None when nothing was committed or the log no longer holds its details).
+    ``version``: the table version to report when there is no record."""
+    meta = record.meta if record is not None else None
+    return IngestResult(
+        status=RunStatus(status), ingest_id=plan.ingest_id, table_uri=table_uri, run_key=plan.run.run_key,
+        batch=plan.batch if status is not RunStatus.NOTHING_NEW else None,
+        version=record.version if record is not None else version,
+        attempt_id=meta.attempt_id if meta else (plan.attempt_id or None),
+        ranges=[asdict(r) for r in plan.data_ranges],
+        rows=meta.rows if meta else 0,
+        rows_per_partition=dict(meta.rows_per_partition) if meta else {},
+        lag=dict(lag),  # every kind of result says how far behind the table is
+        spark_started=spark_started,
+        files=meta.files if meta else 0,
+        bytes=meta.bytes if meta else 0,
+        dead_letters=meta.dead_letter_records if meta else 0,
+        interval=asdict(plan.interval) if plan.interval else None,
+        late_records=meta.late_records if meta else 0,
+        duplicates=meta.duplicate_records if meta else 0,
+    )
 
 
 _EXIT_CODE = re.compile(r"(?:[Ee]rror code is|exit(?:ed with)? code)[: ]+(-?\d+)")

@@ -31,7 +31,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_eo.table.commit import CommitKind, StagedBatch, commit
+from airflow_eo.table.commit import BatchCommit, StagedBatch, commit
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.table.plan_log import PlanLog
@@ -69,7 +69,7 @@ def commit_one(table_uri: str, staging: StagingArea, plan: BatchPlan) -> None:
     _tiny_file(os.path.join(staging.attempt_path(plan), "part-00000.parquet"), moving.topic,
                moving.partition, moving.start)
     files = staging.staged_files(staging.attempt_path(plan))
-    commit(CommitKind.BATCH, table_uri, StagedBatch(plan, tuple(files), staging.rows_per_partition(files), KAFKA_SCHEMA))
+    commit(BatchCommit(StagedBatch(plan, tuple(files), staging.rows_per_partition(files), KAFKA_SCHEMA)), table_uri)
 
 
 def build_table(table_uri: str, topic: str, partitions: int, commits: int, rerun_key: str,
@@ -158,7 +158,7 @@ def build_long_log(table_uri: str, topic: str, partitions: int, commits: int, pr
     from deltalake import DeltaTable, Transaction
     from deltalake.transaction import CommitProperties
 
-    from airflow_eo.table.commit import batch_metadata
+    from airflow_eo.table.metadata import BatchMetadata, CommitKind
     from airflow_eo.table.ledger import METADATA_KEY, batch_app_id, partition_app_id
     from airflow_eo.table.schema import delta_schema_of
 
@@ -168,7 +168,7 @@ def build_long_log(table_uri: str, topic: str, partitions: int, commits: int, pr
     for batch in range(1, commits + 1):
         plan = batch_plan(topic, partitions, batch, f"build-{batch}", narrow=batch > 1)
         txns = [Transaction(partition_app_id(PLANNING_INGEST_ID, r.tp), r.end) for r in plan.ranges]
-        properties = CommitProperties(custom_metadata={METADATA_KEY: json.dumps(batch_metadata(plan, {}))},
+        properties = CommitProperties(custom_metadata={METADATA_KEY: BatchMetadata.of(CommitKind.BATCH, plan).to_json()},
                                       app_transactions=[*txns, Transaction(batch_app_id(PLANNING_INGEST_ID), batch)])
         table.create_write_transaction([], mode="append", schema=schema, commit_properties=properties)
         table.update_incremental()

@@ -24,6 +24,7 @@ from openlineage.client.event_v2 import InputDataset, OutputDataset
 from openlineage.client.facet_v2 import RunFacet, output_statistics_output_dataset, schema_dataset
 from openlineage.client.naming.dataset import S3, Kafka, LocalFileSystem
 
+from airflow_eo.outcomes import RunStatus
 from airflow_eo.table.storage import is_local
 
 PRODUCER = "https://github.com/airflow-eo/airflow-eo"
@@ -61,7 +62,7 @@ def table_dataset(table_uri: str, columns: list[tuple[str, str]], summary: dict 
         facets["schema"] = schema_dataset.SchemaDatasetFacet(
             fields=[schema_dataset.SchemaDatasetFacetFields(name=n, type=t) for n, t in columns])
     output_facets: dict = {}
-    if summary and summary.get("status") in ("committed", "reprocessed"):
+    if summary and RunStatus(summary["status"]).wrote_commit:
         output_facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
             rowCount=summary.get("rows"), size=summary.get("bytes"), fileCount=summary.get("files"))
     return OutputDataset(namespace=naming.get_namespace(), name=naming.get_name(), facets=facets,

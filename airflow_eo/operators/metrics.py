@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from airflow_eo.outcomes import RunStatus
+
 PREFIX = "airflow_eo"
 
 
@@ -45,7 +47,7 @@ def emit_run_metrics(summary: dict) -> None:
         getattr(stats, kind)(f"{PREFIX}.{ingest_id}.{metric}", value)
 
     each("incr", "runs", 1)
-    if summary["status"] in ("committed", "reprocessed"):
+    if RunStatus(summary["status"]).wrote_commit:
         each("incr", "records_committed", int(summary.get("rows") or 0))
         each("incr", "bytes_committed", int(summary.get("bytes") or 0))
         each("incr", "dead_letters", int(summary.get("dead_letters") or 0))

@@ -1,7 +1,8 @@
 """Compare-and-set commit: one Delta commit holds a batch's files, its ``txn`` versions and its lineage.
 
-One function, :func:`commit`, does every commit airflow-eo makes; its kind decides what
-is compared and what is set:
+One function, :func:`commit`, does every commit airflow-eo makes; its rule (one class per
+:class:`CommitKind`, each built with its own typed options) decides what is compared and
+what is set:
 
 * ``BATCH`` (a new batch): the table's offsets must be at the plan's starts; the commit
   adds the staged files and sets the offsets to the plan's ends and the batch counter to
@@ -25,18 +26,17 @@ made on the snapshot the commit is made from.
 
 Example::
 
-    >>> outcome = commit(CommitKind.BATCH, table_uri, StagedBatch(plan, files, rows, schema))  # doctest: +SKIP
+    >>> outcome = commit(BatchCommit(StagedBatch(plan, files, rows, schema)), table_uri)  # doctest: +SKIP
     >>> outcome.status, outcome.version
     ('committed', 12)
 """
 
 from __future__ import annotations
 
-import enum
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -46,25 +46,22 @@ from deltalake.transaction import (
 
 from airflow_eo.errors import CommitConflictError, TableError
 from airflow_eo.faults import failpoint
+from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity, describe_mismatch
-from airflow_eo.table.ledger import (
-    METADATA_KEY, Ledger, batch_app_id, dlq_app_id, partition_app_id, reprocess_app_id,
-)
 from airflow_eo.table.intervals import IntervalLedger
+from airflow_eo.table.ledger import Ledger, batch_app_id, dlq_app_id, partition_app_id, reprocess_app_id
+from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, ReprocessInfo
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
 from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of, rewrite_without
 
 log = logging.getLogger(__name__)
 
-COMMITTED = "committed"
-ALREADY_COMMITTED = "already_committed"
-
-
-class CommitKind(str, enum.Enum):
-    BATCH = "ingest"
-    REPROCESS = "reprocess"
-    DEAD_LETTERS = "dead_letters"
+# A commit's outcome, named as the run's result names it (airflow_eo.outcomes)
+COMMITTED = RunStatus.COMMITTED
+ALREADY_COMMITTED = RunStatus.ALREADY_COMMITTED
+__all__ = ["ALREADY_COMMITTED", "COMMITTED", "BatchCommit", "CommitKind", "CommitOutcome", "DeadLetterCommit",
+           "ReprocessCommit", "StagedBatch", "commit", "commit_dead_letters_of", "ensure_table"]
 
 
 @dataclass(frozen=True)
@@ -84,51 +81,59 @@ class StagedBatch:
 
 @dataclass(frozen=True)
 class CommitOutcome:
-    status: str
+    status: RunStatus
     batch: int
     version: int | None
     rows: int = 0
     rows_per_partition: dict[str, int] = field(default_factory=dict)
 
 
-def batch_metadata(plan: BatchPlan, rows_per_partition: dict[str, int], operation: str = "ingest",
-                   files: tuple = ()) -> dict:
-    """commitInfo metadata of a batch: lineage only, never credentials or client config."""
-    return {
-        "files": len(files),
-        "bytes": sum(f.size for f in files),
-        "ingest_id": plan.ingest_id,
-        "batch": plan.batch,
-        "attempt_id": plan.attempt_id,
-        "operation": operation,
-        "run": asdict(plan.run),
-        "planned_at": plan.planned_at,
-        "ranges": [asdict(r) for r in plan.ranges],
-        "rows": sum(rows_per_partition.values()),
-        "rows_per_partition": rows_per_partition,
-        "skipped": [asdict(s) for s in plan.skipped],
-    }
+def _outcome(staged: StagedBatch, status: RunStatus, version: int | None) -> CommitOutcome:
+    return CommitOutcome(status, staged.plan.batch, version, staged.rows, staged.rows_per_partition)
 
 
 def add_actions(files) -> list[AddAction]:
     return [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files]
 
 
-class _Batch:
+def _open_writable(table_uri: str, storage_options, ingest_id: str) -> Ledger:
+    ledger = Ledger.open(table_uri, storage_options)
+    ledger.check_writable(ingest_id)
+    return ledger
+
+
+class CommitRule(Protocol):
+    """One kind of commit: what it compares, what it sets and what it records."""
+
+    kind: CommitKind
+    staged: StagedBatch
+    creates_table: bool
+    table_properties: dict[str, str] | None
+
+    def open(self, table_uri: str, storage_options) -> Ledger: ...
+    def check(self, ledger: Ledger) -> CommitCheck: ...
+    def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger: ...
+    def actions(self, ledger: Ledger) -> list: ...
+    def transactions(self, ledger: Ledger) -> list[Transaction]: ...
+    def metadata(self) -> BatchMetadata: ...
+    def lost_race(self, exc: Exception) -> CommitConflictError: ...
+    def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome: ...
+
+
+class BatchCommit:
     """``BATCH``: compare the offsets, set them to the plan's ends."""
 
     kind = CommitKind.BATCH
     creates_table = True
 
-    def __init__(self, staged: StagedBatch, schema_evolution: bool = False, extra_metadata: dict | None = None,
-                 **_):
+    def __init__(self, staged: StagedBatch, *, findings: BatchFindings | None = None, schema_evolution: bool = False,
+                 table_properties: dict[str, str] | None = None):
         self.staged, self.plan = staged, staged.plan
-        self.schema_evolution, self.extra_metadata = schema_evolution, extra_metadata or {}
+        self.findings = findings or BatchFindings()
+        self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
 
     def open(self, table_uri: str, storage_options) -> Ledger:
-        ledger = Ledger.open(table_uri, storage_options)
-        ledger.check_writable(self.plan.ingest_id)
-        return ledger
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
 
     def check(self, ledger: Ledger) -> CommitCheck:
         state = ledger.state_of(self.plan)
@@ -171,8 +176,8 @@ class _Batch:
             txns = [Transaction(partition_app_id(self.plan.ingest_id, r.tp), r.end) for r in self.plan.ranges]
         return [*txns, Transaction(batch_app_id(self.plan.ingest_id), self.plan.batch)]
 
-    def metadata(self) -> dict:
-        return {**batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value, self.staged.files), **self.extra_metadata}
+    def metadata(self) -> BatchMetadata:
+        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings)
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return CommitConflictError(
@@ -192,22 +197,25 @@ class _Batch:
             )
         record = ledger.find_batch(self.plan.ingest_id, attempt_id=self.plan.attempt_id,
                                    since_version=(read_version or -1) + 1)
-        return self.outcome(COMMITTED, record.version if record else ledger.version)
-
-    def outcome(self, status: str, version: int | None) -> CommitOutcome:
-        return CommitOutcome(status, self.plan.batch, version, self.staged.rows, self.staged.rows_per_partition)
+        return _outcome(self.staged, COMMITTED, record.version if record else ledger.version)
 
 
-class _Reprocess(_Batch):
+class ReprocessCommit:
     """``REPROCESS``: compare the batch's reprocess counter, replace its files."""
 
     kind = CommitKind.REPROCESS
     creates_table = False
+    table_properties = None
 
-    def __init__(self, staged: StagedBatch, reprocess_from: int, requested_by: RunIdentity | None = None, **_):
-        super().__init__(staged)
+    def __init__(self, staged: StagedBatch, *, reprocess_from: int, requested_by: RunIdentity | None = None,
+                 findings: BatchFindings | None = None):
+        self.staged, self.plan = staged, staged.plan
         self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
+        self.findings = findings or BatchFindings()
         self.removed = self.rewritten = 0
+
+    def open(self, table_uri: str, storage_options) -> Ledger:
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
 
     def check(self, ledger: Ledger) -> CommitCheck:
         counter = ledger.reprocess_count(self.plan.ingest_id, self.plan.batch)
@@ -248,12 +256,10 @@ class _Reprocess(_Batch):
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
 
-    def metadata(self) -> dict:
-        meta = batch_metadata(self.plan, self.staged.rows_per_partition, self.kind.value, self.staged.files)
-        meta["reprocess"] = {"from_version": self.reprocess_from, "removed_files": self.removed,
-                             "rewritten_shared_files": self.rewritten,
-                             "requested_by": asdict(self.requested_by) if self.requested_by else {}}
-        return meta
+    def metadata(self) -> BatchMetadata:
+        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition,
+                                self.findings, ReprocessInfo(self.reprocess_from, self.removed, self.rewritten,
+                                                             self.requested_by))
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return CommitConflictError(
@@ -267,14 +273,18 @@ class _Reprocess(_Batch):
         version = record.version if record else ledger.version
         log.info("reprocessed batch %s: removed %d files, added %d, version %s", self.plan.batch, self.removed,
                  len(self.staged.files), version)
-        return self.outcome(COMMITTED, version)
+        return _outcome(self.staged, COMMITTED, version)
 
 
-class _DeadLetters(_Batch):
+class DeadLetterCommit:
     """``DEAD_LETTERS``: on the dead-letter table, once per batch, after the main commit."""
 
     kind = CommitKind.DEAD_LETTERS
     creates_table = False
+    table_properties = None
+
+    def __init__(self, staged: StagedBatch):
+        self.staged, self.plan = staged, staged.plan
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         ledger = Ledger.open(table_uri, storage_options)
@@ -299,40 +309,41 @@ class _DeadLetters(_Batch):
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         return ledger
 
+    def actions(self, ledger: Ledger) -> list:
+        return add_actions(self.staged.files)
+
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [Transaction(dlq_app_id(self.plan.ingest_id), self.plan.batch)]
 
-    def metadata(self) -> dict:
-        return {"ingest_id": self.plan.ingest_id, "batch": self.plan.batch, "operation": self.kind.value,
-                "files": len(self.staged.files)}
+    def metadata(self) -> BatchMetadata:
+        return BatchMetadata.of(self.kind, self.plan, self.staged.files)
+
+    def lost_race(self, exc: Exception) -> CommitConflictError:
+        return CommitConflictError(
+            f"the dead letters of batch {self.plan.batch} of {self.plan.ingest_id} lost a race with another "
+            f"commit ({exc.__class__.__name__}: {exc}); nothing of them was committed. Run again"
+        )
 
     def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
         log.info("batch %s: %s dead-letter file(s) committed to %s", self.plan.batch, len(self.staged.files),
                  table_uri)
-        return self.outcome(COMMITTED, Ledger.open(table_uri, storage_options).version)
+        return _outcome(self.staged, COMMITTED, Ledger.open(table_uri, storage_options).version)
 
 
-_RULES = {CommitKind.BATCH: _Batch, CommitKind.REPROCESS: _Reprocess, CommitKind.DEAD_LETTERS: _DeadLetters}
+def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None) -> CommitOutcome:
+    """Commit ``rule.staged`` to the table if the table is where the attempt found it (see module doc).
 
-
-def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_options: dict | None = None,
-           **options) -> CommitOutcome:
-    """Commit ``staged`` to the table if the table is where the attempt found it (see module doc).
-
-    ``options``: ``schema_evolution``, ``extra_metadata`` (BATCH; merged into the commit's
-    metadata, e.g. the dead-letter files that follow it) and ``table_properties`` (BATCH: the
-    Delta properties of the table the first batch creates), ``reprocess_from`` and
-    ``requested_by`` (REPROCESS). Returns ``committed`` or ``already_committed`` (an earlier
-    attempt landed it); raises :class:`CommitConflictError` when another run moved the table.
+    Returns ``committed`` or ``already_committed`` (an earlier attempt landed it); raises
+    :class:`CommitConflictError` when another run moved the table.
     """
-    rule = _RULES[CommitKind(kind)](staged, **options)
+    staged = rule.staged
     ledger = rule.open(table_uri, storage_options)
     if rule.check(ledger) is CommitCheck.ALREADY_COMMITTED:
         log.info("batch %s was committed before (%s): committing nothing", staged.plan.batch, rule.kind.value)
-        return rule.outcome(ALREADY_COMMITTED, ledger.version)
+        return _outcome(staged, ALREADY_COMMITTED, ledger.version)
     ledger = rule.prepare(ledger, table_uri, storage_options)
     actions = rule.actions(ledger)  # before the metadata, which counts what they remove
-    properties = CommitProperties(custom_metadata={METADATA_KEY: json.dumps(rule.metadata())},
+    properties = CommitProperties(custom_metadata={METADATA_KEY: rule.metadata().to_json()},
                                   app_transactions=rule.transactions(ledger))
     read_version = ledger.version
     failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
@@ -341,7 +352,7 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
             create_table_with_add_actions(ledger.table_uri, delta_schema_of(staged.arrow_schema),
                                           actions, mode="error", partition_by=list(staged.partition_by) or None,
                                           storage_options=storage_options,
-                                          configuration=options.get("table_properties") or None,
+                                          configuration=rule.table_properties or None,
                                           commit_properties=properties)
         else:
             ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
@@ -352,14 +363,14 @@ def commit(kind: CommitKind, table_uri: str, staged: StagedBatch, storage_option
                              "was committed; fix the cause and retry the run") from exc
         # Lost a race (or the table appeared meanwhile): decide from the table, not the error.
         if rule.check(rule.open(table_uri, storage_options)) is CommitCheck.ALREADY_COMMITTED:
-            return rule.outcome(ALREADY_COMMITTED, Ledger.open(table_uri, storage_options).version)
+            return _outcome(staged, ALREADY_COMMITTED, Ledger.open(table_uri, storage_options).version)
         raise rule.lost_race(exc) from exc
     outcome = rule.verify(table_uri, storage_options, read_version)
     log.info("committed batch %s (%s) as table version %s", staged.plan.batch, rule.kind.value, outcome.version)
     return outcome
 
 
-def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict | None = None) -> str | None:
+def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict | None = None) -> RunStatus | None:
     """Roll the dead-letter commit of the table's last batch forward if it is missing.
 
     The main commit records its staged dead-letter files (``dead_letters`` in its metadata);
@@ -368,14 +379,12 @@ def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict
     no dead letters.
     """
     last = ledger.last_batch(ingest_id)
-    record = ledger.find_batch(ingest_id, batch=last, operation="ingest") if last else None
-    manifest = (record.raw.get("dead_letters") if record else None) or {}
-    if not manifest.get("files"):
+    record = ledger.find_batch(ingest_id, batch=last, operation=CommitKind.BATCH) if last else None
+    manifest = record.meta.findings.dead_letters if record else None
+    if manifest is None or not manifest.files:
         return None
-    plan = BatchPlan(ingest_id, last, record.ranges,
-                     RunIdentity(record.run_key), attempt_id=record.attempt_id)
-    files = tuple(StagedFile(**f) for f in manifest["files"])
-    return commit(CommitKind.DEAD_LETTERS, manifest["uri"], StagedBatch(plan, files), storage_options).status
+    plan = BatchPlan(ingest_id, last, record.ranges, record.meta.run, attempt_id=record.attempt_id)
+    return commit(DeadLetterCommit(StagedBatch(plan, manifest.files)), manifest.uri, storage_options).status
 
 
 def ensure_table(table_uri: str, arrow_schema: pa.Schema, storage_options: dict | None = None) -> None:

@@ -20,7 +20,8 @@ from deltalake.transaction import CommitProperties
 
 from airflow_eo.errors import TableError
 from airflow_eo.planning import BatchPlan
-from airflow_eo.table.ledger import METADATA_KEY, Ledger
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.metadata import METADATA_KEY, BatchMetadata, CommitKind
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,6 @@ def add_columns(ledger: Ledger, incoming: Schema, names: list[str], plan: BatchP
     fields = [Field(f.name, f.type, nullable=True) for f in incoming.fields if f.name in names]
     log.info("schema evolution: adding columns %s to %s", names, ledger.table_uri)
     ledger.table.alter.add_columns(fields, commit_properties=CommitProperties(
-        custom_metadata={METADATA_KEY: json.dumps(
-            {"ingest_id": plan.ingest_id, "batch": plan.batch, "operation": "add_columns", "added": names})},
+        custom_metadata={METADATA_KEY: BatchMetadata(plan.ingest_id, plan.batch, CommitKind.ADD_COLUMNS,
+                                                     added_columns=tuple(names)).to_json()},
     ))

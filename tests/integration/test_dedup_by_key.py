@@ -63,7 +63,7 @@ def test_resent_events_land_once_with_dedup_and_once_per_offset_without(broker, 
     assert dropped == sent - 300 == 30
     assert sum(r.rows for r in results) + dropped == sent  # rows + duplicates = records read
     records = Ledger.open(deduped).batches("test", limit=None)
-    assert sum(b.raw["duplicates"]["records"] for b in records) == dropped
+    assert sum(b.meta.findings.duplicates.records for b in records) == dropped
     dead = read_table(dlq, ["offset", "reason"])
     assert dead.num_rows == dropped and set(dead["reason"].to_pylist()) == {"duplicate key"}
     # without dedup, the resends are separate records: each offset once

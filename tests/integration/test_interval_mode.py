@@ -160,7 +160,7 @@ def test_backfills_forward_backward_shuffled_and_racing_give_one_table(broker, k
         by_batch = {c.batch: c.interval for c in IntervalLedger(Ledger.open(uri), "test").committed()}
         for record in Ledger.open(uri).batches("test", limit=None):
             iv = by_batch[record.batch]
-            assert record.raw["late"]["records"] == late[iv], (name, iv)  # late counts from the batch metadata
+            assert record.meta.findings.late.records == late[iv], (name, iv)  # late counts from the batch metadata
             mine = {k for k, v in owner.items() if v == iv}
             assert {(r.topic, r.partition, o) for r in record.ranges for o in range(r.start, r.end)} == mine
         assert {k for k in keys_of(table)} == set(owner)
@@ -187,7 +187,7 @@ def test_reprocess_of_an_interval_replaces_exactly_its_rows(broker, kafka_config
     status = table_status(table_uri, "test", kafka_config)
     assert status["intervals"]["gaps"] == [] and len(status["intervals"]["committed"]) == 3
     assert sum(b["late"] for b in status["batches"]) == sum(
-        b.raw["late"]["records"] for b in Ledger.open(table_uri).batches("test", limit=None))
+        b.meta.findings.late.records for b in Ledger.open(table_uri).batches("test", limit=None))
     before = sorted(keys_of(read_table(table_uri, ["topic", "partition", "offset"])))
     result = Reprocessor(ing).run(RunIdentity("reprocess-r1"), target_run_key="r1")
     assert result.status == "reprocessed" and result.batch == 3
@@ -240,8 +240,8 @@ def test_an_interval_without_records_commits_its_boundaries_without_spark(broker
     assert (result.status, result.batch, result.rows, result.spark_started) == ("committed", 2, 0, False)
     assert result.ranges == [] and result.version == Ledger.open(table_uri).version
     record = Ledger.open(table_uri).find_batch("test", batch=2)
-    assert record.attempt_id == result.attempt_id and record.raw["late"]["records"] == 0
-    assert record.raw["duplicates"]["records"] == 0 and record.raw["files"] == 0
+    assert record.attempt_id == result.attempt_id and record.meta.findings.late.records == 0
+    assert record.meta.findings.duplicates.records == 0 and record.meta.files == 0
     # its boundaries are recorded: empty ranges where the first interval ended
     assert owned_ranges(table_uri, topic)[quiet] == {p: (1, 1) for p in range(PARTITIONS)}
     assert no_spark.run(RunIdentity("quiet-again"), quiet).status == "already_committed"

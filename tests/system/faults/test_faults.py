@@ -21,7 +21,8 @@ import pytest
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED
 from airflow_eo.demo.broker import EmbeddedBroker
 from airflow_eo.errors import CommitConflictError, SparkJobError
-from airflow_eo.ingest import NOTHING_NEW, Ingestion
+from airflow_eo.ingest import Ingestion
+from airflow_eo.outcomes import RunStatus
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.planning import RunIdentity
 from tests.system.faults.harness import (
@@ -138,7 +139,7 @@ def test_two_ingestions_of_one_table_at_once(flow):
         assert lost.result.status == ALREADY_COMMITTED
     replanned = run_once(flow.config, loser, None, random.Random())
     assert replanned.error is None, replanned.error
-    assert replanned.result.status in (COMMITTED, ALREADY_COMMITTED, NOTHING_NEW)
+    assert replanned.result.status in (COMMITTED, ALREADY_COMMITTED, RunStatus.NOTHING_NEW)
     flow.assert_exact()
 
 

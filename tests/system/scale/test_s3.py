@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, CommitKind, StagedBatch, commit
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, BatchCommit, StagedBatch, commit
 from airflow_eo.errors import CommitConflictError, ConfigError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.driver.reader import read_range
@@ -142,7 +142,7 @@ def test_racing_commits_on_s3_land_once(s3, kafka_config):
 
     def committer(plan, staged):
         files, rows, schema = staged
-        return lambda: commit(CommitKind.BATCH, uri, StagedBatch(plan, tuple(files), rows, schema), options)
+        return lambda: commit(BatchCommit(StagedBatch(plan, tuple(files), rows, schema)), uri, options)
 
     first = planned(30, "batch-1")
     assert committer(*first)().status == COMMITTED

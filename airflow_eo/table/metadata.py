@@ -1,0 +1,231 @@
+"""The commit metadata of a batch (commitInfo ``airflow_eo.batch``): one builder, one reader of every version.
+
+Every commit airflow-eo makes carries one JSON document under :data:`METADATA_KEY`; its
+``operation`` names the :class:`CommitKind`. :class:`BatchMetadata` is that document typed:
+:meth:`BatchMetadata.of` builds it (the driver after Spark and the quiet-interval commit
+without Spark both go through :meth:`BatchFindings.of`), :meth:`BatchMetadata.to_json`
+writes exactly the keys earlier versions wrote, and :meth:`BatchMetadata.from_json` reads
+what any earlier version wrote (keys added later default to "none recorded").
+
+Example::
+
+    >>> meta = BatchMetadata.from_json('{"ingest_id": "orders", "batch": 3, "rows": 10}')
+    >>> meta.operation, meta.files, meta.run.run_key, meta.dead_letter_records
+    (<CommitKind.BATCH: 'ingest'>, 0, '', 0)
+    >>> BatchMetadata.from_json(meta.to_json()) == meta
+    True
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Iterable
+
+from airflow_eo.attempt import Attempt, AttemptKind
+from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity, SkippedRange
+from airflow_eo.table.files import StagedFile
+
+# The commitInfo key of every commit airflow-eo makes.
+METADATA_KEY = "airflow_eo.batch"
+
+
+class CommitKind(str, enum.Enum):
+    """What a commit did; its value is the metadata's ``operation``."""
+
+    BATCH = "ingest"
+    REPROCESS = "reprocess"
+    DEAD_LETTERS = "dead_letters"
+    ADD_COLUMNS = "add_columns"  # schema evolution's own commit (airflow_eo.table.schema)
+
+
+# Commits that hold a batch's rows (the others: dead letters, schema changes).
+DATA_OPERATIONS = (CommitKind.BATCH, CommitKind.REPROCESS)
+
+
+def _known(cls, values: dict) -> dict:
+    """The keys of ``values`` that ``cls`` has: a later version's extra keys are not an error."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+@dataclass(frozen=True)
+class DeadLetterManifest:
+    """The dead-letter files a batch staged, which its dead-letter commit follows with."""
+
+    uri: str
+    files: tuple[StagedFile, ...] = ()
+
+    @property
+    def records(self) -> int:
+        return sum(f.num_records for f in self.files)
+
+    def to_dict(self) -> dict:
+        return {"uri": self.uri, "files": [asdict(f) for f in self.files]}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "DeadLetterManifest":
+        return cls(raw.get("uri", ""), tuple(StagedFile(**_known(StagedFile, f)) for f in raw.get("files") or ()))
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """dedup_key: records of the batch dropped as duplicates (their offsets are consumed)."""
+
+    records: int = 0
+    to_dead_letters: bool = False
+
+
+@dataclass(frozen=True)
+class LateRecords:
+    """Interval mode: records of the batch whose timestamp is before its interval."""
+
+    records: int = 0
+    oldest_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ReprocessInfo:
+    """A reprocess commit: the counter it moved on from and the files it replaced."""
+
+    from_version: int
+    removed_files: int = 0
+    rewritten_shared_files: int = 0
+    requested_by: RunIdentity | None = None
+
+    def to_dict(self) -> dict:
+        return {"from_version": self.from_version, "removed_files": self.removed_files,
+                "rewritten_shared_files": self.rewritten_shared_files,
+                "requested_by": asdict(self.requested_by) if self.requested_by else {}}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ReprocessInfo":
+        by = raw.get("requested_by") or None
+        return cls(int(raw.get("from_version", 0)), int(raw.get("removed_files", 0)),
+                   int(raw.get("rewritten_shared_files", 0)), RunIdentity(**_known(RunIdentity, by)) if by else None)
+
+
+@dataclass(frozen=True)
+class BatchFindings:
+    """What an attempt found beyond its rows: dead letters, dropped duplicates, late records."""
+
+    dead_letters: DeadLetterManifest | None = None
+    duplicates: Duplicates | None = None
+    late: LateRecords | None = None
+
+    @classmethod
+    def of(cls, attempt: Attempt, dead_letters: DeadLetterManifest | None = None, dropped: int | None = None,
+           late: LateRecords | None = None) -> "BatchFindings":
+        """What ``attempt``'s commit records: counts it did not measure (an empty batch) are zero,
+        so a batch committed without Spark records what an empty Spark batch would."""
+        return cls(
+            dead_letters=dead_letters,
+            duplicates=Duplicates(dropped or 0, attempt.dedup.to_dead_letters) if attempt.dedup.enabled else None,
+            # late records belong to the interval a batch first commits, not to a reprocess of it
+            late=(late or LateRecords()) if attempt.plan.interval is not None
+            and attempt.kind is AttemptKind.INGEST else None,
+        )
+
+
+@dataclass(frozen=True)
+class BatchMetadata:
+    """The commitInfo document of one commit (lineage only: never credentials or client config)."""
+
+    ingest_id: str
+    batch: int
+    operation: CommitKind = CommitKind.BATCH
+    files: int = 0  # data files the commit added
+    bytes: int = 0  # and their size
+    attempt_id: str = ""
+    run: RunIdentity = field(default_factory=lambda: RunIdentity(""))
+    planned_at: str = ""
+    ranges: tuple[OffsetRange, ...] = ()
+    rows: int = 0
+    rows_per_partition: dict[str, int] = field(default_factory=dict)
+    skipped: tuple[SkippedRange, ...] = ()
+    findings: BatchFindings = field(default_factory=BatchFindings)
+    reprocess: ReprocessInfo | None = None
+    added_columns: tuple[str, ...] = ()  # ADD_COLUMNS
+
+    @classmethod
+    def of(cls, kind: CommitKind, plan: BatchPlan, files: Iterable[StagedFile] = (),
+           rows_per_partition: dict[str, int] | None = None, findings: BatchFindings | None = None,
+           reprocess: ReprocessInfo | None = None) -> "BatchMetadata":
+        """The metadata of ``plan``'s commit of ``files`` (the one builder of it)."""
+        files, rows = tuple(files), dict(rows_per_partition or {})
+        return cls(
+            ingest_id=plan.ingest_id, batch=plan.batch, operation=kind, files=len(files),
+            bytes=sum(f.size for f in files), attempt_id=plan.attempt_id, run=plan.run, planned_at=plan.planned_at,
+            ranges=tuple(plan.ranges), rows=sum(rows.values()), rows_per_partition=rows, skipped=tuple(plan.skipped),
+            findings=findings or BatchFindings(), reprocess=reprocess,
+        )
+
+    @property
+    def run_key(self) -> str:
+        return self.run.run_key
+
+    @property
+    def dead_letter_records(self) -> int:
+        return self.findings.dead_letters.records if self.findings.dead_letters else 0
+
+    @property
+    def late_records(self) -> int:
+        return self.findings.late.records if self.findings.late else 0
+
+    @property
+    def duplicate_records(self) -> int:
+        return self.findings.duplicates.records if self.findings.duplicates else 0
+
+    def to_dict(self) -> dict:
+        """The JSON document, key for key what earlier versions wrote for this kind."""
+        head = {"ingest_id": self.ingest_id, "batch": self.batch, "operation": self.operation.value}
+        if self.operation is CommitKind.DEAD_LETTERS:
+            return {**head, "files": self.files}
+        if self.operation is CommitKind.ADD_COLUMNS:
+            return {**head, "added": list(self.added_columns)}
+        out = {
+            "files": self.files, "bytes": self.bytes, "ingest_id": self.ingest_id, "batch": self.batch,
+            "attempt_id": self.attempt_id, "operation": self.operation.value, "run": asdict(self.run),
+            "planned_at": self.planned_at, "ranges": [asdict(r) for r in self.ranges], "rows": self.rows,
+            "rows_per_partition": dict(self.rows_per_partition), "skipped": [asdict(s) for s in self.skipped],
+        }
+        found = self.findings
+        if found.dead_letters is not None:
+            out["dead_letters"] = found.dead_letters.to_dict()
+        if found.duplicates is not None:
+            out["duplicates"] = asdict(found.duplicates)
+        if found.late is not None:
+            out["late"] = asdict(found.late)
+        if self.reprocess is not None:
+            out["reprocess"] = self.reprocess.to_dict()
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, meta: dict) -> "BatchMetadata":
+        """Read what any version wrote; raises ValueError/KeyError/TypeError on a foreign document."""
+        dead, dups, late = meta.get("dead_letters"), meta.get("duplicates"), meta.get("late")
+        return cls(
+            ingest_id=meta["ingest_id"], batch=int(meta["batch"]),
+            operation=CommitKind(meta.get("operation", CommitKind.BATCH.value)),
+            files=int(meta.get("files", 0)), bytes=int(meta.get("bytes", 0)),
+            attempt_id=meta.get("attempt_id", ""), run=RunIdentity(**{"run_key": "", **_known(RunIdentity, meta.get("run") or {})}),
+            planned_at=meta.get("planned_at", ""),
+            ranges=tuple(OffsetRange(**r) for r in meta.get("ranges", [])), rows=int(meta.get("rows", 0)),
+            rows_per_partition=dict(meta.get("rows_per_partition", {})),
+            skipped=tuple(SkippedRange(**s) for s in meta.get("skipped", [])),
+            findings=BatchFindings(
+                dead_letters=DeadLetterManifest.from_dict(dead) if dead else None,
+                duplicates=Duplicates(**_known(Duplicates, dups)) if dups is not None else None,
+                late=LateRecords(**_known(LateRecords, late)) if late is not None else None,
+            ),
+            reprocess=ReprocessInfo.from_dict(meta["reprocess"]) if meta.get("reprocess") else None,
+            added_columns=tuple(meta.get("added", ())),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | dict) -> "BatchMetadata":
+        return cls.from_dict(json.loads(text) if isinstance(text, str) else text)
