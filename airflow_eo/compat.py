@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 from typing import Any, Iterator
 
 from airflow_eo.attempt import Env
@@ -53,15 +54,24 @@ def msk_iam_region(callback: Any) -> str | None:
 # --- pyspark: classic Observation -----------------------------------------------------------
 
 
-def observation_pending(observation: Any) -> bool:
-    """Whether a classic ``Observation`` is attached but its action has not finished, so that
-    ``observation.get`` would block forever (Spark Connect's never reports pending: False).
+def observation_pending(observation: Any, wait_seconds: float = 0.0) -> bool:
+    """Whether a classic ``Observation`` is attached but has no metrics after ``wait_seconds``,
+    so that ``observation.get`` would block, forever if no action runs (Spark Connect's never
+    reports pending: False). The metrics arrive through Spark's listener bus shortly *after*
+    the action returns, hence the wait.
 
     Leans on the private ``Observation._jo`` (the JVM ``org.apache.spark.sql.Observation``)
     and its ``future().isCompleted()``. Public alternative: none; ``Observation.get`` waits.
     """
     jvm_observation = getattr(observation, "_jo", None)
-    return jvm_observation is not None and not jvm_observation.future().isCompleted()
+    if jvm_observation is None:
+        return False
+    deadline = time.monotonic() + wait_seconds
+    while not jvm_observation.future().isCompleted():
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 # --- pyspark: the Spark Connect client ------------------------------------------------------

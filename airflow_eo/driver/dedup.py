@@ -48,6 +48,9 @@ from airflow_eo.table.storage import TableLocation, is_local
 log = logging.getLogger(__name__)
 
 DEDUP_COLUMN = "_dedup_key"
+# Observed metrics reach the driver through the listener bus just after the write returns
+# (seen: not yet there right after it); without them the duplicates are counted again.
+OBSERVED_WAIT = 2.0
 REASON = "duplicate key"
 REASON_COLUMN = "reason"
 ORDER = ("offset", "partition", "topic")  # which copy of a key survives within a batch
@@ -120,9 +123,9 @@ def _first_copies(ranked, known, columns: tuple):
 
 
 def _observed(observation) -> dict:
-    """An Observation's metrics, or {} when none arrived (never blocks)."""
+    """An Observation's metrics, or {} when none arrived within :data:`OBSERVED_WAIT` seconds."""
     try:
-        if observation_pending(observation):  # classic: .get would wait for an action that never ran
+        if observation_pending(observation, OBSERVED_WAIT):  # classic: .get would wait for an action that never ran
             return {}
         return dict(observation.get or {})
     except Exception:  # no metrics is an answer here: the caller recounts

@@ -95,7 +95,12 @@ def test_observation_pending_asks_the_jvm_future():
         return types.SimpleNamespace(_jo=types.SimpleNamespace(future=lambda: future))
 
     assert compat.observation_pending(attached(False))
+    assert compat.observation_pending(attached(False), wait_seconds=0.05)
     assert not compat.observation_pending(attached(True))
+    answers = iter([False, False, True])  # the metrics arrive while it waits
+    future = types.SimpleNamespace(isCompleted=lambda: next(answers))
+    assert not compat.observation_pending(types.SimpleNamespace(_jo=types.SimpleNamespace(future=lambda: future)),
+                                          wait_seconds=5)
     assert not compat.observation_pending(types.SimpleNamespace())  # Spark Connect's: no _jo
 
 
