@@ -19,8 +19,8 @@ fails the run before either commit when too many records are bad.
 
 Example::
 
-    >>> dead = DeadLetters.of(source, attempt, storage_options)     # doctest: +SKIP
-    >>> dead is None                   # decoding not configured     # doctest: +SKIP
+    >>> dead = DeadLetters.of(source, attempt, secrets)     # doctest: +SKIP
+    >>> dead is None  # no decoding, no duplicates to dead letters   # doctest: +SKIP
     True
 """
 

@@ -9,7 +9,7 @@ the batch's records in Spark.
 
 Example::
 
-    >>> late_records(files, location, start_ms=1772582400000)   # doctest: +SKIP
+    >>> late_records(files, location, arrow_schema, start_ms=1772582400000, source=df)  # doctest: +SKIP
     {'records': 3, 'oldest_ms': 1772578800123}
 """
 

@@ -14,8 +14,9 @@ with the rest of the attempt directory).
 
 Example::
 
-    >>> files = stage_with_arrow(df, location, staging.attempt_path(plan), storage_options)  # doctest: +SKIP
-    >>> files[0].path
+    >>> files = stage_with_arrow(df, location, staging.attempt_path(plan), storage_options,  # doctest: +SKIP
+    ...                          arrow_schema)
+    >>> files[0].path  # doctest: +SKIP
     'b00000003-3f2a9c0d1e6b4a52/part-00000-8c1e….parquet'
 """
 
