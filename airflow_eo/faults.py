@@ -13,10 +13,19 @@ import signal
 from airflow_eo.attempt import Env
 
 ENV = Env.FAILPOINTS
-POINTS = ("before_read", "after_stage", "before_commit", "during_commit", "after_commit")
+# before_submit: in the submitting process (task, CLI) once the attempt's marker is written and
+# before Spark starts; the others in the attempt's driver
+POINTS = ("before_submit", "before_read", "after_stage", "before_commit", "during_commit", "after_commit")
 
 
 def failpoint(name: str) -> None:
+    """SIGKILL this process at ``name`` when armed; ``name@group`` kills its whole process group
+    (a task killed with its children: an OOM kill, an evicted pod, a lost worker)."""
     armed = os.environ.get(ENV)
-    if armed and name in armed.split(","):
+    if not armed:
+        return
+    points = armed.split(",")
+    if f"{name}@group" in points:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    if name in points:
         os.kill(os.getpid(), signal.SIGKILL)

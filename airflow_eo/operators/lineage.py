@@ -9,13 +9,15 @@ batch, table version and the offset ranges the run committed.
 
 Example::
 
-    >>> lineage = ingest_lineage(summary, "broker:9092", ["orders"], "/data/orders", columns)  # doctest: +SKIP
+    >>> source = LineageSource("/data/orders", "orders", ("orders",), "broker:9092")       # doctest: +SKIP
+    >>> lineage = ingest_lineage(summary, source)                                            # doctest: +SKIP
     >>> [d.namespace for d in lineage.inputs]                                                  # doctest: +SKIP
     ['kafka://broker:9092']
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import attr
@@ -26,6 +28,9 @@ from openlineage.client.naming.dataset import S3, Kafka, LocalFileSystem
 
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.table.storage import is_local
+
+if TYPE_CHECKING:
+    from airflow_eo.operators.kafka_to_delta import LineageSource
 
 PRODUCER = "https://github.com/airflow-eo/airflow-eo"
 
@@ -69,13 +74,14 @@ def table_dataset(table_uri: str, columns: list[tuple[str, str]], summary: dict 
                          outputFacets=output_facets)
 
 
-def ingest_lineage(summary: dict | None, bootstrap_servers: str, topics: list[str], table_uri: str,
-                   columns: list[tuple[str, str]], ingest_id: str) -> OperatorLineage:
-    """Inputs, output and the batch facet of one run (``summary`` is None when it failed early)."""
+def ingest_lineage(summary: dict | None, source: "LineageSource") -> OperatorLineage:
+    """Inputs, output and the batch facet of one run (``summary`` is None before the run ends or
+    when it failed early; without bootstrap servers, Kafka's namespace is unknown: no inputs)."""
     run_facets = {}
     if summary:
         run_facets["airflow_eo"] = AirflowEoBatchRunFacet(
-            ingest_id=ingest_id, status=summary["status"], batch=summary.get("batch"),
+            ingest_id=source.ingest_id, status=summary["status"], batch=summary.get("batch"),
             version=summary.get("version"), ranges=list(summary.get("ranges") or []))
-    return OperatorLineage(inputs=[kafka_dataset(bootstrap_servers, t) for t in topics],
-                           outputs=[table_dataset(table_uri, columns, summary)], run_facets=run_facets)
+    inputs = [kafka_dataset(source.bootstrap_servers, t) for t in source.topics] if source.bootstrap_servers else []
+    return OperatorLineage(inputs=inputs, outputs=[table_dataset(source.table_uri, list(source.columns), summary)],
+                           run_facets=run_facets)

@@ -29,7 +29,8 @@ import tempfile
 from typing import Any, Callable
 
 from airflow_eo.attempt import SPARK_APP_DEFAULTS, Attempt, Env, Secrets
-from airflow_eo.submit.spark_submit import job_arguments, job_environment, job_script
+from airflow_eo.submit.spark_submit import job_arguments, job_environment, job_script, job_scratch
+from airflow_eo.table.liveness import remove_scratch
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,10 @@ class SparkSubmitHookSubmitter:
             self.secrets_file = write_secrets_file(secrets)
             env = {**self.env_vars, Env.SECRETS_FILE: os.path.basename(self.secrets_file)}
             hook_kwargs["files"] = ",".join(f for f in (hook_kwargs.get("files"), self.secrets_file) if f)
-        else:  # local and client mode: the spark-submit process environment, never logged
-            env = {**self.env_vars, **job_environment(secrets)}
         conf = {"spark.redaction.regex": REDACTION_REGEX, **SPARK_APP_DEFAULTS, **self.conf}
+        if not remote:  # local and client mode: the spark-submit process environment, never logged
+            env = {**self.env_vars, **job_environment(secrets)}
+            env.update(job_scratch(attempt, conf, self.env_vars))
         return self.hook_factory(
             conn_id=self.conn_id, conf=conf, env_vars=env, name=f"{self.name} {attempt.plan.ingest_id}",
             application_args=job_arguments(attempt), **hook_kwargs,
@@ -110,6 +112,7 @@ class SparkSubmitHookSubmitter:
         try:
             self.hook.submit(job_script())
         finally:
+            remove_scratch(attempt.attempt_id)
             if self.secrets_file:
                 os.unlink(self.secrets_file)
                 self.secrets_file = None

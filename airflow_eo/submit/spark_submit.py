@@ -25,6 +25,7 @@ import sys
 from airflow_eo import errors
 from airflow_eo.attempt import SPARK_APP_DEFAULTS, Attempt, Env, Secrets
 from airflow_eo.errors import SparkJobError
+from airflow_eo.table.liveness import remove_scratch, scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,20 @@ def job_environment(secrets: Secrets, python: bool = True) -> dict[str, str]:
         env[Env.PYSPARK_PYTHON] = os.environ.get(Env.PYSPARK_PYTHON, sys.executable)
         env[Env.PYSPARK_DRIVER_PYTHON] = os.environ.get(Env.PYSPARK_DRIVER_PYTHON, sys.executable)
     return env
+
+
+def job_scratch(attempt: Attempt, conf: dict, env: dict) -> dict[str, str]:
+    """Environment that puts the local driver's Spark scratch (``spark-*``, ``blockmgr-*``) in the
+    attempt's own directory (:func:`airflow_eo.table.liveness.scratch_dir`), removed when the
+    attempt ends or, after a SIGKILL, by the table's next run once the attempt is known dead.
+    Local and client mode only; a ``spark.local.dir`` or ``SPARK_LOCAL_DIRS`` the user set wins."""
+    if "spark.local.dir" in conf or "SPARK_LOCAL_DIRS" in env:
+        return {}
+    path = scratch_dir(attempt.attempt_id)
+    os.makedirs(path, exist_ok=True)
+    java_opts = " ".join(filter(None, [env.get("SPARK_SUBMIT_OPTS", os.environ.get("SPARK_SUBMIT_OPTS")),
+                                       f"-Djava.io.tmpdir={path}"]))
+    return {"SPARK_LOCAL_DIRS": path, "SPARK_SUBMIT_OPTS": java_opts, "TMPDIR": path}
 
 
 def spark_submit_binary() -> str:
@@ -93,14 +108,18 @@ class LocalSparkSubmit:
     def submit(self, attempt: Attempt, secrets: Secrets) -> None:
         env = {**os.environ, Env.SPARK_LOCAL_IP: os.environ.get(Env.SPARK_LOCAL_IP, "127.0.0.1"),
                **job_environment(secrets), **self.extra_env}
+        env.update(job_scratch(attempt, self.conf, {**self.extra_env}))
         self.launches += 1
-        self.process = subprocess.Popen(self.command(attempt), env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        tail: list[str] = []
-        for line in self.process.stdout:
-            tail = (tail + [line.rstrip()])[-40:]
-            log.debug("spark: %s", line.rstrip())
-        code = self.process.wait(self.timeout)
+        try:
+            self.process = subprocess.Popen(self.command(attempt), env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            tail: list[str] = []
+            for line in self.process.stdout:
+                tail = (tail + [line.rstrip()])[-40:]
+                log.debug("spark: %s", line.rstrip())
+            code = self.process.wait(self.timeout)
+        finally:
+            remove_scratch(attempt.attempt_id)
         if code != 0:
             raise job_failure(code, tail)
 

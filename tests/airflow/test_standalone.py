@@ -88,7 +88,12 @@ def world(kafka_config):
     os.makedirs(dags)
     shutil.copy(DEMO_DAG_FILE, dags)
     topic = new_topic(kafka_config, PARTITIONS)
+    lineage = os.path.join(root, "lineage")
+    os.makedirs(lineage)
     server = StandaloneAirflow(dags, home=os.path.join(root, "home"), extra_env={
+        # the OpenLineage provider at its defaults (an event per forked process) with a file
+        # transport: a file per event under `lineage`
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": os.path.join(lineage, "ev")}),
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka",
                                                   "extra": {"bootstrap.servers": kafka_config["bootstrap.servers"]}}),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
@@ -98,7 +103,7 @@ def world(kafka_config):
     os.makedirs(server.home, exist_ok=True)
     feeder = Feeder(kafka_config, topic, table)
     state = {"server": server, "feeder": feeder, "topic": topic, "table": table, "config": kafka_config,
-             "runs": {}, "started": time.monotonic()}
+             "runs": {}, "started": time.monotonic(), "lineage": lineage}
     try:
         server.start()
         server.wait_ready()
@@ -431,3 +436,47 @@ def test_a_backfill_with_reprocess_conf_replaces_one_past_runs_rows(world):
         assert duplicates(table_rows) == {}
         if not overlap:
             assert table_rows.num_rows == rows_before and feeder.committed() == offsets  # offsets did not move
+
+
+def lineage_events(world) -> list[dict]:
+    events = []
+    for name in sorted(os.listdir(world["lineage"])):
+        with open(os.path.join(world["lineage"], name)) as f:
+            events += [json.loads(line) for line in f if line.strip()]
+    return events
+
+
+def test_lineage_under_the_openlineage_providers_defaults_and_no_error_in_the_task_logs(world):
+    """The provider forks a process per event by default (deltalake's runtime does not survive
+    fork): every ingest run still emits START and COMPLETE with the topic in and the table out."""
+    api, server, table, topic = world["api"], world["server"], world["table"], world["topic"]
+    host, port = world["config"]["bootstrap.servers"].split(",")[0].rsplit(":", 1)
+    with debug_on_failure(world):
+        runs = [r for r in settle(world) if api.task_instances(DAG_ID, r["dag_run_id"])["ingest"]["state"] == "success"]
+        deadline = time.monotonic() + 30  # a forked child may still be writing its event
+        while True:
+            events = [e for e in lineage_events(world) if e.get("job", {}).get("name") == f"{DAG_ID}.ingest"]
+            completes = [e for e in events if e["eventType"] == "COMPLETE"]
+            if len(completes) >= len(runs) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        starts = [e for e in events if e["eventType"] == "START"]
+        assert len(starts) >= len(runs) and len(completes) >= len(runs), (len(starts), len(completes), len(runs))
+        for event in completes:
+            assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(f"kafka://{host}:{port}", topic)], event
+            (out,) = event["outputs"]
+            assert (out["namespace"], out["name"]) == ("file", table), out
+            assert [f["name"] for f in out["facets"]["schema"]["fields"]][:3] == ["topic", "partition", "offset"], out
+        reported = {(e["run"]["facets"]["airflow_eo"]["status"], e["run"]["facets"]["airflow_eo"]["batch"])
+                    for e in completes}
+        for run in runs:
+            summary = summary_of(world, run["dag_run_id"])
+            assert (summary["status"], summary["batch"]) in reported, (summary, reported)
+        for run in runs:
+            for path in server.task_logs(DAG_ID, run["dag_run_id"], "ingest"):
+                with open(path, errors="replace") as f:
+                    text = f.read()
+                bad = [line for line in text.splitlines()
+                       if '"level":"error"' in line.replace(" ", "") or " ERROR " in line
+                       or "Forked process detected" in line or "panicked" in line]
+                assert not bad, "\n".join(bad[:10])
