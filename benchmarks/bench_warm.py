@@ -26,6 +26,8 @@ import psutil
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from datasource import read_with_data_source
+
 from airflow_eo.attempt import Env, Secrets, Transform
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform
@@ -88,11 +90,13 @@ def raw_single_consumer(kafka_config: dict, ranges: list[OffsetRange]) -> dict:
 def warm_at_least_once(url: str, kafka_config: dict, ranges: list[OffsetRange], out_dir: str,
                        reader: str = "arrow") -> dict:
     """The same read + Parquet write on the warm server, without ledger, plan log or commit;
-    ``reader``: ``arrow`` (mapInArrow, the default) or ``datasource`` (the Python Data Source)."""
+    ``reader``: ``arrow`` (the package's mapInArrow reader) or ``datasource`` (the Python Data
+    Source in ``benchmarks/datasource.py``)."""
     submitter = ConnectSubmitter(url)
     started = time.perf_counter()
     spark = submitter.session()  # this process's client of the shared session, as an attempt uses it
-    source = read_plan(spark, ranges, dict(kafka_config), 1_000_000, reader=reader)
+    read = read_with_data_source if reader == "datasource" else read_plan
+    source = read(spark, ranges, dict(kafka_config), 1_000_000)
     apply_transform(Transform(sql=SQL), source, "source_alo").write.mode("error").parquet(f"file://{out_dir}")
     spark.catalog.dropTempView("source_alo")
     return {"seconds": time.perf_counter() - started}
