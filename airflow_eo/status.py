@@ -105,7 +105,7 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
         "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
         "last_batch": ledger.last_batch(ingest_id), "layout": table_layout, "partitions": rows,
         "attempts": blocking_attempts(ledger, staging_grace_seconds),
-        "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation,
+        "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation.value,
                      "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size],
                      "late": b.meta.late_records} for b in batches],
     }

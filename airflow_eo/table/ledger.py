@@ -32,7 +32,7 @@ from airflow_eo.attempt import TXN_RETENTION
 from airflow_eo.errors import ConfigError, TableError
 from airflow_eo.intervals import interval_state
 from airflow_eo.planning import (
-    BatchPlan, CommitCheck, OffsetRange, TopicPartition, batch_state,
+    BatchPlan, CommitCheck, OffsetRange, SkippedRange, TopicPartition, batch_state,
 )
 # METADATA_KEY: re-exported, the commitInfo key is named from here too
 from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind  # noqa: F401
@@ -101,15 +101,41 @@ class BatchRecord:
         return cls(version=int(info.get("version", -1)), timestamp_ms=info.get("timestamp"), meta=meta)
 
     # the fields every reader asks for, named as before
-    ingest_id = property(lambda self: self.meta.ingest_id)
-    batch = property(lambda self: self.meta.batch)
-    attempt_id = property(lambda self: self.meta.attempt_id)
-    run_key = property(lambda self: self.meta.run_key)
-    ranges = property(lambda self: self.meta.ranges)
-    rows = property(lambda self: self.meta.rows)
-    rows_per_partition = property(lambda self: self.meta.rows_per_partition)
-    skipped = property(lambda self: self.meta.skipped)
-    operation = property(lambda self: self.meta.operation)
+    @property
+    def ingest_id(self) -> str:
+        return self.meta.ingest_id
+
+    @property
+    def batch(self) -> int:
+        return self.meta.batch
+
+    @property
+    def attempt_id(self) -> str:
+        return self.meta.attempt_id
+
+    @property
+    def run_key(self) -> str:
+        return self.meta.run_key
+
+    @property
+    def ranges(self) -> tuple[OffsetRange, ...]:
+        return self.meta.ranges
+
+    @property
+    def rows(self) -> int:
+        return self.meta.rows
+
+    @property
+    def rows_per_partition(self) -> dict[str, int]:
+        return self.meta.rows_per_partition
+
+    @property
+    def skipped(self) -> tuple[SkippedRange, ...]:
+        return self.meta.skipped
+
+    @property
+    def operation(self) -> CommitKind:
+        return self.meta.operation
 
 
 _OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")

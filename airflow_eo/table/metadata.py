@@ -39,6 +39,9 @@ class CommitKind(str, enum.Enum):
     DEAD_LETTERS = "dead_letters"
     ADD_COLUMNS = "add_columns"  # schema evolution's own commit (airflow_eo.table.schema)
 
+    def __str__(self) -> str:  # the value in messages and status output, as before
+        return self.value
+
 
 # Commits that hold a batch's rows (the others: dead letters, schema changes).
 DATA_OPERATIONS = (CommitKind.BATCH, CommitKind.REPROCESS)
