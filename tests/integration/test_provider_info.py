@@ -25,19 +25,6 @@ def providers_json(airflow_bin: str, env: dict) -> list[dict]:
     return json.loads(out[out.index("["):])
 
 
-def test_provider_info_declares_every_component_and_reuses_kafka_connection():
-    import importlib
-
-    info = provider_info()
-    assert info["package-name"] == "airflow-eo"
-    for key in ("hooks", "operators", "sensors", "triggers"):
-        for module in info[key][0]["python-modules"]:
-            importlib.import_module(module)
-    module, _, cls = info["extra-links"][0].rpartition(".")
-    assert getattr(importlib.import_module(module), cls).name == "Delta batch"
-    assert "connection-types" not in info  # the `kafka` type belongs to the Kafka provider
-
-
 def test_airflow_providers_list_shows_it(airflow_db):
     listed = {p["package_name"]: p for p in providers_json(os.path.join(os.path.dirname(sys.executable), "airflow"),
                                                            os.environ.copy())}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_eo.errors import (
-    CommitConflictError, ConfigError, DataLossError, ReadIncompleteError, SparkJobError, error_from_line, error_line,
+    CommitConflictError, ConfigError, DataLossError, KafkaUnavailableError, OffsetsAheadError, ReadIncompleteError,
+    SparkJobError, SparkUnavailableError, TableError, error_from_line, error_line,
 )
 
 WRAPPED = ("An error occurred while calling o412.parquet.\n: org.apache.spark.SparkException: Job aborted due to "
@@ -33,3 +34,13 @@ def test_other_errors_are_one_line_and_not_ours():
     assert line == "RuntimeError: java.lang.OutOfMemoryError: Java heap space"
     assert error_from_line(line) is None
     assert error_from_line(error_line(SparkJobError("exit 1"))).retryable
+
+
+@pytest.mark.parametrize("error, retryable", [
+    (ConfigError, False), (DataLossError, False), (OffsetsAheadError, False), (TableError, False),
+    (CommitConflictError, True), (KafkaUnavailableError, True), (SparkJobError, True), (SparkUnavailableError, True),
+])
+def test_each_error_says_whether_a_retry_can_help_and_survives_the_trip_as_one_line(error, retryable):
+    back = error_from_line(error_line(error("cause of it\nsecond line")))
+    assert type(back) is error and back.retryable is retryable and str(back) == "cause of it"
+    assert error_from_line("ValueError: not ours") is None

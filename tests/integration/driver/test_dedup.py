@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_eo.driver.dedup import (
-    DEDUP_COLUMN, check_dedup_expression, drop_duplicates, header_expression,
+    DEDUP_COLUMN, check_dedup_expression, drop_duplicates,
 )
 from airflow_eo.driver.reader import KAFKA_SCHEMA, spark_kafka_struct
 from airflow_eo.errors import ConfigError
@@ -118,14 +118,6 @@ def test_a_header_is_read_by_name_the_last_of_that_name(session, tmp_path):
     kept, dups = split(drop_duplicates(frame(session, rows), "CAST(headers['event-id'] AS STRING)", files))
     assert kept == [("t", 0, 0, "e1"), ("t", 0, 2, "e2"), ("t", 0, 3, None), ("t", 0, 4, None)]
     assert dups == [("t", 0, 1, "e1"), ("t", 0, 5, "e9")]
-
-
-def test_the_header_rewrite_leaves_literals_and_fields_alone():
-    lookup = "try_element_at(filter(headers, h -> h.key = 'event-id'), -1).value"
-    assert header_expression("HEADERS [ 'event-id' ]") == lookup
-    assert header_expression("concat('headers[''x'']', s.headers['y'], `headers['z']`)") == \
-        "concat('headers[''x'']', s.headers['y'], `headers['z']`)"
-    assert header_expression("headers[0].value") == "headers[0].value"
 
 
 def test_a_json_path_key(spark):

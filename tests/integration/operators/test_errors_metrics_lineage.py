@@ -15,8 +15,7 @@ from deltalake import DeltaTable
 from openlineage.client.serde import Serde
 
 from airflow_eo.errors import (
-    CommitConflictError, ConfigError, DataLossError, KafkaUnavailableError, OffsetsAheadError, SparkJobError,
-    SparkUnavailableError, TableError, error_from_line, error_line,
+    ConfigError, SparkJobError,
 )
 from tests.helpers import new_topic, produce
 from tests.integration.operators.conftest import InProcessHook, context_for, make_operator, spark_submit_hooks
@@ -37,16 +36,6 @@ class ExitCodeHook(InProcessHook):
 def exit_code_hooks(hooks, monkeypatch):
     monkeypatch.setattr(spark_submit_hooks, "SparkSubmitHook", ExitCodeHook)
     return hooks
-
-
-@pytest.mark.parametrize("error, retryable", [
-    (ConfigError, False), (DataLossError, False), (OffsetsAheadError, False), (TableError, False),
-    (CommitConflictError, True), (KafkaUnavailableError, True), (SparkJobError, True), (SparkUnavailableError, True),
-])
-def test_each_error_says_whether_a_retry_can_help_and_survives_the_trip_as_one_line(error, retryable):
-    back = error_from_line(error_line(error("cause of it\nsecond line")))
-    assert type(back) is error and back.retryable is retryable and str(back) == "cause of it"
-    assert error_from_line("ValueError: not ours") is None
 
 
 def test_a_config_error_inside_the_spark_job_fails_the_task_without_retry(exit_code_hooks, kafka_env,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 from deltalake import DeltaTable
 
 from airflow_eo.attempt import Env
@@ -86,15 +85,6 @@ def test_templated_table_uri_gets_its_asset_at_run_time(kafka_env):
     op = make_operator("unit_dag4", "{{ params.table }}", "t", kafka_env)
     assert op.asset is None and "table_uri" in op.template_fields
     assert op.outlets == [op.asset_alias] and op.asset_alias.name == "airflow-eo:unit_dag4.ingest"
-
-
-def test_kafka_connection_without_bootstrap_is_refused(monkeypatch):
-    from airflow_eo.errors import ConfigError
-    from airflow_eo.hooks.kafka import KafkaConfigHook
-
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EMPTY", json.dumps({"conn_type": "kafka", "extra": {}}))
-    with pytest.raises(ConfigError, match="bootstrap.servers"):
-        KafkaConfigHook("kafka_empty").client_config()
 
 
 def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_env, monkeypatch, tmp_path):

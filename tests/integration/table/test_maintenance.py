@@ -7,9 +7,8 @@ import dataclasses
 import os
 import uuid
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable, Transaction
 from deltalake.transaction import CommitProperties, PostCommitHookProperties
 
 from airflow_eo.errors import ConfigError
@@ -100,17 +99,6 @@ def test_a_table_whose_txn_actions_expire_is_refused_by_ingest_and_maintenance(k
         maintain(table_uri)
     assert DeltaTable(table_uri).version() == version + 1  # only the property change; nothing of ours
     assert "setTransactionRetentionDuration" in table_status(table_uri, "test", None)["layout"]["due"][0]
-
-
-def test_layout_says_when_maintenance_is_due(tmp_path):
-    uri = str(tmp_path / "t")
-    no_checkpoints = PostCommitHookProperties(create_checkpoint=False)  # a writer that never checkpoints
-    for i in range(102):  # more files than SMALL_FILES_DUE, more commits than the checkpoint interval (100)
-        write_deltalake(uri, pa.table({"a": [i]}), mode="append", post_commithook_properties=no_checkpoints)
-    due = layout(Ledger.open(uri)).due
-    assert [d.split(":")[0] for d in due] == ["compaction", "checkpoint"], due
-    maintain(uri, plan=MaintenancePlan(retain_hours=0))
-    assert layout(Ledger.open(uri)).due == []
 
 
 def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(broker, kafka_config, spark,

@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.attempt import Transform, check_partition_by
+from airflow_eo.attempt import Transform
 from airflow_eo.errors import ConfigError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
 from airflow_eo.reprocess import REPROCESSED, Reprocessor
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
-from airflow_eo.table.partitioning import check_table_partitioning, partition_dir, partition_values_of
+from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
 from tests.conftest import SparkPath
@@ -26,29 +26,6 @@ from tests.helpers import assert_exactly_once, new_topic, produce, read_table
 SQL = "SELECT *, 'first' AS note, to_date(timestamp) AS date, partition % 2 AS shard FROM source"
 AGAIN = SQL.replace("'first'", "'again'")  # what a reprocess writes instead
 PARTITION_BY = ("date", "shard")
-
-
-def test_directories_and_values_round_trip_with_escapes_and_nulls():
-    values = {"date": "2026-03-04", "region": "eu/west:1", "note": None}
-    directory = partition_dir(values)
-    assert directory == "date=2026-03-04/region=eu%2Fwest%3A1/note=__HIVE_DEFAULT_PARTITION__"
-    assert partition_values_of(f"b00000001-0123456789abcdef/{directory}/part-0.parquet") == values
-    assert partition_values_of("b00000001-0123456789abcdef/part-0.parquet") == {}
-
-
-@pytest.mark.parametrize("columns, message", [
-    (["offset"], "key column"), ([""], "column names"), (["date", "date"], "twice")])
-def test_bad_partition_columns_are_refused(columns, message):
-    with pytest.raises(ConfigError, match=message):
-        check_partition_by(columns)
-
-
-def test_an_existing_tables_partitioning_must_be_named():
-    check_table_partitioning(["date"], ("date",), "/t")
-    with pytest.raises(ConfigError, match="is partitioned by \\['date'\\].*set partition_by=\\['date'\\]"):
-        check_table_partitioning(["date"], (), "/t")
-    with pytest.raises(ConfigError, match="is not partitioned"):
-        check_table_partitioning([], ("date",), "/t")
 
 
 def partitioned(spark, kafka_config, table_uri, topic, sql=SQL, partition_by=PARTITION_BY, **kwargs) -> Ingestion:

@@ -79,3 +79,9 @@ def test_msk_iam_is_detected_by_the_provider_and_signed_where_the_client_runs(mo
     assert kafka.MSK_IAM_REGION not in resolved  # ours, not librdkafka's
     assert resolved["oauth_cb"]("") == ("msk-token-eu-west-1", 1_900_000_000.0) and signed == ["eu-west-1"]
     Producer(resolved)
+
+
+def test_kafka_connection_without_bootstrap_is_refused(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EMPTY", json.dumps({"conn_type": "kafka", "extra": {}}))
+    with pytest.raises(ConfigError, match="bootstrap.servers"):
+        KafkaConfigHook("kafka_empty").client_config()
