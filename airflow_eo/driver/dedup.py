@@ -172,7 +172,7 @@ def _with_key(df, expr: str):
             # withColumn, not select: an aggregate (no GROUP BY) and a generator (nested in the
             # cast, so it cannot add rows) fail analysis here instead of changing the batch.
             out = df.withColumn(DEDUP_COLUMN, key)
-            out.schema
+            _ = out.schema  # analysed here, not at the write
         except Exception as exc:  # ParseException, AnalysisException: the user's expression
             what = "does not parse" if "Parse" in type(exc).__name__ else "cannot be evaluated over the source columns"
             raise ConfigError(
