@@ -174,10 +174,11 @@ class SparkPath:
         return session
 
     def close(self):
+        from airflow_eo.compat import release_server_session
         from airflow_eo.submit.connect import detach
 
         for session in self._sessions:
-            session.client.release_session()
+            release_server_session(session)
             detach(session)
 
 

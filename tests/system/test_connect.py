@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from airflow_eo.attempt import Env
+from airflow_eo.compat import release_server_session
 from airflow_eo.errors import ConfigError, SparkJobError, SparkUnavailableError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
@@ -148,7 +149,7 @@ def test_a_server_on_another_version_is_refused_before_anything_runs(connect_ser
         with pytest.raises(ConfigError, match="runs airflow-eo 0.0.1, this client runs"):
             check_version(spark, connect_server.url + "/;older")
     finally:
-        spark.client.release_session()
+        release_server_session(spark)
         detach(spark)
 
 
