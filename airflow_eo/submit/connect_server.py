@@ -3,7 +3,9 @@
 ``airflow-eo connect-server`` starts the server that ships with pyspark (no download),
 bound to 127.0.0.1, with this environment's Python on its workers (they import airflow_eo
 to read Kafka) and Spark's own log at WARN; it prints the ``sc://`` URL once a session can
-be opened, and stops the server (by PID, its whole process group) on SIGTERM or Ctrl-C.
+be opened, and stops the server (by PID, its whole process group) on SIGTERM or Ctrl-C. The
+server's JVM also ends when the process that started it dies, however it dies (Linux:
+``PR_SET_PDEATHSIG``), and the next server started removes the scratch directory it left.
 
 Example::
 
@@ -13,6 +15,10 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import glob
+import json
 import os
 import shutil
 import signal
@@ -21,14 +27,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 
 from airflow_eo import __version__
 from airflow_eo.attempt import SPARK_DEFAULTS, Env
 from airflow_eo.errors import SparkUnavailableError
 from airflow_eo.submit.spark_submit import spark_submit_binary
+from airflow_eo.table.liveness import ProcessId, ProcessState
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002
+DIR_PREFIX = "airflow-eo-connect-"
+OWNER_FILE = "owner.json"  # the ProcessId of the process that started the server
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _LOG4J = """\
 rootLogger.level = {level}
 rootLogger.appenderRef.stdout.ref = console
@@ -40,6 +52,39 @@ appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n
 logger.connect.name = org.apache.spark.sql.connect.service.SparkConnectServer
 logger.connect.level = info
 """
+
+
+def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child (spark-submit, which ``exec``s the JVM: the setting
+    survives ``exec``) get SIGKILL when this process dies, however it dies: a JVM in a session of
+    its own would otherwise outlive a SIGKILLed parent and keep serving on its port. Linux only
+    (``prctl(PR_SET_PDEATHSIG)``); elsewhere stop() is the only way the server ends."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before the setting took hold
+            os._exit(1)
+
+    return preexec
+
+
+def remove_abandoned_dirs() -> list[str]:
+    """Remove the scratch directories of servers whose starting process is gone (a SIGKILLed
+    ``airflow-eo connect-server`` leaves its directory; its JVM died with it)."""
+    removed = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), DIR_PREFIX + "*")):
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                owner = ProcessId(**json.load(f))
+        except (OSError, ValueError, TypeError):
+            continue  # not one of ours, or being created
+        if owner.state() is ProcessState.GONE:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def free_port() -> int:
@@ -72,7 +117,10 @@ class ConnectServer:
 
     def command(self) -> list[str]:
         if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="airflow-eo-connect-")
+            remove_abandoned_dirs()
+            self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX)
+            with open(os.path.join(self._dir, OWNER_FILE), "w") as f:  # who removes it: see remove_abandoned_dirs
+                json.dump(asdict(ProcessId.current()), f)
         log4j = os.path.join(self._dir, "log4j2.properties")
         with open(log4j, "w") as f:
             f.write(_LOG4J.format(level=self.log_level.lower()))
@@ -98,7 +146,8 @@ class ConnectServer:
                Env.PYSPARK_PYTHON: os.environ.get(Env.PYSPARK_PYTHON, sys.executable)}
         out = open(self.log_file, "ab") if self.log_file else None  # None: this process's stderr
         self.process = subprocess.Popen(self.command(), env=env, stdout=out or sys.stderr, stderr=subprocess.STDOUT,
-                                        start_new_session=True)  # its own process group: stopped whole
+                                        start_new_session=True,  # its own process group: stopped whole
+                                        preexec_fn=die_with_parent(os.getpid()))
         if out is not None:
             out.close()
         deadline = time.monotonic() + timeout

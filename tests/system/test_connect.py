@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from pyspark.sql import SparkSession
 
 from airflow_eo.attempt import Env
 from airflow_eo.compat import release_server_session
@@ -183,6 +185,47 @@ def test_connect_server_command_binds_loopback_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
 
+
+
+def test_connect_server_killed_with_sigkill_takes_its_jvm_along_and_the_port_serves_again(tmp_path):
+    """SIGKILL of `airflow-eo connect-server` alone (not its group): its JVM runs in a session of
+    its own, so only the parent-death signal ends it; the port is free again within seconds and
+    the next server on it removes the killed one's scratch directory."""
+    from airflow_eo.submit.connect_server import DIR_PREFIX
+
+    port = free_port()
+    proc = subprocess.Popen([AIRFLOW_EO, "connect-server", "--port", str(port), "--master", "local[1]"],
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "w"), text=True)
+    jvm = None
+    try:
+        assert proc.stdout.readline().strip() == f"sc://127.0.0.1:{port}"
+        (jvm,) = [c for c in psutil.Process(proc.pid).children() if "java" in c.name()]
+        (scratch,) = {a.split("=", 1)[1] for a in " ".join(jvm.cmdline()).split() if a.startswith("-Djava.io.tmpdir=")}
+        assert os.path.basename(scratch).startswith(DIR_PREFIX) and os.path.isdir(scratch)
+        proc.kill()  # the parent only: as the OOM killer would
+        proc.wait(10)
+        killed_at = time.monotonic()
+        jvm.wait(15)  # raises psutil.TimeoutExpired if the JVM outlives its parent
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+            except OSError:
+                break
+            assert time.monotonic() - killed_at < 10, "the port still serves after the server was killed"
+            time.sleep(0.2)
+        assert os.path.isdir(scratch)  # left by the killed server ...
+        with ConnectServer(port=port, master="local[1]", log_file=str(tmp_path / "again.log")) as again:
+            assert not os.path.exists(scratch)  # ... and removed when the next one started
+            session = SparkSession.builder.remote(again.url).create()
+            try:
+                assert session.range(3).count() == 3
+            finally:
+                detach(session)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if jvm is not None and jvm.is_running():
+            jvm.kill()
 
 
 def test_kill_interrupts_the_attempts_operations_on_the_server(broker, kafka_config, connect_server, tmp_path):
