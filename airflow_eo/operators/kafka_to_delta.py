@@ -34,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -53,7 +54,10 @@ from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.metrics import emit_run_metrics
 from airflow_eo.intervals import interval_of
 from airflow_eo.planning import Interval, RunIdentity
-from airflow_eo.spec import OPTIONS, all_options, default_of, dump_option, operator_param_docs, required, templated_options
+from airflow_eo.spec import (
+    OPTIONS, all_options, default_of, dump_option, operator_param_docs, operator_signature, required,
+    templated_options,
+)
 from airflow_eo.table.storage import is_local, normalize_table_uri
 
 
@@ -180,12 +184,10 @@ class KafkaToDeltaOperator(BaseOperator):
         table_wait_timeout: float = 900.0,
         **kwargs,
     ):
-        # the spec's options (airflow_eo.spec), each a keyword of its own name; the rest is BaseOperator's
+        # the spec's options (airflow_eo.spec), each a keyword of its own name (in the signature
+        # below, so Airflow checks required ones and applies default_args); the rest is BaseOperator's
         options = {name: kwargs.pop(name) for name in OPTIONS if name in kwargs}
         super().__init__(**kwargs)
-        missing = [o.name for o in all_options() if required(o) and o.name != "ingest_id" and o.name not in options]
-        if missing:
-            raise TypeError(f"KafkaToDeltaOperator missing required keyword argument(s): {', '.join(missing)}")
         for opt in all_options():  # kept raw (templates render them); parsed once, in ingest_config()
             setattr(self, opt.name, options[opt.name] if opt.name in options else
                     (None if required(opt) else dump_option(opt, default_of(opt))))
@@ -209,6 +211,8 @@ class KafkaToDeltaOperator(BaseOperator):
         self.submitter = None
         self.summary: dict | None = None
         self.lineage_source: LineageSource | None = None
+
+    __init__.__signature__ = operator_signature(inspect.signature(__init__))  # type: ignore[attr-defined]
 
     # -- building blocks (each replaceable in tests at its boundary) ------------------
     def ingest_config(self) -> IngestConfig:

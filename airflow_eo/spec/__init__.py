@@ -32,13 +32,15 @@ from airflow_eo.spec.options import (
 from airflow_eo.spec.parts import (
     FORMATS, DeadLetterSpec, DecodeSpec, DedupSpec, PlanningSpec, SourceSpec, SparkSettings, TableSpec, Transform,
 )
-from airflow_eo.spec.surfaces import add_arguments, operator_param_docs, options_from_args, options_table
+from airflow_eo.spec.surfaces import (
+    add_arguments, operator_param_docs, operator_signature, options_from_args, options_table,
+)
 
 __all__ = [
     "GROUPS", "OPTIONS", "SETTINGS", "IngestSpec", "all_options", "default_of", "dump_option", "option_of",
     "parse_option", "required", "templated_options", "DEFAULT_GRACE_SECONDS", "DEFAULT_MAX_OFFSETS_PER_TASK",
     "KEY_COLUMNS", "TXN_RETENTION", "Cli", "Mode", "Option", "check_partition_by", "check_table_properties",
     "normalize_table_uri", "validate_ingest_id", "FORMATS", "DeadLetterSpec", "DecodeSpec", "DedupSpec",
-    "PlanningSpec", "SourceSpec", "SparkSettings", "TableSpec", "Transform", "add_arguments", "operator_param_docs",
+    "PlanningSpec", "SourceSpec", "SparkSettings", "TableSpec", "Transform", "add_arguments", "operator_param_docs", "operator_signature",
     "options_from_args", "options_table",
 ]

@@ -5,6 +5,7 @@ standalone job), the operator's ``:param:`` lines and README's options table. No
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from dataclasses import MISSING
 from typing import Any, Callable, Iterable
@@ -66,6 +67,18 @@ def options_table() -> str:
         rows.append(f"| `{opt.name}` | `{flag}` | {shown} | {'yes' if opt.templated else 'no'} | "
                     f"{opt.help.replace('|', '&#124;')} |")
     return "\n".join(rows) + "\n"
+
+
+def operator_signature(own: inspect.Signature) -> inspect.Signature:
+    """An operator's ``__init__`` signature with every option as a keyword of its name (required
+    ones without a default, but ``ingest_id``: the operator defaults it), so Airflow's
+    ``default_args``, ``partial()`` and ``expand()`` know them as the operator's arguments."""
+    params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    options = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY,
+                                 default=inspect.Parameter.empty if required(o) and o.name != "ingest_id" else
+                                 dump_option(o, None if required(o) else default_of(o)))
+               for o in all_options()]
+    return own.replace(parameters=[*params, *options, *[p for p in own.parameters.values() if p.kind is p.VAR_KEYWORD]])
 
 
 def operator_param_docs() -> str:

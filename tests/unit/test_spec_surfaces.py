@@ -80,12 +80,27 @@ def test_the_operator_takes_each_option_as_a_keyword_and_keeps_it(operator_class
 
 
 def test_the_operator_names_no_option_the_spec_lacks(operator_class):
-    own = set(inspect.signature(operator_class.__init__).parameters) - {"self", "kwargs"}
-    assert own == OPERATOR_OWN, "an operator argument is neither the spec's nor in OPERATOR_OWN"
-    assert not own & set(OPTIONS), "an option of the spec is copied into the operator's signature"
+    code = operator_class.__init__.__wrapped__.__code__  # the parameters as written in the source
+    written = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    assert written - {"self"} == OPERATOR_OWN, "an argument written out is neither in OPERATOR_OWN nor " \
+        "the spec's (an option is a field of the spec, not a parameter copied into the operator)"
+    # what Airflow sees (default_args, partial/expand): its own arguments and every option
+    seen = set(inspect.signature(operator_class.__init__).parameters) - {"self", "kwargs"}
+    assert seen == OPERATOR_OWN | set(OPTIONS)
     fields = set(operator_class.template_fields)
     assert set(templated_options()) <= fields
     assert fields - set(templated_options()) <= OPERATOR_OWN
+
+
+def test_options_are_mappable_and_take_default_args(operator_class):
+    from airflow.sdk import DAG
+
+    with DAG("surfaces", schedule=None):
+        mapped = operator_class.partial(task_id="ingest", topics="orders").expand(table_uri=["/a", "/b"])
+        op = operator_class(task_id="one", table_uri="/t", topics="t", default_args={"max_records_per_run": 7})
+    assert type(mapped).__name__ == "MappedOperator" and op.max_records_per_run == 7
+    with pytest.raises(TypeError, match="topics"):
+        operator_class(task_id="none", table_uri="/t")
 
 
 def test_the_operator_documents_each_option(operator_class):
@@ -99,3 +114,14 @@ def test_the_readme_options_table_is_the_rendering_of_the_spec():
     section = text[text.index("\n", start) + 1:text.index("<!-- /options -->")]
     assert section == options_table(), "README's options table is stale: python -m airflow_eo.spec.surfaces renders it"
     assert re.findall(r"^\| `(\w+)` \|", section, re.M) == [o.name for o in all_options()]
+
+
+def test_the_standalone_job_builds_the_spec_from_its_flags():
+    from airflow_eo.config import IngestConfig
+
+    args = job_parser().parse_args(["--table-uri", "/data/orders", "--ingest-id", "orders", "--topics", "a,b",
+                                    "--max-offsets-per-task", "500", "--partition-by", "date",
+                                    "--transform-sql", "SELECT *, to_date(timestamp) AS date FROM source"])
+    config = IngestConfig(**options_from_args(args, lambda path: path), kafka_config={"bootstrap.servers": "b"})
+    assert (config.table_uri, config.topics, config.partition_by) == ("/data/orders", ("a", "b"), ("date",))
+    assert config.spec.spark.max_offsets_per_task == 500 and args.attempt_id is None
