@@ -12,7 +12,7 @@ from deltalake import DeltaTable, Transaction
 from deltalake.transaction import CommitProperties, PostCommitHookProperties
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.ingest import Ingestion
 from airflow_eo.offsets import TopicPartition
 from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
 from airflow_eo.status import table_status
@@ -21,7 +21,7 @@ from airflow_eo.table.ledger import METADATA_KEY, Ledger, batch_app_id, partitio
 from airflow_eo.table.maintenance import MaintenancePlan, layout, maintain
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
-from tests.conftest import SparkPath, build_config
+from tests.conftest import SparkPath, build_config, build_ingestion
 from tests.helpers import assert_exactly_once, committed_offsets, new_topic, produce
 
 NOTHING = MaintenancePlan(compact=False, vacuum=False, checkpoint=False, cleanup_log=False, prune_orphans=False,
@@ -29,9 +29,8 @@ NOTHING = MaintenancePlan(compact=False, vacuum=False, checkpoint=False, cleanup
 
 
 def small_batches(spark_path, kafka_config, table_uri, topic, batches: int, per_batch: int = 6) -> Ingestion:
-    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
-                          max_records_per_run=per_batch)  # the identity transform: values comparable to Kafka's
-    ing = Ingestion(config, spark_path.submitter())
+    # the identity transform: values comparable to Kafka's
+    ing = build_ingestion(table_uri, topic, kafka_config, spark_path.submitter(), max_records_per_run=per_batch)
     for _ in range(batches):
         assert ing.run(RunIdentity(uuid.uuid4().hex)).status == "committed"
     return ing
@@ -224,18 +223,17 @@ def test_table_properties_are_set_when_the_first_batch_creates_the_table(kafka_c
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 4, partitions=1)
     properties = {"delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 60 days"}
-    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
+    ing = build_ingestion(table_uri, topic, kafka_config, SparkPath("local", spark).submitter(),
                           table_properties=properties)
-    assert Ingestion(config, SparkPath("local", spark).submitter()).run(RunIdentity("first")).status == "committed"
+    assert ing.run(RunIdentity("first")).status == "committed"
     assert DeltaTable(table_uri).metadata().configuration == properties
     assert layout(Ledger.open(table_uri)).checkpoint_interval == 10
 
     with pytest.raises(ConfigError, match="setTransactionRetentionDuration would expire"):
-        IngestConfig(table_uri=table_uri + "2", ingest_id="test", topics=[topic], kafka_config=kafka_config,
+        build_config(table_uri + "2", topic, kafka_config,
                      table_properties={"delta.setTransactionRetentionDuration": "interval 1 days"})
     with pytest.raises(ConfigError, match="as text"):
-        IngestConfig(table_uri=table_uri + "2", ingest_id="test", topics=[topic], kafka_config=kafka_config,
-                     table_properties={"delta.checkpointInterval": 10})
+        build_config(table_uri + "2", topic, kafka_config, table_properties={"delta.checkpointInterval": 10})
 
 
 def test_a_table_of_10k_commits_plans_from_one_checkpoint_after_maintain(broker, kafka_config, spark, table_uri):
@@ -245,9 +243,8 @@ def test_a_table_of_10k_commits_plans_from_one_checkpoint_after_maintain(broker,
     continues from them."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 12, partitions=1)
-    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
+    ing = build_ingestion(table_uri, topic, kafka_config, SparkPath("local", spark).submitter(),
                           table_properties={"delta.logRetentionDuration": "interval 0 seconds"})
-    ing = Ingestion(config, SparkPath("local", spark).submitter())
     first = ing.run(RunIdentity("first"))
     assert first.status == "committed" and first.rows == 12
     # 10k commits carrying what an ingest's commit carries but no file: the partition's txn, the

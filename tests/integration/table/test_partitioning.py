@@ -13,14 +13,14 @@ from deltalake import DeltaTable
 
 from airflow_eo.attempt import Transform
 from airflow_eo.errors import ConfigError
-from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.ingest import Ingestion
 from airflow_eo.planning import RunIdentity
 from airflow_eo.reprocess import REPROCESSED, Reprocessor
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
-from tests.conftest import SparkPath
+from tests.conftest import SparkPath, build_ingestion
 from tests.helpers import assert_exactly_once, new_topic, produce, read_table
 
 SQL = "SELECT *, 'first' AS note, to_date(timestamp) AS date, partition % 2 AS shard FROM source"
@@ -30,10 +30,9 @@ PARTITION_BY = ("date", "shard")
 
 def partitioned(spark, kafka_config, table_uri, topic, sql=SQL, partition_by=PARTITION_BY, **kwargs) -> Ingestion:
     """An ingestion into a partitioned table; ``spark`` is a SparkSession (local path) or a SparkPath."""
-    config = IngestConfig(table_uri=table_uri, ingest_id="test", topics=[topic], kafka_config=kafka_config,
-                          transform=Transform(sql=sql), partition_by=partition_by, **kwargs)
     path = spark if isinstance(spark, SparkPath) else SparkPath("local", spark)
-    return Ingestion(config, path.submitter())
+    return build_ingestion(table_uri, topic, kafka_config, path.submitter(), transform=Transform(sql=sql),
+                           partition_by=partition_by, **kwargs)
 
 
 def assert_partitioned_as_the_rows_say(table_uri):
