@@ -57,6 +57,22 @@ def test_the_entry_script_imports_only_the_driver_and_nothing_imports_it():
         assert not re.search(r"^\s*(from|import) spark_jobs", path.read_text(), re.M), path
 
 
+# What a test must not lean on: a function's default values patched in place, or the Spark
+# provider's private methods (read the command a recording spark-submit receives instead:
+# tests/unit/submit/conftest.py).
+FORBIDDEN_IN_TESTS = {"__defaults__", "_build_spark_submit_command", "_resolve_connection"}
+
+
+def test_no_test_patches_defaults_or_calls_a_providers_private_methods():
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else node.value if isinstance(node, ast.Constant) else None
+            if name in FORBIDDEN_IN_TESTS and path != Path(__file__):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert found == []
+
+
 CITED = re.compile(r"(?<![\w/.-])((?:airflow_eo|tests|dags|spark_jobs|benchmarks|docker)/[\w./-]+\.(?:py|yml|toml))"
                    r"(?:::(\w+))?")
 
