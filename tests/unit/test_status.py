@@ -1,0 +1,34 @@
+"""The lag the status, the sensor and the metrics report, from Kafka held in memory and a real ledger."""
+
+from __future__ import annotations
+
+from airflow_eo.planning import StartingPosition, TopicPartition
+from airflow_eo.status import lag_of
+from airflow_eo.table.ledger import Ledger, batch_app_id, partition_app_id
+from tests.unit.fakes import FakeKafka, Txn, ledger_table
+
+A, B = TopicPartition("orders", 0), TopicPartition("orders", 1)
+
+
+def kafka() -> FakeKafka:
+    fake = FakeKafka(orders=2)
+    fake.produce(A, *range(1000, 1010))
+    fake.produce(B, *range(2000, 2004))
+    return fake
+
+
+def test_lag_is_what_kafka_holds_beyond_the_committed_offsets(tmp_path):
+    uri = str(tmp_path / "t")
+    ledger_table(uri, Txn(batch_app_id("orders_raw"), 1), Txn(partition_app_id("orders_raw", A), 6),
+                 Txn(partition_app_id("orders_raw", B), 4))
+    fake = kafka()
+    assert lag_of(fake, fake.bounds([A, B]), Ledger.open(uri), "orders_raw") == {A: 4, B: 0}
+
+
+def test_a_table_never_written_lags_by_what_its_start_would_read(tmp_path):
+    fake, ledger = kafka(), Ledger.open(str(tmp_path / "new"))
+    bounds = fake.bounds([A, B])
+    assert lag_of(fake, bounds, ledger, "orders_raw") == {A: 10, B: 4}
+    assert lag_of(fake, bounds, ledger, "orders_raw", StartingPosition("latest")) == {A: 0, B: 0}
+    fake.delete_records(A, 8)  # retention: only what is left can be read
+    assert lag_of(fake, fake.bounds([A, B]), ledger, "orders_raw") == {A: 2, B: 4}
