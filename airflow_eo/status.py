@@ -23,6 +23,7 @@ from typing import Mapping
 from airflow_eo.errors import AirflowEoError, TableError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.planning import PartitionBounds, StartingPosition, TopicPartition, backlog, partitions_without_offsets
+from airflow_eo.spec import FROM_EARLIEST
 from airflow_eo.intervals import gaps
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def lag_of(kafka: KafkaOffsets, bounds: Mapping[TopicPartition, PartitionBounds], ledger: Ledger, ingest_id: str,
-           starting_offsets: StartingPosition = StartingPosition("earliest")) -> dict[TopicPartition, int]:
+           starting_offsets: StartingPosition = FROM_EARLIEST) -> dict[TopicPartition, int]:
     """The lag per partition, from Kafka's bounds and the table's ledger."""
     committed = ledger.committed_offsets(ingest_id, bounds)
     new = partitions_without_offsets(committed, bounds)
@@ -41,7 +42,7 @@ def lag_of(kafka: KafkaOffsets, bounds: Mapping[TopicPartition, PartitionBounds]
 
 
 def measure_lag(kafka_config: Mapping[str, object], topics: list[str], ledger: Ledger, ingest_id: str,
-                starting_offsets: StartingPosition = StartingPosition("earliest"),
+                starting_offsets: StartingPosition = FROM_EARLIEST,
                 timeout: float = 30.0) -> dict[str, int]:
     """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table."""
     kafka = KafkaOffsets(kafka_config, timeout=timeout)

@@ -26,7 +26,7 @@ from airflow_eo.spec.ingest import (
     templated_options,
 )
 from airflow_eo.spec.options import (
-    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, KEY_COLUMNS, TXN_RETENTION, Cli, Mode, Option,
+    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, KEY_COLUMNS, TXN_RETENTION, Cli, Mode, Option,
     check_partition_by, check_table_properties, normalize_table_uri, validate_ingest_id,
 )
 from airflow_eo.spec.parts import (
@@ -38,7 +38,7 @@ from airflow_eo.spec.surfaces import (
 
 __all__ = [
     "GROUPS", "OPTIONS", "SETTINGS", "IngestSpec", "all_options", "default_of", "dump_option", "option_of",
-    "parse_option", "required", "templated_options", "DEFAULT_GRACE_SECONDS", "DEFAULT_MAX_OFFSETS_PER_TASK",
+    "parse_option", "required", "templated_options", "DEFAULT_GRACE_SECONDS", "DEFAULT_MAX_OFFSETS_PER_TASK", "FROM_EARLIEST",
     "KEY_COLUMNS", "TXN_RETENTION", "Cli", "Mode", "Option", "check_partition_by", "check_table_properties",
     "normalize_table_uri", "validate_ingest_id", "FORMATS", "DeadLetterSpec", "DecodeSpec", "DedupSpec",
     "PlanningSpec", "SourceSpec", "SparkSettings", "TableSpec", "Transform", "add_arguments", "operator_param_docs", "operator_signature",

@@ -25,6 +25,7 @@ DEFAULT_MAX_OFFSETS_PER_TASK = 1_000_000
 DEFAULT_GRACE_SECONDS = 24 * 3600
 # Expires Delta txn actions, i.e. a table's committed offsets: refused at creation and later.
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
+FROM_EARLIEST = StartingPosition("earliest")  # starting_offsets' default
 _INGEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

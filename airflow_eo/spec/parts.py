@@ -11,7 +11,7 @@ from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
 from airflow_eo.planning import OnDataLoss, StartingPosition
 from airflow_eo.spec.options import (
-    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, TXN_RETENTION, Cli, Mode, check_partition_by,
+    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, TXN_RETENTION, Cli, Mode, check_partition_by,
     check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer, key_format_of,
     normalize_table_uri, number, option, optional_table_uri, schema_version_of, starting_position, switch,
     table_properties_of, text, topic_list, validate_ingest_id, value_format_of,
@@ -53,7 +53,7 @@ class SourceSpec:
     starting_offsets: StartingPosition = option(
         "starting_offsets", "where partitions the table never read start: earliest, latest, "
         '{"timestamp": ms} or {"topic": {"0": 42}} (-2 earliest, -1 latest); resolved once, committed with the '
-        "first batch", factory=lambda: StartingPosition("earliest"), templated=True, parse=starting_position,
+        "first batch", FROM_EARLIEST, templated=True, parse=starting_position,
         dump=dump_starting_position)
     on_data_loss: OnDataLoss = option(
         "on_data_loss", "offsets deleted by retention before they were read: fail, or skip them (the gap is "

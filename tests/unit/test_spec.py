@@ -133,7 +133,7 @@ def test_the_config_keeps_secrets_apart_and_reads_options_by_name():
     assert config.mode == "offsets" and config.staging_grace_seconds == 24 * 3600
     assert config.replace(mode="interval").mode is Mode.INTERVAL
     with pytest.raises(AttributeError):
-        config.no_such_option
+        _ = config.no_such_option
 
 
 def test_an_inline_avro_schema_is_checked_when_the_config_is_built():
