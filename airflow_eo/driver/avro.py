@@ -37,7 +37,6 @@ from functools import lru_cache
 
 from airflow_eo.avro_schema import canonical, check_schema, converter, is_columnar, parse, spark_type
 from airflow_eo.driver.avro_columns import NotColumnar, to_column
-from airflow_eo.driver.session import for_session
 from airflow_eo.errors import ConfigError, IncompatibleSchemaError
 from airflow_eo.registry import WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
 
@@ -194,17 +193,6 @@ class AvroDecoder:
         return pa.RecordBatch.from_arrays(
             [batch.column(n) for n in names] + decoded + [pa.array(reasons, pa.string())],
             names=[*names, *(c.target for c in self.columns), REASON_COLUMN])
-
-    def apply(self, df):
-        """``df`` decoded by a ``mapInArrow`` of its own (when the read step could not)."""
-        decoder = self
-
-        def run(batches):
-            for batch in batches:
-                yield decoder(batch)
-
-        with for_session(df):  # a Connect client elsewhere in this process must not turn the UDF into Connect's
-            return df.mapInArrow(run, self.schema(df.schema))
 
 
 @lru_cache(maxsize=64)
