@@ -178,7 +178,7 @@ def cmd_status(args) -> int:
 def cmd_connect_server(args) -> int:
     from airflow_eo.submit.connect_server import serve
 
-    return serve(args.port, args.master, _pairs(args.conf, "--conf"), args.log_level)
+    return serve(args.port, args.master, _pairs(args.conf, "--conf"), args.log_level, token_file=args.token_file)
 
 
 def cmd_demo(args) -> int:
@@ -255,6 +255,9 @@ def parser() -> argparse.ArgumentParser:
                          "spark_connect connections; prints its sc:// URL, stops on SIGTERM")
     srv.add_argument("--port", type=int, default=15002)
     srv.add_argument("--master", default="local[*]", help="Spark master of the server (local[*], spark://…)")
+    srv.add_argument("--token-file", metavar="PATH", help="clients must send the token in PATH (a new random one is "
+                     "written there, mode 0600, if it does not exist; default: a file in the server's scratch "
+                     "directory, printed at start); clients: $SPARK_CONNECT_AUTHENTICATE_TOKEN")
     srv.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
     srv.add_argument("--log-level", default="WARN", help="Spark's own log level (default WARN)")
     srv.set_defaults(func=cmd_connect_server)

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 
@@ -89,6 +90,31 @@ def redact_url(url: str) -> str:
     return url.split(";", 1)[0].split("/;", 1)[0]
 
 
+def client_url(url: str, environ=os.environ) -> str:
+    """``url`` as pyspark must be given it: with a token (in the URL or pyspark's
+    ``$SPARK_CONNECT_AUTHENTICATE_TOKEN``) and no TLS, a loopback address becomes ``localhost``,
+    the one host pyspark sends a token to in plaintext (else it insists on TLS).
+
+    >>> client_url("sc://127.0.0.1:15002", {"SPARK_CONNECT_AUTHENTICATE_TOKEN": "t"})
+    'sc://localhost:15002'
+    >>> client_url("sc://127.0.0.1:15002/;use_ssl=true;token=t", {})
+    'sc://127.0.0.1:15002/;use_ssl=true;token=t'
+    """
+    base, _, params = url.partition(";")
+    options = dict(p.split("=", 1) for p in params.split(";") if "=" in p)
+    if ("token" not in options and not environ.get("SPARK_CONNECT_AUTHENTICATE_TOKEN")) or \
+            options.get("use_ssl", "").lower() == "true":
+        return url
+    for loopback in ("//127.0.0.1:", "//[::1]:"):
+        base = base.replace(loopback, "//localhost:", 1)
+    return base + (";" + params if params else "")
+
+
+def refused_token(exc: BaseException) -> bool:
+    """Whether the server refused this client's token (or its lack of one): no retry helps."""
+    return "UNAUTHENTICATED" in f"{exc.__class__.__name__} {exc}"
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the server cannot be reached (retryable), not that the job failed."""
     text = f"{exc.__class__.__name__} {exc}"
@@ -130,7 +156,7 @@ class ConnectSubmitter:
 
         last: Exception | None = None
         for slot in range(SESSION_SLOTS):
-            spark = SparkSession.builder.remote(with_session_id(self.url, shared_session_id(slot))).create()
+            spark = SparkSession.builder.remote(with_session_id(client_url(self.url), shared_session_id(slot))).create()
             limit_client_retries(spark, max_retries=RETRIES, initial_backoff_ms=200, backoff_multiplier=2.0,
                                  max_backoff_ms=2000)
             try:
@@ -157,6 +183,10 @@ class ConnectSubmitter:
         try:
             spark = self.session()
         except Exception as exc:
+            if refused_token(exc):
+                raise ConfigError(f"the Spark Connect server {redact_url(self.url)} refused this client: set "
+                                  "$SPARK_CONNECT_AUTHENTICATE_TOKEN (or the spark_connect connection's password) to "
+                                  "the token in the server's token file") from None
             raise SparkUnavailableError(f"cannot open a session on the Spark Connect server {redact_url(self.url)} "
                                         f"({exc.__class__.__name__}); is it running? Retry when it is") from exc
         with self._lock:

@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import shutil
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from dataclasses import asdict
 
 from airflow_eo import __version__
 from airflow_eo.attempt import SPARK_DEFAULTS, Env
-from airflow_eo.errors import SparkUnavailableError
+from airflow_eo.errors import ConfigError, SparkUnavailableError
 from airflow_eo.submit.spark_submit import spark_submit_binary
 from airflow_eo.table.liveness import ProcessId, ProcessState
 
@@ -41,6 +42,7 @@ DEFAULT_PORT = 15002
 DIR_PREFIX = "airflow-eo-connect-"
 OWNER_FILE = "owner.json"  # the ProcessId of the process that started the server
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"  # Spark's own: the server and pyspark clients read it
 _LOG4J = """\
 rootLogger.level = {level}
 rootLogger.appenderRef.stdout.ref = console
@@ -87,6 +89,22 @@ def remove_abandoned_dirs() -> list[str]:
     return removed
 
 
+def read_or_create_token(path: str) -> str:
+    """The token in ``path``, or a new random one written there (mode 0600) when it does not exist."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        with open(path) as f:
+            token = f.read().strip()
+        if not token:
+            raise ConfigError(f"the token file {path} is empty: write a token into it, or remove it to get a new one")
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,14 +115,20 @@ class ConnectServer:
     """A Spark Connect server process on 127.0.0.1, started and stopped by this object."""
 
     def __init__(self, port: int | None = None, master: str = "local[*]", conf: dict | None = None,
-                 log_level: str = "WARN", log_file: str | None = None):
+                 log_level: str = "WARN", log_file: str | None = None, token_file: str | None = None,
+                 authenticate: bool = False):
+        """``authenticate``: clients must send the token in ``token_file`` (created with a new random
+        token, mode 0600, when it does not exist; default: ``token`` in the scratch directory)."""
         self.port = port or free_port()
         self.master = master
         self.conf = dict(conf or {})
         self.log_level = log_level
         self.log_file = log_file
+        self.authenticate = authenticate or token_file is not None
+        self.token_file = token_file
         self.process: subprocess.Popen | None = None
         self._dir: str | None = None  # log4j config and warehouse; lives from start() to stop()
+        self._token: str | None = None
 
     @property
     def scratch_dir(self) -> str | None:
@@ -113,7 +137,9 @@ class ConnectServer:
 
     @property
     def url(self) -> str:
-        return f"sc://127.0.0.1:{self.port}"
+        # pyspark sends a token in plaintext only to "localhost" (local channel credentials); to
+        # any other host name, 127.0.0.1 included, it insists on TLS, which this server has not
+        return f"sc://{'localhost' if self.authenticate else '127.0.0.1'}:{self.port}"
 
     def command(self) -> list[str]:
         if self._dir is None:
@@ -142,10 +168,16 @@ class ConnectServer:
         return cmd + ["--name", "airflow-eo connect server"]
 
     def start(self, timeout: float = 120.0) -> "ConnectServer":
+        command = self.command()
         env = {**os.environ, Env.SPARK_LOCAL_IP: "127.0.0.1",
                Env.PYSPARK_PYTHON: os.environ.get(Env.PYSPARK_PYTHON, sys.executable)}
+        env.pop(TOKEN_ENV, None)  # a client's token in this environment is not the server's
+        if self.authenticate:  # the JVM reads it from its environment: never on a command line
+            if self.token_file is None:
+                self.token_file = os.path.join(self._dir or "", "token")
+            self._token = env[TOKEN_ENV] = read_or_create_token(self.token_file)
         out = open(self.log_file, "ab") if self.log_file else None  # None: this process's stderr
-        self.process = subprocess.Popen(self.command(), env=env, stdout=out or sys.stderr, stderr=subprocess.STDOUT,
+        self.process = subprocess.Popen(command, env=env, stdout=out or sys.stderr, stderr=subprocess.STDOUT,
                                         start_new_session=True,  # its own process group: stopped whole
                                         preexec_fn=die_with_parent(os.getpid()))
         if out is not None:
@@ -172,7 +204,8 @@ class ConnectServer:
             from airflow_eo.compat import release_server_session
             from airflow_eo.submit.connect import detach
 
-            spark = SparkSession.builder.remote(self.url).create()
+            url = f"{self.url}/;token={self._token}" if self._token else self.url  # in-process only
+            spark = SparkSession.builder.remote(url).create()
             try:
                 spark.range(1).count()
             finally:
@@ -214,18 +247,23 @@ class ConnectServer:
         self.stop()
 
 
-def serve(port: int | None = None, master: str = "local[*]", conf: dict | None = None, log_level: str = "WARN") -> int:
-    """``airflow-eo connect-server``: run a server until SIGTERM/SIGINT, then stop it."""
+def serve(port: int | None = None, master: str = "local[*]", conf: dict | None = None, log_level: str = "WARN",
+          token_file: str | None = None) -> int:
+    """``airflow-eo connect-server``: run a server until SIGTERM/SIGINT, then stop it. Clients must
+    send the token in ``token_file`` (default: a new one in the server's scratch directory)."""
     stopping = []
 
     def on_signal(signum, _frame):
         stopping.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    server = ConnectServer(port=port or DEFAULT_PORT, master=master, conf=conf, log_level=log_level)
+    server = ConnectServer(port=port or DEFAULT_PORT, master=master, conf=conf, log_level=log_level,
+                           token_file=token_file, authenticate=True)
     try:
         server.start()
         print(server.url, flush=True)
+        print(f"clients authenticate with the token in {server.token_file}: "
+              f"export {TOKEN_ENV}=\"$(cat {server.token_file})\"", file=sys.stderr, flush=True)
         while not stopping and server.process.poll() is None:
             time.sleep(0.5)
         return 0 if stopping else (server.process.returncode or 1)

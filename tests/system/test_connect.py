@@ -4,6 +4,7 @@ Spark Connect servers, real Delta tables)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -171,7 +172,7 @@ def test_connect_server_command_binds_loopback_and_stops_on_sigterm(tmp_path):
                             stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "w"), text=True,
                             start_new_session=True)
     try:
-        assert proc.stdout.readline().strip() == f"sc://127.0.0.1:{port}"
+        assert proc.stdout.readline().strip() == f"sc://localhost:{port}"  # with a token: see ConnectServer.url
         tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
         listening = [c for pid in tree for c in psutil.Process(pid).net_connections("inet")
                      if c.status == psutil.CONN_LISTEN]
@@ -198,7 +199,7 @@ def test_connect_server_killed_with_sigkill_takes_its_jvm_along_and_the_port_ser
                             stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "w"), text=True)
     jvm = None
     try:
-        assert proc.stdout.readline().strip() == f"sc://127.0.0.1:{port}"
+        assert proc.stdout.readline().strip() == f"sc://localhost:{port}"
         (jvm,) = [c for c in psutil.Process(proc.pid).children() if "java" in c.name()]
         (scratch,) = {a.split("=", 1)[1] for a in " ".join(jvm.cmdline()).split() if a.startswith("-Djava.io.tmpdir=")}
         assert os.path.basename(scratch).startswith(DIR_PREFIX) and os.path.isdir(scratch)
@@ -226,6 +227,38 @@ def test_connect_server_killed_with_sigkill_takes_its_jvm_along_and_the_port_ser
             proc.kill()
         if jvm is not None and jvm.is_running():
             jvm.kill()
+
+
+def test_a_server_with_a_token_refuses_clients_without_it_and_serves_those_with_it(kafka_config, tmp_path):
+    token_file = tmp_path / "token"
+    server = ConnectServer(master="local[1]", token_file=str(token_file), log_file=str(tmp_path / "server.log"))
+    with server:
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and oct(token_file.stat().st_mode & 0o777) == "0o600"
+        jvm = [p for p in psutil.Process(server.process.pid).children(recursive=True) + [
+            psutil.Process(server.process.pid)] if "java" in p.name()]
+        assert jvm and all(token not in " ".join(p.cmdline()) for p in jvm)  # never on a command line
+        topic = new_topic(kafka_config, 1)
+        produce(kafka_config, topic, 5, partitions=1)
+        config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="auth", topics=[topic],
+                              kafka_config=kafka_config)
+        os.environ.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+        with pytest.raises(ConfigError, match="refused this client") as refused:
+            Ingestion(config, ConnectSubmitter(f"sc://127.0.0.1:{server.port}")).run(RunIdentity("no-token"))
+        assert "\n" not in str(refused.value) and token not in str(refused.value)
+        with pytest.raises(ConfigError, match="refused this client"):
+            Ingestion(config, ConnectSubmitter(f"sc://127.0.0.1:{server.port}/;token=wrong")).run(RunIdentity("bad"))
+        assert Ledger.open(str(tmp_path / "t")).exists is False  # nothing ran, nothing committed
+        done = subprocess.run(
+            [AIRFLOW_EO, "ingest", "--table", str(tmp_path / "t"), "--ingest-id", "auth", "--topics", topic,
+             "--remote", f"sc://127.0.0.1:{server.port}", "--bootstrap-servers", kafka_config["bootstrap.servers"],
+             "--json"], env={**os.environ, "SPARK_CONNECT_AUTHENTICATE_TOKEN": token}, capture_output=True,
+            text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        assert (result["status"], result["rows"]) == ("committed", 5)
+        assert token not in done.stdout + done.stderr
+    assert token not in (tmp_path / "server.log").read_text()
 
 
 def test_kill_interrupts_the_attempts_operations_on_the_server(broker, kafka_config, connect_server, tmp_path):
