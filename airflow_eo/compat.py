@@ -51,6 +51,44 @@ def msk_iam_region(callback: Any) -> str | None:
     return None
 
 
+# --- pyspark: Spark <-> Arrow types --------------------------------------------------------
+
+
+def arrow_schema_of(struct: Any) -> Any:
+    """The Arrow schema Spark's own Arrow conversions use for a Spark ``StructType``
+    (timestamps as microseconds in UTC, plain not large strings and binaries): what the staged
+    Parquet and the Delta schema are built from.
+
+    Leans on ``pyspark.sql.pandas.types.to_arrow_schema`` and its defaults
+    (``timestamp_utc=True``, ``prefers_large_types=False``); the module is not in the API
+    reference. Public alternative: none short of writing the type mapping ourselves.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(struct)
+
+
+def arrow_type_of(data_type: Any) -> Any:
+    """The Arrow type of one Spark ``DataType``, as :func:`arrow_schema_of` maps it.
+
+    Leans on ``pyspark.sql.pandas.types.to_arrow_type`` (not in the API reference).
+    """
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(data_type)
+
+
+def spark_schema_of(arrow_schema: Any) -> Any:
+    """The Spark ``StructType`` of an Arrow schema (UTC timestamps as Spark ``timestamp``).
+
+    Leans on ``pyspark.sql.pandas.types.from_arrow_schema`` (not in the API reference).
+    Public alternative: a DDL string, which is what Spark's readers take anyway.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(arrow_schema)
+
+
 # --- pyspark: classic Observation -----------------------------------------------------------
 
 

@@ -164,11 +164,11 @@ class AvroDecoder:
     """
 
     def __init__(self, columns: tuple[AvroColumn, ...]):
-        from pyspark.sql.pandas.types import to_arrow_type
+        from airflow_eo.compat import arrow_type_of
 
         self.columns = tuple(columns)
         self.types = [c.spark_type() for c in self.columns]
-        self.arrow_types = [to_arrow_type(t) for t in self.types]
+        self.arrow_types = [arrow_type_of(t) for t in self.types]
 
     def schema(self, source):
         """The Spark schema of decoded batches, from the source's (a StructType)."""

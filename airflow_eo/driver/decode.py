@@ -157,14 +157,14 @@ class DeadLetters:
 
     def stage(self, stage_fn) -> int:
         """Count, check the threshold, and stage the dead letters; returns how many there are."""
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from airflow_eo.compat import arrow_schema_of
 
         with functions_for(self.decoded) as F:
             totals = self.decoded.agg(F.count(F.lit(1)).alias("n"), F.count(F.col(REASON_COLUMN)).alias("bad"))
         counts = totals.collect()[0]
         check_threshold(self.spec, counts["bad"], counts["n"], self.plan)
         location = TableLocation.of(self.spec.table_uri, self.storage_options)
-        self.arrow_schema = to_arrow_schema(self.bad.schema)
+        self.arrow_schema = arrow_schema_of(self.bad.schema)
         target = location.join(attempt_dir_name(self.plan))
         self.staged = stage_fn(self.bad.coalesce(1), location, target, self.storage_options, self.arrow_schema)
         ensure_table(self.spec.table_uri, self.arrow_schema, self.storage_options)

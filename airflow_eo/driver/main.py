@@ -101,9 +101,9 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             out = apply_transform(attempt.transform, source, view, attempt.partition_by)
             if dups is not None:
                 out = with_key_column(out, dups)
-            from pyspark.sql.pandas.types import to_arrow_schema
+            from airflow_eo.compat import arrow_schema_of
 
-            arrow_schema = to_arrow_schema(out.schema)
+            arrow_schema = arrow_schema_of(out.schema)
             planned = time.monotonic()
             files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
                           attempt.partition_by)

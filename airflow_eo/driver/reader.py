@@ -58,9 +58,9 @@ SPARK_KAFKA_SCHEMA = (
 
 def spark_kafka_struct():
     """:data:`KAFKA_SCHEMA` as a Spark ``StructType`` (decoders add columns to it)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from airflow_eo.compat import spark_schema_of
 
-    return from_arrow_schema(KAFKA_SCHEMA)
+    return spark_schema_of(KAFKA_SCHEMA)
 
 
 def read_range(

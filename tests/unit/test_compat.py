@@ -73,6 +73,33 @@ def test_other_callbacks_have_no_msk_region():
     assert compat.msk_iam_region(functools.partial(print, "eu-west-1")) is None
 
 
+# --- pyspark: Spark <-> Arrow types --------------------------------------------------------
+
+
+def test_the_arrow_conversions_keep_their_defaults():
+    from pyspark.sql.pandas import types
+
+    spark = installed("pyspark")
+    for name in ("to_arrow_schema", "to_arrow_type"):
+        params = inspect.signature(getattr(types, name)).parameters
+        assert params["timestamp_utc"].default is True and params["prefers_large_types"].default is False, (
+            f"{spark}: pyspark.sql.pandas.types.{name} defaults changed: {dict(params)}")
+    assert "arrow_schema" in inspect.signature(types.from_arrow_schema).parameters, f"{spark}: from_arrow_schema"
+
+
+def test_the_kafka_schema_round_trips_between_spark_and_arrow():
+    from airflow_eo.driver.reader import KAFKA_SCHEMA
+
+    spark = installed("pyspark")
+    struct = compat.spark_schema_of(KAFKA_SCHEMA)
+    assert struct.simpleString() == (
+        "struct<topic:string,partition:int,offset:bigint,timestamp:timestamp,timestampType:int,key:binary,"
+        "value:binary,headers:array<struct<key:string,value:binary>>>"), f"{spark}: {struct.simpleString()}"
+    back = compat.arrow_schema_of(struct)
+    assert back.equals(KAFKA_SCHEMA), f"{spark}: Spark's Arrow schema of the Kafka columns is now {back}"
+    assert compat.arrow_type_of(struct["timestamp"].dataType) == KAFKA_SCHEMA.field("timestamp").type
+
+
 # --- pyspark: classic Observation -----------------------------------------------------------
 
 
