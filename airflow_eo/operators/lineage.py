@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlparse
 
 import attr
@@ -29,8 +29,15 @@ from openlineage.client.naming.dataset import S3, Kafka, LocalFileSystem
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.table.storage import is_local
 
-if TYPE_CHECKING:
-    from airflow_eo.operators.kafka_to_delta import LineageSource
+
+class LineageSource(Protocol):
+    """What lineage names (:class:`airflow_eo.operators.kafka_to_delta.LineageSource`, recorded by execute)."""
+
+    table_uri: str
+    ingest_id: str
+    topics: tuple[str, ...]
+    bootstrap_servers: str | None
+    columns: tuple[tuple[str, str], ...]
 
 PRODUCER = "https://github.com/airflow-eo/airflow-eo"
 
@@ -74,7 +81,7 @@ def table_dataset(table_uri: str, columns: list[tuple[str, str]], summary: dict 
                          outputFacets=output_facets)
 
 
-def ingest_lineage(summary: dict | None, source: "LineageSource") -> OperatorLineage:
+def ingest_lineage(summary: dict | None, source: LineageSource) -> OperatorLineage:
     """Inputs, output and the batch facet of one run (``summary`` is None before the run ends or
     when it failed early; without bootstrap servers, Kafka's namespace is unknown: no inputs)."""
     run_facets = {}
