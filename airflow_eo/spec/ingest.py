@@ -5,7 +5,7 @@ registry of its options (by name) and its one generic to/from dict. No I/O.
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from airflow_eo.errors import ConfigError
 from airflow_eo.spec.options import Option
@@ -57,16 +57,10 @@ class IngestSpec:
             groups[group] = _build(kind, values)
         return cls(**groups)
 
-    def options(self) -> Iterator[tuple[Option, Any]]:
-        """Every option with its (typed) value."""
-        for group in GROUPS:
-            sub = getattr(self, group)
-            for f, opt in _options_of(type(sub)):
-                yield opt, getattr(sub, f.name)
-
     def value(self, name: str) -> Any:
-        """The typed value of the option or sub-spec field called ``name``."""
-        if name in GROUPS and not (name in OPTIONS and name != "transform"):
+        """The typed value of the option or sub-spec field called ``name``; a sub-spec by its group
+        name (``transform``, also the callable's option, is the sub-spec: what callers always read)."""
+        if name in GROUPS:
             return getattr(self, name)
         group, field_name = OPTIONS.get(name) or SETTINGS[name]
         return getattr(getattr(self, group), field_name)
