@@ -97,7 +97,8 @@ def read_or_create_token(path: str) -> str:
         with open(path) as f:
             token = f.read().strip()
         if not token:
-            raise ConfigError(f"the token file {path} is empty: write a token into it, or remove it to get a new one")
+            raise ConfigError(f"the token file {path} is empty: write a token into it, or remove it to get a new "
+                              "one") from None
         return token
     token = secrets.token_urlsafe(32)
     with os.fdopen(fd, "w") as f:
