@@ -141,8 +141,11 @@ def required(opt: Option) -> bool:
 
 
 def parse_option(opt: Option | str, value: Any) -> Any:
-    """A raw value of an option as its typed value; a ConfigError names the option and the fix."""
+    """A raw value of an option as its typed value (None: not set, the default); a ConfigError
+    names the option and the fix."""
     opt = option_of(opt) if isinstance(opt, str) else opt
+    if value is None and not required(opt):
+        return default_of(opt)
     if opt.parse is None:
         return value
     try:

@@ -68,6 +68,12 @@ def test_a_template_that_rendered_empty_means_not_set():
     assert spec == IngestSpec.of(**BASE)
 
 
+def test_none_means_not_set_for_every_optional_option():
+    # what an operator argument written as `None` (or an unset Jinja variable) hands over
+    unset = {o.name: None for o in all_options() if o.name not in BASE}
+    assert IngestSpec.of(**BASE, **unset) == IngestSpec.of(**BASE)
+
+
 def test_a_sub_spec_may_be_given_whole():
     spec = IngestSpec.of(**BASE, transform=Transform(sql="SELECT 1 AS x FROM source"))
     assert spec.transform.sql.startswith("SELECT 1") and spec.value("transform_sql") == spec.transform.sql
