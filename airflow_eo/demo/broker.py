@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 import time
 
+from airflow_eo.submit.connect_server import free_port  # noqa: F401 - also this module's: the broker's port
+
 
 def broker_binary() -> str:
     try:
@@ -34,12 +36,6 @@ def broker_binary() -> str:
     if not os.access(path, os.X_OK):
         raise FileNotFoundError(f"the noida-db binary is missing at {path}: pip install noida-db")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EmbeddedBroker:
