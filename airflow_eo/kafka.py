@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Mapping
 
-from confluent_kafka import IsolationLevel, KafkaException
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -33,6 +33,9 @@ from airflow_eo.planning import (
 log = logging.getLogger(__name__)
 
 SECRET_HINTS = ("password", "secret", "token", "key", "jaas", "credentials")
+# librdkafka's word that no broker can be reached: a plan waits this long after it before failing
+_UNREACHABLE = (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE)
+UNREACHABLE_AFTER = 3.0
 
 
 # librdkafka callback options. In the config that travels to the Spark job (JSON) a callback
@@ -85,7 +88,10 @@ class KafkaOffsets:
     def __init__(self, config: Mapping[str, object], timeout: float = 30.0):
         self.config = client_config(config)
         self.timeout = timeout
+        self._user_error_cb = self.config.get("error_cb")
+        self._down_since: float | None = None
         admin_config = {k: v for k, v in self.config.items() if k not in ("group.id",)}
+        admin_config["error_cb"] = self._on_error
         try:
             self.admin = AdminClient(admin_config)
         except (KafkaException, TypeError, ValueError) as exc:
@@ -94,14 +100,31 @@ class KafkaOffsets:
                 "(librdkafka property names, e.g. bootstrap.servers, security.protocol); nothing was changed"
             ) from exc
 
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in _UNREACHABLE:
+            self._down_since = self._down_since or time.monotonic()
+        if callable(self._user_error_cb):
+            self._user_error_cb(error)
+
+    def metadata(self):
+        """The cluster's metadata. Asked in short slices, so that a cluster librdkafka reports
+        unreachable (every broker down, an unresolvable host) for :data:`UNREACHABLE_AFTER`
+        seconds fails the run then, not after the whole ``timeout`` (a retry is the better wait)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self.admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            except KafkaException as exc:
+                self.admin.poll(0)  # serves error_cb
+                now = time.monotonic()
+                if now >= deadline or self._down_since is not None and now - self._down_since >= UNREACHABLE_AFTER:
+                    raise KafkaUnavailableError(
+                        f"cannot reach Kafka at {self.config['bootstrap.servers']} ({exc.args[0].str()}): check "
+                        "the broker is up and the connection's bootstrap.servers; nothing was changed"
+                    ) from exc
+
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
-        try:
-            meta = self.admin.list_topics(timeout=self.timeout)
-        except KafkaException as exc:
-            raise KafkaUnavailableError(
-                f"cannot reach Kafka at {self.config['bootstrap.servers']} ({exc}): check the "
-                "broker is up and the connection's bootstrap.servers; nothing was changed"
-            ) from exc
+        meta = self.metadata()
         found = []
         for topic in topics:
             info = meta.topics.get(topic)
