@@ -249,7 +249,7 @@ def interval_state(plan: BatchPlan, last_batch: int, batch_at_start: int | None,
         ('ready', 'already_committed')
     """
     if batch_at_start is not None:
-        same = batch_at_start == plan.batch and end_of_that == plan.interval.end_ms and \
+        same = batch_at_start == plan.batch and plan.interval is not None and end_of_that == plan.interval.end_ms and \
             recorded_as(plan, recorded_ranges, recorded_run_key)
         return CommitCheck.ALREADY_COMMITTED if same else CommitCheck.CONFLICT
     return CommitCheck.READY if last_batch == plan.batch - 1 else CommitCheck.CONFLICT

@@ -337,7 +337,7 @@ def batch_state(
     if check is CommitCheck.READY:
         return CommitCheck.READY if last_batch == plan.batch - 1 else CommitCheck.CONFLICT
     covered = last_batch >= plan.batch and all(
-        committed.get(tp) is not None and committed[tp] >= end for tp, end in plan.ends.items())
+        (found := committed.get(tp)) is not None and found >= end for tp, end in plan.ends.items())
     if not covered or not recorded_as(plan, recorded_ranges, recorded_run_key):
         return CommitCheck.CONFLICT
     return CommitCheck.ALREADY_COMMITTED

@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_BIN = os.path.dirname(sys.executable)
 
 if "airflow" in sys.modules:  # pragma: no cover - a wrong import order would test the user's home
-    warnings.warn("airflow was imported before tests/conftest.py: AIRFLOW_HOME may not be the test one")
+    warnings.warn("airflow was imported before tests/conftest.py: AIRFLOW_HOME may not be the test one", stacklevel=1)
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-eo-home-")
 atexit.register(shutil.rmtree, AIRFLOW_HOME, True)
 AIRFLOW_ENV = {

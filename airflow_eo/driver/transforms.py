@@ -49,7 +49,7 @@ def apply_transform(transform: Transform, df, view: str = SOURCE_VIEW, partition
             query = f"WITH {SOURCE_VIEW} AS (SELECT * FROM {view}) SELECT * FROM ({query})"
         try:
             out = df.sparkSession.sql(query)
-            out.columns  # analysis errors surface here on Spark Connect, which analyses lazily
+            _ = out.columns  # analysis errors surface here on Spark Connect, which analyses lazily
         except Exception as exc:  # AnalysisException, ParseException: user's SQL
             raise ConfigError(
                 f"transform_sql failed: {_first_line(exc)}. Fix the SQL (it reads the view "

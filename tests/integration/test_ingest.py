@@ -257,7 +257,7 @@ def test_cap_is_honoured_and_fair(broker, kafka_config, spark_path, table_uri, i
 
     p = Producer({**kafka_config, "enable.idempotence": True})
     for part, n in producer_counts.items():
-        for i in range(n):
+        for _ in range(n):
             p.produce(topic, value=b"x", partition=part)
     p.flush()
     ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter(), max_records_per_run=100)

@@ -81,7 +81,7 @@ def expected_owner(bootstrap: str, topic: str, intervals: list[Interval]):
     for p in range(PARTITIONS):
         offsets = sorted(o for (_, q, o) in records if q == p)
 
-        def boundary(t):
+        def boundary(t, p=p, offsets=offsets):  # this partition's, called in this iteration
             return next((o for o in offsets if stamps[(p, o)] >= t), offsets[-1] + 1)
 
         for iv in intervals:

@@ -132,7 +132,7 @@ def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(
     [t.start() for t in threads]
     try:
         for i in range(5):
-            for attempt in range(5):  # Airflow's retries
+            for _retry in range(5):  # Airflow's retries
                 try:
                     assert ing.run(RunIdentity(f"race-{i}")).status in ("committed", "already_committed",
                                                                          "nothing_new")
