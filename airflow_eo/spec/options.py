@@ -157,7 +157,9 @@ def table_properties_of(value: Any) -> dict[str, str]:
         if bad:
             raise ConfigError(f"table property {bad[0]!r} is not KEY=VALUE: write e.g. delta.checkpointInterval=50")
         value = dict(v.split("=", 1) for v in value)
-    properties = {str(k): str(v) for k, v in value.items()}
+    # numbers as their text (DAGs wrote {"delta.checkpointInterval": 10}); booleans as Delta spells them
+    properties = {k: ("true" if v else "false") if isinstance(v, bool) else
+                  str(v) if isinstance(v, (int, float)) else v for k, v in value.items()}
     check_table_properties(properties)
     return properties
 

@@ -53,12 +53,10 @@ def test_the_generic_round_trip_keeps_every_option():
     assert IngestSpec.from_dict(IngestSpec.of(**BASE).to_dict()) == IngestSpec.of(**BASE)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIONS))
+@pytest.mark.parametrize("name", sorted(set(OPTIONS) - set(BASE)))  # the required ones have no default
 def test_each_default_survives_its_own_dump_and_parse(name):
     opt = next(o for o in all_options() if o.name == name)
     default = default_of(opt)
-    if name in BASE:
-        pytest.skip("required: no default")
     assert parse_option(opt, dump_option(opt, default)) == default
 
 

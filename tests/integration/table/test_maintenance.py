@@ -232,8 +232,12 @@ def test_table_properties_are_set_when_the_first_batch_creates_the_table(kafka_c
     with pytest.raises(ConfigError, match="setTransactionRetentionDuration would expire"):
         build_config(table_uri + "2", topic, kafka_config,
                      table_properties={"delta.setTransactionRetentionDuration": "interval 1 days"})
+    # a number or a boolean is taken as its text; anything else is refused
+    assert build_config(table_uri + "2", topic, kafka_config, table_properties={
+        "delta.checkpointInterval": 10, "delta.appendOnly": False}).table_properties == {
+        "delta.checkpointInterval": "10", "delta.appendOnly": "false"}
     with pytest.raises(ConfigError, match="as text"):
-        build_config(table_uri + "2", topic, kafka_config, table_properties={"delta.checkpointInterval": 10})
+        build_config(table_uri + "2", topic, kafka_config, table_properties={"delta.checkpointInterval": [10]})
 
 
 def test_a_table_of_10k_commits_plans_from_one_checkpoint_after_maintain(broker, kafka_config, spark, table_uri):
