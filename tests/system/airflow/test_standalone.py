@@ -29,7 +29,7 @@ from deltalake import DeltaTable
 
 from airflow_eo.demo.airflow import DEMO_DAG_FILE
 from airflow_eo.table.ledger import Ledger
-from tests.airflow.standalone import FINISHED_TI_STATES, StandaloneAirflow, session_pids
+from tests.system.airflow.standalone import FINISHED_TI_STATES, StandaloneAirflow, session_pids
 from tests.helpers import broker_records, committed_offsets, duplicates, keys_of, new_topic, produce, read_table
 
 DAG_ID = "kafka_to_delta_scheduled"
