@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import glob
 import json
 import os
@@ -63,10 +62,10 @@ def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
     (``prctl(PR_SET_PDEATHSIG)``); elsewhere stop() is the only way the server ends."""
     if not sys.platform.startswith("linux"):
         return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
 
     def preexec() -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent_pid:  # the parent died before the setting took hold
             os._exit(1)
 
