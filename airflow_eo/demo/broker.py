@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 
-from airflow_eo.submit.connect_server import free_port  # noqa: F401 - also this module's: the broker's port
+from airflow_eo.submit.connect_server import die_with_parent, free_port
 
 
 def broker_binary() -> str:
@@ -63,6 +63,7 @@ class EmbeddedBroker:
             [broker_binary(), "start", "--data-dir", self.data_dir, "--host", "127.0.0.1",
              "--only", "kafka", "--kafka-port", str(self.port)],
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent(os.getpid()),  # a killed parent (test run, demo) takes it along
         )
         log_file.close()
         deadline = time.monotonic() + timeout
