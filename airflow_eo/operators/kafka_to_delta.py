@@ -311,7 +311,7 @@ class KafkaToDeltaOperator(BaseOperator):
     # They read only what :meth:`execute` recorded (``lineage_source``, ``summary``): the provider
     # calls them in a forked child by default, where deltalake's runtime panics and a connection
     # lookup would share the supervisor's socket with the task; so no table, Kafka or connection here.
-    def get_openlineage_facets_on_start(self, task_instance):
+    def get_openlineage_facets_on_start(self):  # the provider passes no task instance here
         """Output: the table (nothing of Kafka is known before ``execute`` resolved the connection)."""
         from airflow_eo.operators.lineage import ingest_lineage
 

@@ -46,7 +46,7 @@ def test_facets_in_a_forked_child_name_the_topic_the_table_and_its_columns(hooks
     topic = new_topic(kafka_config)
     produce(kafka_config, topic, 7)
     op = make_operator("lineage_fork", table_uri, topic, kafka_env, ingest_id="orders_fork")
-    start = facets_in_a_forked_child(op.get_openlineage_facets_on_start)  # before execute: the table only
+    start = facets_in_a_forked_child(lambda _: op.get_openlineage_facets_on_start())  # before execute: the table
     assert start["inputs"] == [] and [o["name"] for o in start["outputs"]] == [table_uri]
 
     summary = op.execute(context_for(op, "manual__1"))
