@@ -58,6 +58,7 @@ from airflow_eo.spec import (
     OPTIONS, all_options, default_of, dump_option, operator_param_docs, operator_signature, required,
     templated_options,
 )
+from airflow_eo.spec.options import topic_list
 from airflow_eo.table.storage import is_local, normalize_table_uri
 
 
@@ -115,9 +116,8 @@ class LineageSource:
     @classmethod
     def before_run(cls, operator: "KafkaToDeltaOperator") -> "LineageSource":
         """From the (rendered) arguments alone, when ``execute`` failed before it knew more."""
-        topics = operator.topics.split(",") if isinstance(operator.topics, str) else operator.topics
         return cls(normalize_table_uri(operator.table_uri), operator.ingest_id or f"{operator.dag_id}.{operator.task_id}",
-                   tuple(t.strip() for t in topics))
+                   topic_list(operator.topics))
 
 
 class DeltaBatchLink(BaseOperatorLink):

@@ -143,6 +143,12 @@ def scratch_dir(attempt_id: str) -> str:
     return os.path.join(scratch_root(), attempt_id)
 
 
+def scratch_attempt_ids() -> list[str]:
+    """The attempts that have a scratch directory on this host."""
+    root = scratch_root()
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
 def remove_scratch(attempt_id: str) -> bool:
     """Remove an attempt's scratch directory on this host; True when there was one."""
     path = scratch_dir(attempt_id)

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind
 from airflow_eo.planning import BatchPlan
 from airflow_eo.spec import DEFAULT_GRACE_SECONDS  # the default of the staging_grace_seconds option
-from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch
+from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch, scratch_attempt_ids
 from airflow_eo.table.files import StagedFile  # noqa: F401 - re-exported: what an attempt staged
 from airflow_eo.table.partitioning import partition_segments, partition_values_of
 from airflow_eo.table.storage import TableLocation
@@ -186,9 +186,16 @@ class StagingArea:
         return blocking
 
     def collect_scratch(self, grace_seconds: float = DEFAULT_GRACE_SECONDS, now: float | None = None) -> list[str]:
-        """Remove this host's Spark scratch of the table's attempts that ended or are dead."""
-        return [m.attempt_id for m in self.markers()
-                if liveness(m, grace_seconds, now) is not Liveness.RUNNING and remove_scratch(m.attempt_id)]
+        """Remove this host's Spark scratch of the table's attempts that ended or are dead. Starts from
+        the few scratch directories on this host, not the table's many markers; a directory whose
+        attempt has no marker here belongs to another table and is left to that table's runs."""
+        removed = []
+        for attempt_id in scratch_attempt_ids():
+            marker = self.read_marker(attempt_id)
+            if marker is not None and liveness(marker, grace_seconds, now) is not Liveness.RUNNING \
+                    and remove_scratch(attempt_id):
+                removed.append(attempt_id)
+        return removed
 
     def staged_files(self, attempt_path: str, only: set[str] | None = None) -> list[StagedFile]:
         """Every Parquet data file an attempt wrote, with Delta stats from the footers.
