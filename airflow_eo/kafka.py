@@ -82,16 +82,37 @@ def client_config(config: Mapping[str, object]) -> dict[str, object]:
     return {**out, "log_level": int(config.get("log_level", 3))}
 
 
+class _Reachability:
+    """Since when librdkafka has reported the cluster unreachable (None: it has not).
+
+    The AdminClient's ``error_cb`` is this object's method, not one of :class:`KafkaOffsets`:
+    a bound method of the owner would make owner → client → callback → owner a reference
+    cycle, which only the cyclic garbage collector frees. A forked child (the OpenLineage
+    listener forks the task process) then runs that collection and destroys the client
+    there, where librdkafka's threads do not exist: ``rd_kafka_destroy`` waits for them
+    forever. Without the cycle the client goes when its owner does, in the process that made it.
+    """
+
+    def __init__(self, user_callback: object):
+        self.user_callback = user_callback
+        self.down_since: float | None = None
+
+    def on_error(self, error: KafkaError) -> None:
+        if error.code() in _UNREACHABLE:
+            self.down_since = self.down_since or time.monotonic()
+        if callable(self.user_callback):
+            self.user_callback(error)
+
+
 class KafkaOffsets:
     """Offset queries against the cluster (AdminClient). One instance per plan."""
 
     def __init__(self, config: Mapping[str, object], timeout: float = 30.0):
         self.config = client_config(config)
         self.timeout = timeout
-        self._user_error_cb = self.config.get("error_cb")
-        self._down_since: float | None = None
+        self._reachability = _Reachability(self.config.get("error_cb"))
         admin_config = {k: v for k, v in self.config.items() if k not in ("group.id",)}
-        admin_config["error_cb"] = self._on_error
+        admin_config["error_cb"] = self._reachability.on_error
         try:
             self.admin = AdminClient(admin_config)
         except (KafkaException, TypeError, ValueError) as exc:
@@ -99,12 +120,6 @@ class KafkaOffsets:
                 f"the Kafka client config is not valid ({exc}): fix the Kafka connection's extra "
                 "(librdkafka property names, e.g. bootstrap.servers, security.protocol); nothing was changed"
             ) from exc
-
-    def _on_error(self, error: KafkaError) -> None:
-        if error.code() in _UNREACHABLE:
-            self._down_since = self._down_since or time.monotonic()
-        if callable(self._user_error_cb):
-            self._user_error_cb(error)
 
     def metadata(self):
         """The cluster's metadata. Asked in short slices, so that a cluster librdkafka reports
@@ -117,7 +132,8 @@ class KafkaOffsets:
             except KafkaException as exc:
                 self.admin.poll(0)  # serves error_cb
                 now = time.monotonic()
-                if now >= deadline or self._down_since is not None and now - self._down_since >= UNREACHABLE_AFTER:
+                down_since = self._reachability.down_since
+                if now >= deadline or down_since is not None and now - down_since >= UNREACHABLE_AFTER:
                     raise KafkaUnavailableError(
                         f"cannot reach Kafka at {self.config['bootstrap.servers']} ({exc.args[0].str()}): check "
                         "the broker is up and the connection's bootstrap.servers; nothing was changed"

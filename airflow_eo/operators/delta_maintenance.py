@@ -25,6 +25,7 @@ from airflow.sdk import BaseOperator
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.operators.failures import raise_for_airflow
+from airflow_eo.operators.task_end import released_at_end
 from airflow_eo.table.maintenance import DEFAULT_KEEP_DAYS, DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
 
 
@@ -74,10 +75,11 @@ class DeltaMaintenanceOperator(BaseOperator):
         options = storage_options_of(self.storage_conn_id, self.storage_options)
         plan, done = self.plan(), {}
         try:
-            for name, uri in (("table", self.table_uri), ("dead_letter_table", self.dead_letter_table_uri)):
-                if uri:
-                    done[name] = maintain(uri, options, plan)
-                    self.log.info("maintained %s: %s", uri, {k: v for k, v in done[name].items() if k != "layout"})
+            with released_at_end():  # before the listeners fork this process (see task_end)
+                for name, uri in (("table", self.table_uri), ("dead_letter_table", self.dead_letter_table_uri)):
+                    if uri:
+                        done[name] = maintain(uri, options, plan)
+                        self.log.info("maintained %s: %s", uri, {k: v for k, v in done[name].items() if k != "layout"})
         except AirflowEoError as exc:  # a lost race is a retryable CommitConflictError
             raise_for_airflow(self.log, exc)
         return done

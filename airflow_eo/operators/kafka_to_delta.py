@@ -52,6 +52,7 @@ from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.metrics import emit_run_metrics
+from airflow_eo.operators.task_end import released_at_end
 from airflow_eo.intervals import interval_of
 from airflow_eo.planning import Interval, RunIdentity
 from airflow_eo.spec import (
@@ -271,6 +272,10 @@ class KafkaToDeltaOperator(BaseOperator):
 
     # -- execution ---------------------------------------------------------------
     def execute(self, context) -> dict:
+        with released_at_end():  # before the listeners fork this process
+            return self._execute(context)
+
+    def _execute(self, context) -> dict:
         run = self.run_identity(context)
         self.submitter = self.make_submitter()
         try:
