@@ -121,3 +121,11 @@ def test_every_link_in_the_readme_resolves():
         elif anchor and anchor not in anchors(path):
             broken.append(f"{link}: no heading with that anchor in {path.relative_to(ROOT)}")
     assert broken == []
+
+
+def test_the_readme_anchors_the_code_links_to_exist():
+    """The OpenLineage run facet links to a README anchor (its producer URL)."""
+    linked = {m for path in sorted((ROOT / "airflow_eo").rglob("*.py"))
+              for m in re.findall(r"README\.md#([\w-]+)", path.read_text())}
+    assert linked, "no README anchor found in the code: the search is broken, or drop this test"
+    assert linked <= anchors(ROOT / "README.md")
