@@ -86,7 +86,7 @@ def ingest(spark, kafka_config: dict, table_uri: str, topic: str, dedup: bool, j
     from airflow_eo.planning import RunIdentity
 
     # the same columns either way: plain stores a null key; with dedup the transform keeps the
-    # key column (as the README advises) or the driver joins it back
+    # key column (as docs/how-to/dedup.md advises) or the driver joins it back
     key = "CAST(NULL AS STRING) AS _dedup_key" if not dedup else ("" if join_back else "_dedup_key")
     sql = "SELECT topic, partition, offset, timestamp, CAST(value AS STRING) AS body" + (
         f", {key}" if key else "") + " FROM source"

@@ -28,7 +28,7 @@ def ratios(times: dict, a: argparse.Namespace) -> dict:
         out["eo_over_alo_in_spark"] = med["exactly_once.x1.in_spark"] / med["at_least_once.in_spark"]
         out["eo_in_spark_rate_over_raw_rate"] = raw / med["exactly_once.x1.in_spark"]
     if med.get("exactly_once.x1.spark_jobs") and med.get("at_least_once.spark_jobs"):
-        # where the time goes (README "Performance"): outside Spark's jobs is JVM start,
+        # where the time goes (docs/performance.md): outside Spark's jobs is JVM start,
         # session set-up and, on the exactly-once side, plan + log + commit + verify
         out["eo_over_alo_spark_jobs"] = med["exactly_once.x1.spark_jobs"] / med["at_least_once.spark_jobs"]
         out["eo_spark_jobs_rate_over_raw_rate"] = raw / med["exactly_once.x1.spark_jobs"]

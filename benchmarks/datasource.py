@@ -4,7 +4,7 @@ The package reads with ``mapInArrow`` over a one-row-per-slice DataFrame
 (:func:`airflow_eo.driver.source.read_plan`). This reader reads the same slices with the same
 :func:`airflow_eo.driver.reader.read_range` through a PySpark Python Data Source (format
 ``airflow_eo_kafka``), which Spark plans with three Python workers of its own per session;
-``benchmarks/bench_warm.py`` measures both (README "Performance", "The read").
+``benchmarks/bench_warm.py`` measures both (docs/performance.md, "The read").
 
 This module is not importable in Spark's Python workers (``benchmarks/`` is not installed), so
 cloudpickle sends its classes by value.

@@ -4,7 +4,7 @@ Compacts the small files of a day of batches, vacuums files that commits removed
 a week ago, checkpoints the log and cleans its expired files, and removes staged files of
 attempts that died — beside the hourly ingest, which may keep running: every step is safe
 against a batch committing at the same time, and the table's offsets and its batches'
-``reprocess`` survive all of them (README "Table maintenance").
+``reprocess`` survive all of them (docs/how-to/maintenance.md).
 """
 
 from __future__ import annotations

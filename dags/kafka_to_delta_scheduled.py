@@ -30,7 +30,7 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     # Airflow 3's Clear takes no conf: to replace a past run's rows, backfill its date with
-    # reprocess_behavior="completed" and conf {"reprocess": true} (README "Reruns, clears and backfills")
+    # reprocess_behavior="completed" and conf {"reprocess": true} (docs/how-to/reruns.md)
     params={"reprocess": Param(False, type="boolean",
                                description="re-read this run's committed ranges and replace its rows "
                                            "(set in the conf of a backfill with reprocess_behavior)")},

@@ -1,6 +1,6 @@
 """The code's shape, checked on every run: the import contracts (layers, no I/O in the
 planning core, no cycles), one line saying what each module owns, the spark-submit entry
-script importing only the driver, every file the README or a docstring cites existing, and
+script importing only the driver, every file the README, the docs or a docstring cites existing, and
 the static checks configured in pyproject.toml: ruff over the code and the tests, mypy over
 the pure core, the spec and the table's value types. A module's size follows its concept:
 there is no line cap."""
@@ -78,7 +78,8 @@ CITED = re.compile(r"(?<![\w/.-])((?:airflow_eo|tests|dags|spark_jobs|benchmarks
 
 
 def cited_files() -> list[tuple[str, str, str | None]]:
-    sources = [ROOT / "README.md", ROOT / "docker-compose.yml", *MODULES, *sorted((ROOT / "tests").rglob("*.py"))]
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "docker-compose.yml", *MODULES,
+               *sorted((ROOT / "tests").rglob("*.py"))]
     found = []
     for source in sources:
         for match in CITED.finditer(source.read_text()):
@@ -86,7 +87,7 @@ def cited_files() -> list[tuple[str, str, str | None]]:
     return found
 
 
-def test_every_file_the_readme_or_a_docstring_cites_exists():
+def test_every_file_the_readme_the_docs_or_a_docstring_cites_exists():
     missing = [(src, path, name) for src, path, name in cited_files()
                if not (ROOT / path).exists() or (name and f"def {name}(" not in (ROOT / path).read_text())]
     assert cited_files(), "the citation pattern found nothing: it is broken"

@@ -1,4 +1,5 @@
-"""Every surface names exactly the spec's options: the CLI, the standalone job, the operator, the docs.
+"""Every surface names exactly the spec's options: the CLI, the standalone job, the operator, the docs
+(docs/reference/options.md).
 
 Adding an option is a field in :mod:`airflow_eo.spec` (plus its use); these tests fail when a
 surface misses one, or names one the spec does not have.
@@ -17,7 +18,7 @@ from airflow_eo import cli
 from airflow_eo.driver.main import job_parser
 from airflow_eo.spec import OPTIONS, Cli, all_options, options_from_args, options_table, templated_options
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "options.md"
 
 # what each surface has of its own: connections, Spark, secrets, run identity (no spec option)
 CLI_OWN = {"help", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "storage_options",
@@ -108,11 +109,11 @@ def test_the_operator_documents_each_option(operator_class):
     assert documented == set(OPTIONS) | (OPERATOR_OWN - {"spark_hook_kwargs", "reprocess_dag_id"})
 
 
-def test_the_readme_options_table_is_the_rendering_of_the_spec():
-    text = README.read_text()
+def test_the_docs_options_table_is_the_rendering_of_the_spec():
+    text = OPTIONS_PAGE.read_text()
     start = text.index("<!-- options:")
     section = text[text.index("\n", start) + 1:text.index("<!-- /options -->")]
-    assert section == options_table(), "README's options table is stale: python -m airflow_eo.spec.surfaces renders it"
+    assert section == options_table(), "docs/reference/options.md's table is stale: python -m airflow_eo.spec.surfaces renders it"
     assert re.findall(r"^\| `(\w+)` \|", section, re.M) == [o.name for o in all_options()]
 
 

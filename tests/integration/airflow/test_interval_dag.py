@@ -1,5 +1,5 @@
 """dag.test() of an interval-mode DAG: three logical dates out of order, then one cleared — real
-broker, real spark-submit, real Delta (README "Interval mode")."""
+broker, real spark-submit, real Delta (docs/how-to/interval-mode.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The `spark` connection examples of the README ("Running at scale"), as Airflow's own
+"""The `spark` connection examples of docs/how-to/scale.md ("Running at scale"), as Airflow's own
 SparkSubmitHook turns them into a spark-submit command line (a recording spark-submit:
 tests/unit/submit/conftest.py): each gives the master, deploy mode, queue and namespace the
-README promises. (YARN and Kubernetes clusters are not available here: this checks the
+docs promise. (YARN and Kubernetes clusters are not available here: this checks the
 connections, not a run on those clusters.)"""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_the_kubernetes_example_names_the_api_server_namespace_and_cluster_mode(
 
 
 def test_kubernetes_masters_need_the_cncf_kubernetes_extra(monkeypatch):
-    """What the README tells K8s users to install: without it the hook cannot start."""
+    """What the docs tell K8s users to install: without it the hook cannot start."""
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", KUBERNETES)
     if kubernetes_provider_installed():
         SparkSubmitHook(conn_id="spark_default")
