@@ -65,8 +65,7 @@ def test_demo_tells_its_story_in_30_lines_and_leaves_nothing_behind(tmp_path):
 
     # the rest is in that log: Airflow's dag.test() and spark-submit's own output
     text = log.read_text()
-    assert "spark-submit" in text and "Spark Command" in text or "SparkSubmit" in text
-    assert "dag" in text.lower() and "==> run 1" in text
+    assert "Spark-Submit cmd: spark-submit" in text and "[DAG TEST]" in text and "==> run 1" in text
 
     # nothing outside the data directory: no temporary directory, no process still running
     assert list(own_tmp.iterdir()) == []
