@@ -257,8 +257,9 @@ def _add_reprocess(sub) -> None:
     which.add_argument("--range", action="append", metavar="'TOPIC[P] START..END'",
                        help="an offset range of the batch as `airflow-eo status` lists it (repeatable): all of "
                        "the batch's ranges, exactly")
-    rep.add_argument("--request-key", help="stable key of this request: running it again with the same key "
-                     "after a crash replays it and never replaces the rows twice (default: a new key)")
+    rep.add_argument("--request-key", help="stable key of this request: the same command again after a crash or a "
+                     "kill replays it and never replaces the rows twice; once it has finished, the same command "
+                     "reprocesses again (default: a new key)")
     _kafka_args(rep)
     _spark_args(rep)
     _storage_args(rep)

@@ -8,12 +8,15 @@ refuses what the operator refuses with one line, a non-zero exit and the table u
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from airflow_eo.cli import main
+from airflow_eo.table.plan_log import ReprocessLog
+from airflow_eo.table.storage import TableLocation
 from tests.helpers import committed_offsets, duplicates, keys_of, new_topic, produce, read_table
 
 PLAIN = "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source"
@@ -53,10 +56,14 @@ def test_cli_reprocess_by_run_key_and_by_range_and_its_refusals(kafka_config, tm
     assert len(after) == 30 and committed_offsets(table, "cli", topic, 2) == offsets
     assert {k for k, v in after.items() if v.startswith("V")} == {k for k in after if in_ranges(k, first["ranges"])}
     version = DeltaTable(table).version()
-    # the same request again (a retry after a crash): reports the commit, replaces nothing twice
+    # killed after its commit, before it noted the request done: the same request again reports
+    # the commit and replaces nothing twice (the window is made by marking the request not done)
+    requests = ReprocessLog(TableLocation.of(table))
+    requests.record(replace(requests.load("fix-1"), done=False))
     assert main([*reprocess, "--run-key", "run-1", "--request-key", "fix-1"]) == 0
-    assert json.loads(capsys.readouterr().out)["status"] == "already_reprocessed"
-    assert DeltaTable(table).version() == version
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["status"] == "already_reprocessed" and not replayed["spark_started"]
+    assert DeltaTable(table).version() == version and bodies(table) == after
 
     # by range: the ranges of run-2's batch as `status` prints them
     assert main(["status", table, "--ingest-id", "cli", "--bootstrap-servers", kafka_config["bootstrap.servers"],
