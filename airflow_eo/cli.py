@@ -1,7 +1,8 @@
 """The ``airflow-eo`` command: ``ingest``, ``reprocess``, ``status``, ``maintain``, ``connect-server`` and ``demo``.
 
 ``airflow-eo ingest`` runs one batch through the same loop the Airflow operator uses
-(plan, log the plan, spark-submit, verify); ``airflow-eo status`` reads a table's ledger
+(plan, log the plan, spark-submit, verify); ``airflow-eo reprocess`` replaces one committed
+batch's rows through the operator's reprocess; ``airflow-eo status`` reads a table's ledger
 and, when Kafka is reachable, its lag; ``airflow-eo demo`` does the whole thing on the
 embedded broker.
 
@@ -10,6 +11,8 @@ Example::
     $ airflow-eo ingest --table /data/orders --ingest-id orders_raw --topics orders \\
           --bootstrap-servers 127.0.0.1:9092 --master 'local[2]'
     $ airflow-eo status /data/orders --ingest-id orders_raw --bootstrap-servers 127.0.0.1:9092
+    $ airflow-eo reprocess /data/orders --ingest-id orders_raw --topics orders --bootstrap-servers 127.0.0.1:9092 \\
+          --transform-sql '…' --range 'orders[0] 0..5000'      # or --run-key KEY (docs/reprocess.md)
 """
 
 from __future__ import annotations
