@@ -1,7 +1,8 @@
-"""The ``airflow-eo`` command: ``ingest``, ``status``, ``maintain``, ``connect-server`` and ``demo``.
+"""The ``airflow-eo`` command: ``ingest``, ``reprocess``, ``status``, ``maintain``, ``connect-server`` and ``demo``.
 
 ``airflow-eo ingest`` runs one batch through the same loop the Airflow operator uses
-(plan, log the plan, spark-submit, verify); ``airflow-eo status`` reads a table's ledger
+(plan, log the plan, spark-submit, verify); ``airflow-eo reprocess`` replaces one committed
+batch's rows through the operator's reprocess; ``airflow-eo status`` reads a table's ledger
 and, when Kafka is reachable, its lag; ``airflow-eo demo`` does the whole thing on the
 embedded broker.
 
@@ -10,6 +11,8 @@ Example::
     $ airflow-eo ingest --table /data/orders --ingest-id orders_raw --topics orders \\
           --bootstrap-servers 127.0.0.1:9092 --master 'local[2]'
     $ airflow-eo status /data/orders --ingest-id orders_raw --bootstrap-servers 127.0.0.1:9092
+    $ airflow-eo reprocess /data/orders --ingest-id orders_raw --topics orders --bootstrap-servers 127.0.0.1:9092 \\
+          --transform-sql '…' --range 'orders[0] 0..5000'      # or --run-key KEY (docs/reprocess.md)
 """
 
 from __future__ import annotations
@@ -78,25 +81,20 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
     return dict(v.split("=", 1) for v in values or [])
 
 
-def cmd_ingest(args) -> int:
+def _ingestion(args, interval=None):
+    """The Ingestion (and its submitter) a command line describes: the spec's options, the
+    secrets from their flags or environment, spark-submit or a Spark Connect server."""
     from airflow_eo.config import IngestConfig
-    from airflow_eo.errors import ConfigError
     from airflow_eo.ingest import Ingestion
-    from airflow_eo.intervals import interval_of
-    from airflow_eo.planning import RunIdentity
     from airflow_eo.spec import options_from_args
     from airflow_eo.submit.spark_submit import LocalSparkSubmit
 
-    if (args.interval_start is None) != (args.interval_end is None):
-        raise ConfigError("give both --interval-start and --interval-end (interval mode), or neither")
-    interval = interval_of(args.interval_start, args.interval_end) if args.interval_start is not None else None
     options = options_from_args(args, _read_text)  # the spec's options, flags derived from its fields
     if interval is not None:
         options.setdefault("mode", "interval")
     config = IngestConfig(kafka_config=_kafka_config(args), storage_options=_storage_options(args),
                           schema_registry=_schema_registry(args), **options)
     conf = _pairs(args.conf, "--conf")
-    run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
     if args.remote:  # the warm path: each batch on a long-lived Spark Connect server
         from airflow_eo.submit.connect import ConnectSubmitter
 
@@ -104,7 +102,34 @@ def cmd_ingest(args) -> int:
     else:
         submitter = LocalSparkSubmit(master=args.master, conf=conf)
     _stop_spark_on_sigterm(submitter)
-    result = Ingestion(config, submitter).run(RunIdentity(run_key), interval)
+    return Ingestion(config, submitter)
+
+
+def cmd_ingest(args) -> int:
+    from airflow_eo.intervals import interval_of
+    from airflow_eo.planning import RunIdentity
+
+    if (args.interval_start is None) != (args.interval_end is None):
+        raise ConfigError("give both --interval-start and --interval-end (interval mode), or neither")
+    interval = interval_of(args.interval_start, args.interval_end) if args.interval_start is not None else None
+    run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
+    result = _ingestion(args, interval).run(RunIdentity(run_key), interval)
+    _print(result.to_dict(), args.json)
+    return 0
+
+
+def cmd_reprocess(args) -> int:
+    """Replace one committed batch's rows (the operator's reprocess, :mod:`airflow_eo.reprocess`)."""
+    from airflow_eo.planning import RunIdentity
+    from airflow_eo.reprocess import Reprocessor, parse_range
+
+    if (args.run_key is None) == (not args.range):
+        raise ConfigError("name the batch to reprocess by --run-key KEY or by its --range options, not both")
+    ranges = [parse_range(r) for r in args.range or []]
+    reprocessor = Reprocessor(_ingestion(args))
+    target = args.run_key or reprocessor.run_key_of_ranges(ranges)
+    requester = RunIdentity(args.request_key or f"cli-reprocess-{uuid.uuid4().hex}")
+    result = reprocessor.run(requester, target_run_key=target)
     _print(result.to_dict(), args.json)
     return 0
 
@@ -209,25 +234,59 @@ def _storage_args(p) -> None:
                    "(default: $AIRFLOW_EO_STORAGE_OPTIONS; keep credentials out of the command line)")
 
 
+def _spark_args(p) -> None:
+    p.add_argument("--master", default="local[*]", help="Spark master for spark-submit")
+    p.add_argument("--remote", help="run the batch on this Spark Connect server (sc://host:port) instead of "
+                   "starting spark-submit; see `airflow-eo connect-server`")
+    p.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
+
+
+def _registry_args(p) -> None:
+    p.add_argument("--schema-registry", metavar="URL",
+                   help=f"Confluent Schema Registry URL (credentials only in ${Env.SCHEMA_REGISTRY})")
+
+
+def _add_reprocess(sub) -> None:
+    rep = sub.add_parser(
+        "reprocess", help="re-read one committed batch's offset ranges with the given transform and replace "
+        "its rows in one commit (offsets and other batches untouched)",
+        description="Reprocess one committed batch, named by the run key that committed it or by its offset "
+        "ranges; the same code path, guarantees and refusals as the operator's reprocess (docs/reprocess.md).")
+    rep.add_argument("table_uri", metavar="TABLE", help="the Delta table: a local path or an s3://… URI")
+    add_arguments(rep, skip=("table_uri",))  # the spec's options: the transform and decoding to reprocess with
+    which = rep.add_argument_group("the batch to reprocess (one of)")
+    which.add_argument("--run-key", help="the run key that committed the batch (an Airflow task's "
+                       "<dag_id>/<run_id>/<task_id>/<map_index>, or the --run-key given to `ingest`)")
+    which.add_argument("--range", action="append", metavar="'TOPIC[P] START..END'",
+                       help="an offset range of the batch as `airflow-eo status` lists it (repeatable): all of "
+                       "the batch's ranges, exactly")
+    rep.add_argument("--request-key", help="stable key of this request: the same command again after a crash or a "
+                     "kill replays it and never replaces the rows twice; once it has finished, the same command "
+                     "reprocesses again (default: a new key)")
+    _kafka_args(rep)
+    _spark_args(rep)
+    _storage_args(rep)
+    _registry_args(rep)
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=cmd_reprocess)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="airflow-eo", description="Exactly-once Kafka → Delta ingestion on Spark")
     sub = root.add_subparsers(dest="command", required=True)
     ing = sub.add_parser("ingest", help="plan, run and verify one batch (the operator's code path)")
     add_arguments(ing)  # every option of the spec (airflow_eo.spec), with its help and default
     _kafka_args(ing)
-    ing.add_argument("--master", default="local[*]", help="Spark master for spark-submit")
-    ing.add_argument("--remote", help="run the batch on this Spark Connect server (sc://host:port) instead of "
-                     "starting spark-submit; see `airflow-eo connect-server`")
-    ing.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
+    _spark_args(ing)
     ing.add_argument("--run-key", help="stable key: re-running with the same key replays, never duplicates")
     _storage_args(ing)
-    ing.add_argument("--schema-registry", metavar="URL",
-                     help=f"Confluent Schema Registry URL (credentials only in ${Env.SCHEMA_REGISTRY})")
+    _registry_args(ing)
     ing.add_argument("--interval-start", metavar="T0", help="interval mode: ingest the records of [T0, T1) by Kafka "
                      "timestamp (ISO-8601 with a zone, or epoch ms); with --interval-end")
     ing.add_argument("--interval-end", metavar="T1", help="interval mode: the end of the data interval (exclusive)")
     ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)
+    _add_reprocess(sub)
     st = sub.add_parser("status", help="committed offsets, end offsets, lag and last batches of a table")
     st.add_argument("table")
     st.add_argument("--ingest-id", required=True)

@@ -31,16 +31,20 @@ Example::
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 
 from airflow_eo.attempt import AttemptKind
 from airflow_eo.errors import ConfigError, DataLossError
 from airflow_eo.ingest import IngestResult, Ingestion
+from airflow_eo.offsets import OffsetRange
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
 from airflow_eo.runner import verdict
 from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
 from airflow_eo.table.staging import new_attempt_id
 
@@ -49,6 +53,18 @@ log = logging.getLogger(__name__)
 # the names earlier versions exported
 REPROCESSED = RunStatus.REPROCESSED
 ALREADY_REPROCESSED = RunStatus.ALREADY_REPROCESSED
+
+
+_RANGE = re.compile(r"^\s*(?P<topic>[^\[\]\s]+)\[(?P<partition>\d+)\]\s*:?\s*(?P<start>\d+)\s*(?:\.\.|-)\s*(?P<end>\d+)\s*$")
+
+
+def parse_range(text: str) -> OffsetRange:
+    """``orders[0] 100..250`` (as ``airflow-eo status`` prints a batch's ranges) or ``orders[0]:100-250``."""
+    m = _RANGE.match(text)
+    if m is None or int(m["end"]) <= int(m["start"]):
+        raise ConfigError(f"offset range {text!r} is not TOPIC[PARTITION] START..END with START < END: "
+                          "copy a batch's ranges from `airflow-eo status`, e.g. 'orders[0] 100..250'")
+    return OffsetRange(m["topic"], int(m["partition"]), int(m["start"]), int(m["end"]))
 
 
 class Reprocessor:
@@ -66,6 +82,20 @@ class Reprocessor:
         """Reprocess the batch of ``target_run_key`` (default: the requester's own run)."""
         started = time.monotonic()
         return self._run(requester, target_run_key or requester.run_key).timed(started)
+
+    def run_key_of_ranges(self, ranges: Iterable[OffsetRange]) -> str:
+        """The run key of the committed batch whose offset ranges are exactly ``ranges`` (all its
+        non-empty ones): a batch is replaced whole, so part of one, or a span of two, is refused."""
+        wanted = frozenset(r for r in ranges if r.size)
+        ledger, ingest_id = self.ing.ledger(), self.ing.config.ingest_id
+        for record in ledger.batches(ingest_id, limit=None):
+            if record.operation is CommitKind.BATCH and frozenset(r for r in record.ranges if r.size) == wanted:
+                return record.run_key
+        raise ConfigError(
+            f"no committed batch of ingest {ingest_id} in {ledger.table_uri} has exactly the ranges "
+            f"{', '.join(sorted(map(str, wanted)))} (or its commit left the log after a log cleanup): give all "
+            "the ranges of one batch as `airflow-eo status` lists them; nothing was changed"
+        )
 
     def _run(self, requester: RunIdentity, target: str) -> IngestResult:
         ing, ingest_id = self.ing, self.ing.config.ingest_id

@@ -3,10 +3,11 @@
 A development extra (``pip install 'airflow-eo[demo]'``, which brings the noida-db broker):
 the CLI imports this package only for ``airflow-eo demo``; nothing in the library does.
 
-Starts noida-db on 127.0.0.1, produces sample order events (plain, in a committed
-transaction, and in an aborted one), ingests them into a local Delta table through the
-example Airflow DAG (``dag.test()``, real spark-submit), produces more, ingests again,
-then prints the table's committed offsets and a few rows, and stops the broker.
+Starts noida-db on 127.0.0.1, produces sample order events (and an aborted transaction),
+ingests them into a local Delta table through the example Airflow DAG (``dag.test()``, real
+spark-submit), produces more, ingests again, clears the second run (a verified no-op), then
+tells the table's offsets and lag and checks that it holds every record exactly once. Its
+terminal output is that story; Airflow's and Spark's own output goes to ``<dir>/demo.log``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 
 DEMO_TOPIC = "orders"
 DEMO_INGEST_ID = "orders"  # the example DAG's ingest_id
@@ -38,85 +40,156 @@ def produce_orders(config: dict, count: int, start: int = 0) -> None:
 
 
 def run_demo(directory: str, records: int = 10_000) -> int:
+    """The demo; its story on stdout (≤ 30 lines), everything else in ``<directory>/demo.log``.
+    Everything it makes stays in ``directory`` (the broker's data, Airflow's home, temporary and
+    Spark scratch files); the processes it starts end with it. 0 when the table holds every record
+    exactly once."""
+    import traceback
+
+    from airflow_eo.demo.story import Story
+
+    directory = os.path.abspath(directory)
+    paths = DemoPaths.of(directory)
+    # Each demo starts a fresh broker whose offsets restart at 0: a table from an earlier demo
+    # would (rightly) be refused as "topic recreated", so its table starts afresh too.
+    for stale in (paths.table, paths.broker, paths.scratch):
+        shutil.rmtree(stale, ignore_errors=True)
+    for needed in (paths.broker, paths.scratch):
+        os.makedirs(needed)
+    _keep_inside(paths)
+    with Story(paths.log) as story:
+        try:
+            return _tell(story, paths, records)
+        except Exception as exc:
+            traceback.print_exc()  # into the log
+            story.say(f"the demo failed: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            story.say(f"full Airflow and Spark log: {paths.log}", stamp=False)
+            return 1
+        finally:
+            shutil.rmtree(paths.scratch, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    """Where the demo keeps what it makes: all inside its data directory."""
+
+    directory: str
+    table: str
+    broker: str
+    airflow_home: str
+    scratch: str
+    log: str
+
+    @classmethod
+    def of(cls, directory: str) -> "DemoPaths":
+        def inside(name: str) -> str:
+            return os.path.join(directory, name)
+
+        return cls(directory, inside("orders_table"), inside("broker"), inside("airflow"), inside("tmp"),
+                   inside("demo.log"))
+
+
+def _keep_inside(paths: DemoPaths) -> None:
+    """Temporary files of this process and its children (Airflow, spark-submit, the Spark driver and
+    its attempts' scratch) go to the demo's own directory, removed when it ends, not to /tmp."""
+    import tempfile
+
+    os.environ["TMPDIR"] = paths.scratch
+    tempfile.tempdir = None  # tempfile caches the directory it chose first
+    os.environ["AIRFLOW_HOME"] = paths.airflow_home  # the demo's, never a home set for real work
+
+
+def _tell(story, paths: DemoPaths, records: int) -> int:
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from airflow_eo.demo.airflow import prepare_airflow_env
     from airflow_eo.demo.broker import EmbeddedBroker
     from airflow_eo.status import table_status
 
-    directory = os.path.abspath(directory)
-    os.makedirs(directory, exist_ok=True)
-    table_uri = os.path.join(directory, "orders_table")
-    # Each demo starts a fresh broker whose offsets restart at 0: a table from an earlier
-    # demo would (rightly) be refused as "topic recreated", so start the table afresh too.
-    shutil.rmtree(table_uri, ignore_errors=True)
-    step = _progress()
-    with EmbeddedBroker() as broker:
-        step(f"broker up at {broker.bootstrap_servers}")
+    story.say(f"airflow-eo demo in {paths.directory}: Kafka → Airflow → Spark → Delta Lake, exactly once",
+              stamp=False)
+    first, second = records // 2, records - records // 2
+    with EmbeddedBroker(data_dir=paths.broker) as broker:
+        story.say(f"started Kafka: the embedded noida-db broker at {broker.bootstrap_servers}")
         admin = AdminClient(broker.config)  # must outlive the futures
         for f in admin.create_topics([NewTopic(DEMO_TOPIC, 3, 1)]).values():
             f.result()
-        produce_orders(broker.config, records // 2)
-        step(f"produced {records // 2} order events (+1 aborted transaction)")
-        results = [_ingest(table_uri, broker, directory)]
-        step(f"run 1: {_summary(results[-1])}")
-        produce_orders(broker.config, records - records // 2, start=records // 2)
-        step(f"produced {records - records // 2} more")
-        results.append(_ingest(table_uri, broker, directory))
-        step(f"run 2: {_summary(results[-1])}")
-        status = table_status(table_uri, DEMO_INGEST_ID, broker.config)
-    print()
-    print(f"Delta table {table_uri} (version {status['version']}):")
+        prepare_airflow_env(paths.table, broker.bootstrap_servers, DEMO_TOPIC)
+        story.say(f"started Airflow in this process (SQLite in {paths.airflow_home}): DAG kafka_to_delta_scheduled, "
+                  "sensor → ingest, each ingest a spark-submit on local[2]")
+        produce_orders(broker.config, first)
+        story.say(f"produced {first} order events to topic '{DEMO_TOPIC}' (3 partitions) + 1 aborted transaction")
+        run1 = _run(story, "run 1", paths, broker)
+        produce_orders(broker.config, second, start=first)
+        story.say(f"produced {second} more + 1 aborted transaction")
+        run2 = _run(story, "run 2", paths, broker)
+        _clear(story, paths, broker, run2)
+        status = table_status(paths.table, DEMO_INGEST_ID, broker.config)
+    verdict = _verdict(paths.table, records, run1.summary, run2.summary)
+    story.say(f"Delta table {paths.table}: version {status['version']}, {verdict.rows} rows", stamp=False)
     for p in status["partitions"]:
-        print(f"  {p['topic']}[{p['partition']}] committed offset {p['committed']}  end {p['end']}  lag {p['lag']}")
-    _show_rows(table_uri)
-    expected = records
-    got = _count_rows(table_uri)
-    print(f"\nrecords produced {expected}, rows ingested {got}: {'exactly once' if got == expected else 'MISMATCH'}")
-    return 0 if got == expected else 1
+        story.say(f"  {p['topic']}[{p['partition']}]  committed offset {p['committed']:>6}  end {p['end']:>6}  "
+                  f"lag {p['lag']}", stamp=False)
+    story.say(verdict.line, stamp=False)
+    story.say(f"look further: airflow-eo status {paths.table} --ingest-id {DEMO_INGEST_ID}", stamp=False)
+    story.say(f"              AIRFLOW_HOME={paths.airflow_home} airflow dags list-runs kafka_to_delta_scheduled",
+              stamp=False)
+    story.say(f"full Airflow and Spark log: {paths.log}", stamp=False)
+    return 0 if verdict.exactly_once else 1
 
 
-def _ingest(table_uri: str, broker, directory: str) -> dict:
-    """One run of the example DAG through Airflow (``dag.test()``, real spark-submit)."""
+def _run(story, name: str, paths: DemoPaths, broker):
+    """One run of the example DAG, told as its plan and its commit."""
     from airflow_eo.demo.airflow import run_demo_via_airflow
 
-    os.environ.setdefault("AIRFLOW_HOME", os.path.join(directory, "airflow"))
-    return run_demo_via_airflow(table_uri, broker.bootstrap_servers, topic=DEMO_TOPIC)
-
-
-DEMO_SQL = (
-    "SELECT topic, partition, offset, timestamp, "
-    "get_json_object(CAST(value AS STRING), '$.order_id') AS order_id, "
-    "get_json_object(CAST(value AS STRING), '$.customer') AS customer, "
-    "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS DOUBLE) AS amount FROM source"
-)
-
-
-def _count_rows(table_uri: str) -> int:
-    import pyarrow.dataset as pads
-    from deltalake import DeltaTable
-
-    return pads.dataset(DeltaTable(table_uri).file_uris(), format="parquet").count_rows()
-
-
-def _show_rows(table_uri: str, limit: int = 5) -> None:
-    import pyarrow.dataset as pads
-    from deltalake import DeltaTable
-
-    table = pads.dataset(DeltaTable(table_uri).file_uris(), format="parquet").to_table()
-    print(f"  {table.num_rows} rows; first {limit}:")
-    for row in table.sort_by([("partition", "ascending"), ("offset", "ascending")]).slice(0, limit).to_pylist():
-        print("   ", {k: v for k, v in row.items() if k != "timestamp"})
-
-
-def _summary(result: dict) -> str:
-    return (f"{result.get('status')} batch {result.get('batch')} version {result.get('version')} "
-            f"rows {result.get('rows')}")
-
-
-def _progress():
     started = time.monotonic()
+    with story.working(f"{name}: Airflow and Spark at work"):
+        run = run_demo_via_airflow(paths.table, broker.bootstrap_servers, topic=DEMO_TOPIC)
+    s = run.summary
+    story.say(f"{name} ({run.run_id}): plan batch {s['batch']}: {_ranges(s)}")
+    story.say(f"{name}: {s['status']} batch {s['batch']} → table version {s['version']}: {s['rows']} rows in "
+              f"{s['seconds']:.1f} s (Spark job included; the whole Airflow run {time.monotonic() - started:.1f} s)")
+    return run
 
-    def step(message: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
 
-    return step
+def _clear(story, paths: DemoPaths, broker, run) -> None:
+    """Run 2's ingest task again under the same run id, as a clear does: a verified no-op."""
+    from airflow_eo.demo.airflow import run_demo_via_airflow
+
+    with story.working("clear of run 2: its ingest task again"):
+        again = run_demo_via_airflow(paths.table, broker.bootstrap_servers, topic=DEMO_TOPIC,
+                                     logical_date=run.logical_date, ingest_only=True)
+    s, before = again.summary, run.summary
+    no_op = (s["status"] == "already_committed" and s["version"] == before["version"] and not s["spark_started"])
+    story.say(f"clear of run 2 (its ingest task again, same run id): {s['status']} batch {s['batch']}, table "
+              f"version {s['version']}, Spark {'started' if s['spark_started'] else 'not started'}"
+              f"{': a no-op' if no_op else ': NOT a no-op'}")
+
+
+def _ranges(summary: dict) -> str:
+    return ", ".join(f"{r['topic']}[{r['partition']}] {r['start']}..{r['end']}" for r in summary["ranges"])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the table holds every produced record once and no aborted one."""
+
+    rows: int
+    exactly_once: bool
+    line: str
+
+
+def _verdict(table_uri: str, records: int, *summaries: dict) -> Verdict:
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+    from deltalake import DeltaTable
+
+    table = pads.dataset(DeltaTable(table_uri).file_uris(), format="parquet").to_table(
+        columns=["topic", "partition", "offset", "body"])
+    keys = {(t, p, o) for t, p, o in zip(*(table[c].to_pylist() for c in ("topic", "partition", "offset")))}
+    aborted = pc.sum(pc.match_substring(table["body"], "aborted")).as_py() or 0
+    committed = sum(s["rows"] for s in summaries)
+    ok = table.num_rows == records == committed and len(keys) == table.num_rows and aborted == 0
+    line = (f"exactly once: {records} records produced, {committed} committed by 2 runs, {table.num_rows} rows, "
+            f"{table.num_rows - len(keys)} duplicates, {aborted} aborted records")
+    return Verdict(table.num_rows, ok, line if ok else "NOT exactly once: " + line.split(": ", 1)[1])

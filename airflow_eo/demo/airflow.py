@@ -1,13 +1,16 @@
 """``airflow-eo demo`` through Airflow: run the example DAG once with ``dag.test()``.
 
-Uses a throw-away AIRFLOW_HOME (SQLite) unless one is set, points the ``kafka_default``
+Uses the AIRFLOW_HOME set (the demo sets one in its data directory; else a new temporary
+one, SQLite), points the ``kafka_default``
 and ``spark_default`` connections at the given broker and ``local[2]`` (environment
 variables, as a deployment would), and runs ``dags/kafka_to_delta_scheduled.py``
-(sensor → ingest) as a manual run. Returns the ingest task's summary (its XCom).
+(sensor → ingest) as a manual run with a logical date (``airflow dags trigger -e``). Returns the
+ingest task's summary (its XCom) and the run's identity; the same logical date again re-runs that
+run id with its task instances and XCom gone, as a clear does.
 
 Example::
 
-    >>> run_demo_via_airflow("/tmp/demo/orders", "127.0.0.1:9092")     # doctest: +SKIP
+    >>> run_demo_via_airflow("/tmp/demo/orders", "127.0.0.1:9092").summary     # doctest: +SKIP
     {'status': 'committed', 'batch': 1, 'version': 0, 'rows': 1000, ...}
 """
 
@@ -19,6 +22,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from airflow_eo.attempt import Env
 
@@ -30,7 +35,9 @@ def prepare_airflow_env(table_uri: str, bootstrap_servers: str, topic: str) -> s
     """Environment for an in-process Airflow; must run before ``airflow`` is imported."""
     if "airflow" in sys.modules and "AIRFLOW_HOME" not in os.environ:
         raise RuntimeError("airflow was imported before its home was set: call this first")
-    home = os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-eo-demo-home-"))
+    if "AIRFLOW_HOME" not in os.environ:  # only then: a temporary home nobody would remove otherwise
+        os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="airflow-eo-demo-home-")
+    home = os.environ["AIRFLOW_HOME"]
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", DAGS_DIR)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -52,17 +59,32 @@ def load_demo_dag():
     return module.dag
 
 
-def run_demo_via_airflow(table_uri: str, bootstrap_servers: str, topic: str = "orders") -> dict:
-    """Run the example DAG once (manual run, no logical date) and return the ingest summary."""
+@dataclass(frozen=True)
+class DemoRun:
+    """One ``dag.test()`` run of the example DAG: the ingest task's summary and the run's identity."""
+
+    summary: dict
+    run_id: str
+    logical_date: datetime
+
+
+def run_demo_via_airflow(table_uri: str, bootstrap_servers: str, topic: str = "orders",
+                         logical_date: datetime | None = None, ingest_only: bool = False) -> DemoRun:
+    """Run the example DAG once. The ``logical_date`` of an earlier run re-runs that run id (what a
+    clear does: the same run key, XCom gone; without a logical date dag.test() makes a new random
+    run id each time); ``ingest_only`` marks the sensor done, as clearing only the ingest task would."""
     prepare_airflow_env(table_uri, bootstrap_servers, topic)
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     dag = load_demo_dag()
-    dr = dag.test(logical_date=None)
+    logical_date = logical_date or datetime.now(timezone.utc).replace(microsecond=0)
+    dr = dag.test(logical_date=logical_date, run_after=logical_date,
+                  mark_success_pattern="^wait_for_records$" if ingest_only else None)
     with create_session() as session:
         row = session.query(XComModel).filter_by(dag_id=dag.dag_id, run_id=dr.run_id, task_id="ingest",
                                                  key="return_value").one_or_none()
     if row is None:
-        raise RuntimeError(f"the demo DAG run {dr.run_id} ended {dr.state} without an ingest summary; see its log above")
-    return json.loads(row.value) if isinstance(row.value, str) else row.value
+        raise RuntimeError(f"the demo DAG run {dr.run_id} ended {dr.state} without an ingest summary; see its log")
+    summary = json.loads(row.value) if isinstance(row.value, str) else row.value
+    return DemoRun(summary, dr.run_id, logical_date)

@@ -23,15 +23,21 @@ OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "opt
 # what each surface has of its own: connections, Spark, secrets, run identity (no spec option)
 CLI_OWN = {"help", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "storage_options",
            "schema_registry", "interval_start", "interval_end", "json"}
+REPROCESS_OWN = {"help", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "range",
+                 "request_key", "storage_options", "schema_registry", "json"}
 JOB_OWN = {"help", "table_uri", "attempt_id", "run_key"}
 OPERATOR_OWN = {"kafka_conn_id", "spark_conn_id", "spark_conf", "spark_env_vars", "spark_hook_kwargs", "reprocess",
                 "reprocess_run_id", "reprocess_dag_id", "storage_conn_id", "storage_options",
                 "schema_registry_conn_id", "asset", "table_wait_timeout"}
 
 
-def ingest_parser() -> argparse.ArgumentParser:
+def ingest_parser(command: str = "ingest") -> argparse.ArgumentParser:
     sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices["ingest"]
+    return sub.choices[command]
+
+
+def reprocess_parser() -> argparse.ArgumentParser:
+    return ingest_parser("reprocess")
 
 
 def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -39,10 +45,12 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
     return {a.dest: max(a.option_strings, key=len) for a in parser._actions if a.option_strings}
 
 
-@pytest.mark.parametrize("parser, own", [(ingest_parser, CLI_OWN), (job_parser, JOB_OWN)], ids=["cli", "job"])
+@pytest.mark.parametrize("parser, own", [(ingest_parser, CLI_OWN), (reprocess_parser, REPROCESS_OWN),
+                                         (job_parser, JOB_OWN)], ids=["cli", "cli-reprocess", "job"])
 def test_the_command_lines_have_a_flag_for_each_option_and_no_other(parser, own):
     flags = flags_of(parser())
-    expected = {o.name: o.flag for o in all_options() if not (parser is job_parser and o.name == "table_uri")}
+    # the table is positional in `reprocess TABLE` and named --table-uri by the job
+    expected = {o.name: o.flag for o in all_options() if not (parser is not ingest_parser and o.name == "table_uri")}
     assert {d: f for d, f in flags.items() if d not in own} == expected
 
 
