@@ -168,12 +168,12 @@ def test_old_records_that_nothing_needs_are_pruned_and_the_rest_kept(broker, kaf
         os.utime(path, (month_ago, month_ago))
 
     removed = maintain(table_uri, plan=dataclasses.replace(NOTHING, prune_records=True))["records_removed"]
-    assert removed == {"plans": 2, "reprocess_requests": 0, "attempt_markers": 0}  # their files are the table's
+    assert removed == {"plans": 2, "reprocess_requests": 0, "attempt_markers": 0, "audits": 0}  # their files are the table's
     for path in records:
         if os.path.exists(path):
             os.utime(path, (month_ago, month_ago))
     removed = maintain(table_uri, plan=MaintenancePlan(retain_hours=0))["records_removed"]  # files compacted away
-    assert removed == {"plans": 0, "reprocess_requests": 0, "attempt_markers": 2}  # batches 1 and 2
+    assert removed == {"plans": 0, "reprocess_requests": 0, "attempt_markers": 2, "audits": 0}  # batches 1 and 2
     assert PlanLog(location).load("pending") == pending
     assert ing.staging.read_marker(running.attempt_id) is not None  # not ended: kept
     produce(kafka_config, topic, 6, partitions=1, start=12)
