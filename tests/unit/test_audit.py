@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from airflow_eo.audit.findings import (
@@ -95,3 +97,29 @@ def test_report_exit_code_lines_and_dict():
     assert report.to_dict()["counts"]["duplicated"] == 1
     clean = AuditReport("/t", "i", 3, (1,), 1, (TP,), (), 3, 3)
     assert clean.exit_code == 0 and clean.lines() == [clean.summary()] and "audit clean" in clean.summary()
+
+
+def test_selection_of_batches():
+    from airflow_eo.audit.run import AuditRequest, Selection, select
+
+    batches = [batch(n, (n * 10, n * 10 + 10)) for n in (1, 2, 3)]
+
+    def pick(selection, value=None, since=None):
+        return [b.batch for b in select(batches, AuditRequest("/t", "i", {}, None, selection, value), since)]
+
+    assert pick(Selection.ALL) == [1, 2, 3] and pick(Selection.BATCHES, 2) == [2, 3]
+    assert pick(Selection.SINCE_VERSION, 2) == [2, 3]
+    assert pick(Selection.SINCE_LAST_AUDIT) == [1, 2, 3] and pick(Selection.SINCE_LAST_AUDIT, since=2) == [3]
+
+
+def test_audit_log_keeps_the_newest_record_per_ingest(tmp_path):
+    from airflow_eo.table.audit_log import AuditLog
+    from airflow_eo.table.storage import TableLocation
+
+    audits = AuditLog(TableLocation.of(str(tmp_path)))
+    assert audits.last("i") is None
+    for at, through in (("2026-01-01T00:00:00.000000Z", 3), ("2026-01-02T00:00:00.000000Z", 7)):
+        audits.record("i", at, json.dumps({"ingest_id": "i", "audited_at": at, "through_version": through,
+                                           "drift": False, "summary": "audit clean"}))
+    assert audits.last("i").through_version == 7 and audits.last("other") is None
+    assert audits.newest_of_each() == {audits.paths("i")[-1]}
