@@ -201,7 +201,9 @@ def cmd_audit(args) -> int:
 
 def _audit_parser(sub) -> None:
     au = sub.add_parser("audit", help="reconcile a table with Kafka: every committed offset in the table once "
-                        "(exit 0 clean, 1 drift, 2 error)")
+                        "(exit 0 clean, 1 drift, 2 error)",
+                        epilog="exit status: 0 clean, 1 drift found, 2 error (no table, unreachable broker); "
+                        "what each finding means: docs/audit.md")
     au.add_argument("table")
     au.add_argument("--ingest-id", required=True)
     _kafka_args(au)

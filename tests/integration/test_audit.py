@@ -42,50 +42,69 @@ class Ingested:
     dlq: str
     topic: str
     bootstrap: str
-    p0_end: int  # the end of partition 0's last committed range
+    p0_end: int  # the table's txn offset of partition 0 (the end of its last committed range)
     aborted: tuple[int, ...]  # offsets of partition 0's aborted records
+    dead: int  # the dead letter's offset on partition 0
+    late: int  # the offset of a record batch 2 wrote on partition 0
 
 
-def plain(config: dict, topic: str, partition: int, values: list[bytes]) -> None:
+class Offsets:
+    """Delivery reports: the offset Kafka gave each value (markers take offsets too, so none is guessed)."""
+
+    def __init__(self):
+        self.of: dict[bytes, int] = {}
+
+    def __call__(self, err, msg):
+        assert err is None, err
+        self.of[msg.value()] = msg.offset()
+
+
+def plain(config: dict, topic: str, partition: int, values: list[bytes], offsets: Offsets) -> None:
     producer = Producer({**config, "enable.idempotence": True})
     for v in values:
-        producer.produce(topic, value=v, partition=partition)
+        producer.produce(topic, value=v, partition=partition, on_delivery=offsets)
     producer.flush(30)
 
 
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory, broker, kafka_config, spark) -> Ingested:
     root = tmp_path_factory.mktemp("audit")
-    topic = new_topic(kafka_config, 2)
+    topic, offsets = new_topic(kafka_config, 2), Offsets()
     tx = transactional_producer(kafka_config)
     tx.begin_transaction()
-    for i in range(4):  # p0 offsets 0-3, commit marker 4
-        tx.produce(topic, value=json.dumps({"id": i}).encode(), partition=0)
+    for i in range(4):
+        tx.produce(topic, value=json.dumps({"id": i}).encode(), partition=0, on_delivery=offsets)
     tx.commit_transaction()
     tx.begin_transaction()
-    for i in range(3):  # p0 offsets 5-7 aborted, marker 8
-        tx.produce(topic, value=json.dumps({"id": 100 + i}).encode(), partition=0)
+    aborted = [json.dumps({"id": 100 + i}).encode() for i in range(3)]
+    for v in aborted:
+        tx.produce(topic, value=v, partition=0, on_delivery=offsets)
+    tx.flush(30)  # on the broker before the abort (an abort drops what is still queued)
     tx.abort_transaction()
     open_tx = transactional_producer(kafka_config)
     open_tx.begin_transaction()
-    open_tx.produce(topic, value=b'{"id": 9}', partition=0)  # p0 offset 9: open during batch 1
+    open_tx.produce(topic, value=b'{"id": 9}', partition=0, on_delivery=offsets)  # open during batch 1
     open_tx.flush(30)
-    plain(kafka_config, topic, 0, [b'{"id": 10}', b"not json"])  # p0 10, 11 (a dead letter)
-    plain(kafka_config, topic, 1, [json.dumps({"id": 20 + i}).encode() for i in range(5)] + [b"[]"])  # p1 0-5
+    plain(kafka_config, topic, 0, [b'{"id": 10}', b"not json"], offsets)  # "not json": a dead letter
+    plain(kafka_config, topic, 1, [json.dumps({"id": 20 + i}).encode() for i in range(5)] + [b"[]"], offsets)
     ing = build_ingestion(str(root / "table"), topic, kafka_config, InProcessSubmitter(spark), ingest_id=INGEST_ID,
                           transform=Transform(sql=SQL), value_schema="id INT", dead_letter_table_uri=str(root / "dlq"),
                           on_data_loss="skip")
     assert ing.run(RunIdentity("b1")).rows == 4 + 5  # p0 up to the open transaction, p1 without its dead letter
-    open_tx.commit_transaction()  # marker at p0 12
-    plain(kafka_config, topic, 0, [b'{"id": 13}'])
-    assert ing.run(RunIdentity("b2")).rows == 3  # p0 9, 10, 13; 11 is a dead letter
-    plain(kafka_config, topic, 1, [json.dumps({"id": 26 + i}).encode() for i in range(4)])  # p1 6-9
+    open_tx.commit_transaction()
+    plain(kafka_config, topic, 0, [b'{"id": 13}'], offsets)
+    assert ing.run(RunIdentity("b2")).rows == 3  # p0: 9, 10, 13; "not json" is a dead letter
+    plain(kafka_config, topic, 1, [json.dumps({"id": 26 + i}).encode() for i in range(4)], offsets)  # p1 6-9
     admin = AdminClient(kafka_config)
     for f in admin.delete_records([KTP(topic, 1, 8)]).values():  # retention took p1 6, 7 before they were read
         f.result()
-    third = ing.run(RunIdentity("b3"))
-    assert third.rows == 2
-    return Ingested(str(root / "table"), str(root / "dlq"), topic, broker.bootstrap_servers, 14, (5, 6, 7))
+    assert ing.run(RunIdentity("b3")).rows == 2
+    table = str(root / "table")
+    p0_end = DeltaTable(table).transaction_version(partition_app_id(INGEST_ID, TopicPartition(topic, 0)))
+    assert p0_end == offsets.of[b'{"id": 13}'] + 1
+    assert (offsets.of[b"[]"], offsets.of[json.dumps({"id": 26}).encode()]) == (5, 6)  # p1 has no markers
+    return Ingested(table, str(root / "dlq"), topic, broker.bootstrap_servers, p0_end,
+                    tuple(offsets.of[v] for v in aborted), offsets.of[b"not json"], offsets.of[b'{"id": 10}'])
 
 
 def audit(capsys, ingested: Ingested, table: str | None = None, *options: str) -> tuple[int, dict]:
@@ -116,11 +135,11 @@ def test_ingested_table_is_clean_and_lists_the_skip_and_what_kafka_no_longer_hol
     code, report = audit(capsys, ingested, None, "--all")
     assert code == 0 and not report["drift"], report
     assert found(report) == sorted([
-        ("dead_lettered", 0, 1, (11,), None, None), ("dead_lettered", 1, 1, (5,), None, None),
+        ("dead_lettered", 0, 1, (ingested.dead,), None, None),  # p1's dead letter is below its log start now
         ("skipped", 1, 2, (), 6, 8),  # on_data_loss="skip", recorded by batch 3
         ("unverifiable", 1, 6, (), 0, 6),  # batch 1's p1 range: below the log start now
     ])
-    assert report["batches"] == [1, 2, 3] and report["checked_offsets"] == 14 + 2
+    assert report["batches"] == [1, 2, 3] and report["checked_offsets"] == ingested.p0_end + 2
     # the result is recorded: status shows it, and the next default audit starts after it
     assert table_status(ingested.table, INGEST_ID, None)["last_audit"]["through_version"] == report["through_version"]
     code, again = audit(capsys, ingested)
@@ -142,13 +161,16 @@ def test_row_appended_twice_removed_and_at_an_aborted_offset_are_reported_by_off
     table = damaged(ingested, tmp_path)
     write_deltalake(table, p0_row(table, 2), mode="append")  # offset 2 twice
     stray = p0_row(table, 3)
-    stray = stray.set_column(stray.schema.get_field_index("offset"), "offset", pa.array([6], stray["offset"].type))
+    aborted = ingested.aborted[1]
+    stray = stray.set_column(stray.schema.get_field_index("offset"), "offset", pa.array([aborted], stray["offset"].type))
     write_deltalake(table, stray, mode="append")  # a row at an aborted record's offset
-    DeltaTable(table).delete("\"partition\" = 0 AND \"offset\" = 10")  # rewrites the file without offset 10
+    gone = ingested.late
+    DeltaTable(table).delete(f'"partition" = 0 AND "offset" = {gone}')  # rewrites the file without it
     code, report = audit(capsys, ingested, table, "--all")
     assert code == 1 and report["drift"]
     assert found(report, drift_only=True) == [
-        ("duplicated", 0, 1, (2,), None, None), ("lost", 0, 1, (10,), None, None), ("stray", 0, 1, (6,), None, None)]
+        ("duplicated", 0, 1, (2,), None, None), ("lost", 0, 1, (gone,), None, None),
+        ("stray", 0, 1, (aborted,), None, None)]
     lost = next(f for f in report["findings"] if f["kind"] == "lost")
     assert lost["batch"] == 2
 
