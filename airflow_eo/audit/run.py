@@ -132,12 +132,13 @@ def _filter_table(uri: str, storage_options: Mapping[str, str] | None, ingest_id
                     if key not in present:
                         t = t.append_column(key, pa.array([row[f"partition.{key}"]] * t.num_rows))
                 if ingest_id is not None and "ingest_id" in present:
-                    t = t.filter(pc.equal(t["ingest_id"], ingest_id))
+                    t = t.filter(pc.equal(pc.cast(t["ingest_id"], pa.string()), ingest_id))
+                topic_col = pc.cast(t["topic"], pa.string())  # deltalake's own writes use string_view
                 for tp, low in lowest.items():
-                    mask = pc.and_(pc.and_(pc.equal(t["topic"], tp.topic),
+                    mask = pc.and_(pc.and_(pc.equal(topic_col, tp.topic),
                                            pc.equal(pc.cast(t["partition"], pa.int64()), tp.partition)),
                                    pc.greater_equal(t["offset"], low))
-                    picked = t["offset"].filter(mask).to_numpy().astype(np.int64)
+                    picked = pc.cast(t["offset"], pa.int64()).filter(mask).to_numpy()
                     if picked.size:
                         parts[tp].append(picked)
                         rows += picked.size
