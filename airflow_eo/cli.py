@@ -1,10 +1,10 @@
-"""The ``airflow-eo`` command: ``ingest``, ``reprocess``, ``status``, ``maintain``, ``connect-server`` and ``demo``.
+"""The ``airflow-eo`` command: ``ingest``, ``reprocess``, ``status``, ``maintain``, ``audit``, ``connect-server`` and ``demo``.
 
 ``airflow-eo ingest`` runs one batch through the same loop the Airflow operator uses
 (plan, log the plan, spark-submit, verify); ``airflow-eo reprocess`` replaces one committed
 batch's rows through the operator's reprocess; ``airflow-eo status`` reads a table's ledger
 and, when Kafka is reachable, its lag; ``airflow-eo demo`` does the whole thing on the
-embedded broker.
+embedded broker; ``airflow-eo audit`` reconciles a table with Kafka offset by offset (docs/audit.md).
 
 Example::
 
@@ -192,12 +192,56 @@ def cmd_status(args) -> int:
     for a in status["attempts"]:
         print(f"waiting for: attempt {a['attempt_id']} ({a['kind']}, batch {a['batch']}, run {a['run_key']}) on "
               f"{a['host']} pid {a['pid']}, {a['age_seconds']:.0f} s old: {a['why']}")
+    audit = status.get("last_audit")
+    print(f"last audit: {audit['audited_at']} through version {audit['through_version']}: {audit['summary']}"
+          if audit else "last audit: none (airflow-eo audit)")
     print("last batches:")
     for b in status["batches"]:
         late = f"  late {b['late']}" if b.get("late") else ""
         print(f"  batch {b['batch']:>5}  version {b['version']:>5}  rows {b['rows']:>9}  {b['operation']}  "
               f"{', '.join(b['ranges'])}{late}")
     return 0
+
+
+def cmd_audit(args) -> int:
+    """Exit 0 clean, 1 drift; errors (no table, no broker) exit 2 through :func:`main`."""
+    from airflow_eo.audit.run import AuditRequest, Selection, run_audit
+
+    if args.all:
+        selection, value = Selection.ALL, None
+    elif args.batches is not None:
+        selection, value = Selection.BATCHES, args.batches
+    elif args.since_version is not None:
+        selection, value = Selection.SINCE_VERSION, args.since_version
+    else:
+        selection, value = Selection.SINCE_LAST_AUDIT, None
+    report = run_audit(AuditRequest(args.table, args.ingest_id, _kafka_config(args), _storage_options(args),
+                                    selection, value, args.dead_letter_table))
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print("\n".join(report.lines()))
+    return report.exit_code
+
+
+def _audit_parser(sub) -> None:
+    au = sub.add_parser("audit", help="reconcile a table with Kafka: every committed offset in the table once "
+                        "(exit 0 clean, 1 drift, 2 error)",
+                        epilog="exit status: 0 clean, 1 drift found, 2 error (no table, unreachable broker); "
+                        "what each finding means: docs/audit.md")
+    au.add_argument("table")
+    au.add_argument("--ingest-id", required=True)
+    _kafka_args(au)
+    _storage_args(au)
+    which = au.add_mutually_exclusive_group()
+    which.add_argument("--batches", type=int, metavar="N", help="audit the newest N batches")
+    which.add_argument("--since-version", type=int, metavar="V", help="audit the batches committed at table version V or later")
+    which.add_argument("--all", action="store_true", help="audit every batch the Delta log holds "
+                       "(default: the batches since the last recorded audit, or all when there is none)")
+    au.add_argument("--dead-letter-table", metavar="URI", help="the ingest's dead-letter table: offsets found there "
+                    "are accounted for")
+    au.add_argument("--json", action="store_true", help="the report as JSON")
+    au.set_defaults(func=cmd_audit)
 
 
 def cmd_connect_server(args) -> int:
@@ -310,6 +354,7 @@ def parser() -> argparse.ArgumentParser:
     mt.add_argument("--dead-letter-table", help="maintain this dead-letter table the same way")
     _storage_args(mt)
     mt.set_defaults(func=cmd_maintain)
+    _audit_parser(sub)
     srv = sub.add_parser("connect-server", help="run a local Spark Connect server (127.0.0.1) for --remote / "
                          "spark_connect connections; prints its sc:// URL, stops on SIGTERM")
     srv.add_argument("--port", type=int, default=15002)

@@ -35,7 +35,8 @@ def provider_info() -> dict:
         ],
         "operators": [
             {"integration-name": "airflow-eo",
-             "python-modules": ["airflow_eo.operators.kafka_to_delta", "airflow_eo.operators.delta_maintenance"]},
+             "python-modules": ["airflow_eo.operators.kafka_to_delta", "airflow_eo.operators.delta_maintenance",
+                                   "airflow_eo.operators.delta_kafka_audit"]},
         ],
         "sensors": [
             {"integration-name": "airflow-eo", "python-modules": ["airflow_eo.sensors.kafka_backlog"]},

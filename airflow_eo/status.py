@@ -97,6 +97,9 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
         ledger.check_txn_retention()
     except AirflowEoError as exc:
         table_layout["due"].insert(0, str(exc))
+    from airflow_eo.table.audit_log import AuditLog
+
+    audit = AuditLog(ledger.location()).last(ingest_id)
     intervals = IntervalLedger(ledger, ingest_id)
     committed_intervals = intervals.committed() if intervals.is_interval_table() else []
     return {
@@ -106,6 +109,8 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
         "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
         "last_batch": ledger.last_batch(ingest_id), "layout": table_layout, "partitions": rows,
         "attempts": blocking_attempts(ledger, staging_grace_seconds),
+        "last_audit": {"audited_at": audit.audited_at, "through_version": audit.through_version,
+                       "drift": audit.drift, "summary": audit.summary} if audit else None,
         "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation.value,
                      "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size],
                      "late": b.meta.late_records} for b in batches],

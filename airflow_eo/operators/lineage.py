@@ -23,7 +23,9 @@ from urllib.parse import urlparse
 import attr
 from airflow.providers.openlineage.extractors import OperatorLineage
 from openlineage.client.event_v2 import InputDataset, OutputDataset
-from openlineage.client.facet_v2 import RunFacet, output_statistics_output_dataset, schema_dataset
+from openlineage.client.facet_v2 import (
+    RunFacet, data_quality_assertions_dataset, output_statistics_output_dataset, schema_dataset,
+)
 from openlineage.client.naming.dataset import S3, Kafka, LocalFileSystem
 
 from airflow_eo.outcomes import RunStatus
@@ -92,3 +94,23 @@ def ingest_lineage(summary: dict | None, source: LineageSource) -> OperatorLinea
     inputs = [kafka_dataset(source.bootstrap_servers, t) for t in source.topics] if source.bootstrap_servers else []
     return OperatorLineage(inputs=inputs, outputs=[table_dataset(source.table_uri, list(source.columns), summary)],
                            run_facets=run_facets)
+
+
+# The assertions an audit makes of a table: each finding kind that is drift, named for OpenLineage.
+AUDIT_ASSERTIONS = (("no_lost_records", "lost"), ("no_duplicates", "duplicated"), ("no_stray_records", "stray"),
+                    ("contiguous_ranges", "gap", "overlap"), ("txn_matches_last_range", "txn_mismatch"))
+
+
+def audit_lineage(report, table_uri: str) -> OperatorLineage:
+    """The audited table as input, with a ``dataQualityAssertions`` facet (one assertion per
+    check of :class:`airflow_eo.audit.findings.AuditReport`; none before the audit ran)."""
+    dataset = table_dataset(table_uri, [], None)
+    input_facets: dict = {}
+    if report is not None:
+        counts = report.counts()
+        input_facets["dataQualityAssertions"] = data_quality_assertions_dataset.DataQualityAssertionsDatasetFacet(
+            assertions=[data_quality_assertions_dataset.Assertion(
+                assertion=name, success=not any(counts[k] for k in kinds),
+                actual=str(sum(counts[k] for k in kinds)), expected="0") for name, *kinds in AUDIT_ASSERTIONS])
+    return OperatorLineage(inputs=[InputDataset(namespace=dataset.namespace, name=dataset.name,
+                                                inputFacets=input_facets)], outputs=[])

@@ -236,12 +236,16 @@ def prune_records(ledger: Ledger, keep_days: float, now: float | None = None) ->
         name = f"b{int(record.get('batch', 0)):08d}-{record.get('attempt_id', '')}"
         return bool(ended) and not any(d in dirs and data_files(d) for d in (name, name + KEPT_SUFFIX))
 
-    removed = {"plans": 0, "reprocess_requests": 0, "attempt_markers": 0}
+    from airflow_eo.table.audit_log import AUDITS_DIR, AuditLog
+
+    newest_audits = AuditLog(location).newest_of_each()  # where the next audit starts, and what status shows
+    removed = {"plans": 0, "reprocess_requests": 0, "attempt_markers": 0, "audits": 0}
     for directory, key, finished in ((PLANS_DIR, "plans", plan_done),
                                      (REPROCESS_DIR, "reprocess_requests", lambda r: not r or r.get("done")),
-                                     (ATTEMPTS_DIR, "attempt_markers", attempt_gone)):
+                                     (ATTEMPTS_DIR, "attempt_markers", attempt_gone),
+                                     (AUDITS_DIR, "audits", lambda r: True)):
         for path, record in old_records(directory):
-            if finished(record):
+            if finished(record) and path not in newest_audits:
                 location.fs.delete_file(path)
                 removed[key] += 1
     log.info("pruned records older than %s days beside %s: %s", keep_days, ledger.table_uri, removed)

@@ -152,6 +152,7 @@ def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(
 
 
 def test_old_records_that_nothing_needs_are_pruned_and_the_rest_kept(broker, kafka_config, spark, table_uri):
+    from airflow_eo.table.audit_log import AUDITS_DIR, AuditLog
     from airflow_eo.table.plan_log import PLANS_DIR, PlanLog
     from airflow_eo.table.staging import ATTEMPTS_DIR
 
@@ -163,18 +164,24 @@ def test_old_records_that_nothing_needs_are_pruned_and_the_rest_kept(broker, kaf
     PlanLog(location).record(pending)  # logged, not committed: a retry may still replay it
     running = BatchPlan("test", 3, (OffsetRange(topic, 0, 12, 18),), RunIdentity("pending"), attempt_id="c" * 16)
     ing.staging.begin_attempt(build_config(table_uri, "t", {}).attempt(running))  # its directory does not exist yet
-    records = [i.path for d in (PLANS_DIR, ATTEMPTS_DIR) for i in location.list_files(location.join(d))]
+    audits = AuditLog(location)  # two old audits: the newest is where the next one starts, so it stays
+    for day in ("01", "02"):
+        at = f"2026-01-{day}T00:00:00.000000Z"
+        audits.record("test", at, json.dumps({"ingest_id": "test", "audited_at": at, "through_version": int(day),
+                                               "drift": False}))
+    records = [i.path for d in (PLANS_DIR, ATTEMPTS_DIR, AUDITS_DIR) for i in location.list_files(location.join(d))]
     month_ago = os.path.getmtime(records[0]) - 31 * 86400
     for path in records:
         os.utime(path, (month_ago, month_ago))
 
     removed = maintain(table_uri, plan=dataclasses.replace(NOTHING, prune_records=True))["records_removed"]
-    assert removed == {"plans": 2, "reprocess_requests": 0, "attempt_markers": 0}  # their files are the table's
+    assert removed == {"plans": 2, "reprocess_requests": 0, "attempt_markers": 0, "audits": 1}  # their files are the table's
+    assert audits.last("test").through_version == 2
     for path in records:
         if os.path.exists(path):
             os.utime(path, (month_ago, month_ago))
     removed = maintain(table_uri, plan=MaintenancePlan(retain_hours=0))["records_removed"]  # files compacted away
-    assert removed == {"plans": 0, "reprocess_requests": 0, "attempt_markers": 2}  # batches 1 and 2
+    assert removed == {"plans": 0, "reprocess_requests": 0, "attempt_markers": 2, "audits": 0}  # batches 1 and 2
     assert PlanLog(location).load("pending") == pending
     assert ing.staging.read_marker(running.attempt_id) is not None  # not ended: kept
     produce(kafka_config, topic, 6, partitions=1, start=12)

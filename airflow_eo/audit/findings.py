@@ -1,0 +1,324 @@
+"""The audit's reconciliation core: what the ledger, the table and Kafka say of each offset, compared.
+
+Pure: it gets the committed ranges of the batches (from the Delta log), the offsets of the
+table's rows and dead letters, and the offsets a ``read_committed`` consumer delivered, all as
+sorted numpy arrays per topic-partition, and returns typed :class:`Finding` s. Drift is
+:data:`DRIFT`; the other kinds say what was accounted for (skips, dead letters, dropped
+duplicates) or could not be checked (Kafka's retention deleted it).
+
+Example::
+
+    >>> import numpy as np
+    >>> tp = TopicPartition("orders", 0)
+    >>> b = BatchRanges(1, 1, (OffsetRange("orders", 0, 0, 4),))
+    >>> scope = PartitionScope(tp, log_start=0, audited=((b, OffsetRange("orders", 0, 0, 4)),))
+    >>> found = reconcile_partition(scope, kafka=np.array([0, 1, 2, 3]), table=np.array([0, 1, 1, 3]),
+    ...                             dead=np.array([], dtype=np.int64), committed=[(0, 4)])
+    >>> [(f.kind.value, f.offsets) for f in found.findings], found.missing
+    ([('duplicated', (1,))], {1: (2,)})
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from airflow_eo.offsets import OffsetRange, SkippedRange, TopicPartition
+
+# offsets listed per finding; the count is always exact
+MAX_LISTED = 50
+
+
+class FindingKind(str, enum.Enum):
+    LOST = "lost"  # Kafka delivered it in a committed range, it is neither in the table nor a dead letter
+    DUPLICATED = "duplicated"  # more than one row of the table has this offset
+    STRAY = "stray"  # a row whose offset is outside every committed range, or that Kafka never delivers
+    OVERLAP = "overlap"  # a batch's range starts before the previous batch's range ended
+    GAP = "gap"  # offsets between two batches that no batch committed and none recorded as skipped
+    TXN_MISMATCH = "txn_mismatch"  # the table's txn offset is not the end of its last committed range
+    UNVERIFIABLE = "unverifiable"  # Kafka no longer holds these offsets of a committed range
+    SKIPPED = "skipped"  # a gap recorded by on_data_loss="skip"
+    DEAD_LETTERED = "dead_lettered"  # offsets found in the dead-letter table
+    DEDUPLICATED = "deduplicated"  # offsets missing from the table within the batch's recorded dropped duplicates
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DRIFT = frozenset({FindingKind.LOST, FindingKind.DUPLICATED, FindingKind.STRAY, FindingKind.OVERLAP,
+                   FindingKind.GAP, FindingKind.TXN_MISMATCH})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One kind of result on one topic-partition: ``count`` offsets (or rows), the first
+    :data:`MAX_LISTED` of them in ``offsets``, or the span ``[start, end)`` they make up."""
+
+    kind: FindingKind
+    tp: TopicPartition
+    count: int
+    offsets: tuple[int, ...] = ()
+    start: int | None = None
+    end: int | None = None
+    batch: int | None = None
+    detail: str = ""
+
+    @property
+    def drift(self) -> bool:
+        return self.kind in DRIFT
+
+    def __str__(self) -> str:
+        where = f" {self.start}..{self.end}" if self.start is not None else ""
+        listed = f" at {', '.join(map(str, self.offsets))}{' …' if self.count > len(self.offsets) else ''}" \
+            if self.offsets else ""
+        batch = f" (batch {self.batch})" if self.batch is not None else ""
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{self.tp} {self.kind.value} {self.count}{where}{listed}{batch}{detail}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind.value, "topic": self.tp.topic, "partition": self.tp.partition,
+                "count": self.count, "offsets": list(self.offsets), "start": self.start, "end": self.end,
+                "batch": self.batch, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class BatchRanges:
+    """What the ledger says of one batch's newest data commit (an ingest, or the reprocess
+    that replaced it): its ranges, the gaps it skipped and the duplicates it dropped."""
+
+    batch: int
+    version: int
+    ranges: tuple[OffsetRange, ...]
+    skipped: tuple[SkippedRange, ...] = ()
+    dropped_duplicates: int = 0
+    duplicates_to_dead_letters: bool = False
+
+
+def _listed(values: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(v) for v in values[:MAX_LISTED])
+
+
+def _spans(offsets: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, merged half-open spans."""
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(o for o in offsets if o[1] > o[0]):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _uncovered(start: int, end: int, covers: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``[start, end)`` outside the merged spans ``covers``."""
+    out, at = [], start
+    for s, e in covers:
+        if e <= at or s >= end:
+            continue
+        if s > at:
+            out.append((at, s))
+        at = max(at, e)
+    if at < end:
+        out.append((at, end))
+    return out
+
+
+def check_tiling(batches: Sequence[BatchRanges], txn: Mapping[TopicPartition, int | None]) -> list[Finding]:
+    """Per partition, the batches' ranges in batch order must follow each other without gap
+    (except skips they recorded) or overlap, and end at the table's ``txn`` offset."""
+    findings: list[Finding] = []
+    skipped_by_tp: dict[TopicPartition, list[tuple[int, int]]] = {}
+    for b in batches:
+        for s in b.skipped:
+            tp = TopicPartition(s.topic, s.partition)
+            skipped_by_tp.setdefault(tp, []).append((s.start, s.end))
+            findings.append(Finding(FindingKind.SKIPPED, tp, s.end - s.start, start=s.start, end=s.end, batch=b.batch,
+                                    detail=s.reason))
+    ends: dict[TopicPartition, int] = {}
+    for b in sorted(batches, key=lambda b: b.batch):
+        for r in sorted(b.ranges):
+            prev = ends.get(r.tp)
+            if prev is not None and r.start > prev:
+                for lo, hi in _uncovered(prev, r.start, _spans(skipped_by_tp.get(r.tp, []))):
+                    findings.append(Finding(FindingKind.GAP, r.tp, hi - lo, start=lo, end=hi, batch=b.batch,
+                                            detail="no batch committed these offsets and none recorded a skip"))
+            elif prev is not None and r.start < prev:
+                findings.append(Finding(FindingKind.OVERLAP, r.tp, min(prev, r.end) - r.start, start=r.start,
+                                        end=min(prev, r.end), batch=b.batch,
+                                        detail=f"the batch's range {r.start}..{r.end} starts before {prev}, where "
+                                               "the previous batch ended"))
+            ends[r.tp] = r.end if prev is None else max(prev, r.end)
+    for tp, end in sorted(ends.items()):
+        committed = txn.get(tp)
+        if committed != end:
+            findings.append(Finding(FindingKind.TXN_MISMATCH, tp, abs((committed or 0) - end), start=min(end, committed or 0),
+                                    end=max(end, committed or 0),
+                                    detail=f"the table's txn offset is {committed}, its last committed range ends at {end}"))
+    return findings
+
+
+@dataclass(frozen=True)
+class PartitionScope:
+    """One partition's audited ranges (with their batch) and the first offset Kafka still holds."""
+
+    tp: TopicPartition
+    log_start: int
+    audited: tuple[tuple[BatchRanges, OffsetRange], ...]
+
+    @property
+    def lowest(self) -> int:
+        """The first offset audited: table rows from here on are compared."""
+        return min((r.start for _, r in self.audited), default=0)
+
+    def checked(self) -> list[tuple[BatchRanges, int, int]]:
+        """The audited ranges clipped to what Kafka holds (empty parts dropped)."""
+        return [(b, max(r.start, self.log_start), r.end) for b, r in self.audited if r.end > max(r.start, self.log_start)]
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """A partition's findings, and the offsets it misses per batch (decided by :func:`account_batches`)."""
+
+    tp: TopicPartition
+    findings: tuple[Finding, ...]
+    missing: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    missing_counts: dict[int, int] = field(default_factory=dict)
+    checked_offsets: int = 0
+
+
+def _in_spans(values: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Boolean mask: which of ``values`` lie in one of the sorted, merged ``spans``."""
+    if not spans or values.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    starts = np.array([s for s, _ in spans], dtype=np.int64)
+    ends = np.array([e for _, e in spans], dtype=np.int64)
+    at = np.searchsorted(starts, values, side="right") - 1
+    return (at >= 0) & (values < ends[np.clip(at, 0, None)])
+
+
+def reconcile_partition(scope: PartitionScope, kafka: np.ndarray, table: np.ndarray, dead: np.ndarray,
+                        committed: Sequence[tuple[int, int]]) -> PartitionResult:
+    """Compare one partition. ``kafka``: the offsets a read_committed consumer delivered in the
+    checked ranges; ``table`` / ``dead``: the offsets (≥ :attr:`PartitionScope.lowest`) of the
+    table's rows and of the dead letters, duplicates kept; ``committed``: every batch's range
+    of the partition (a row outside all of them is stray wherever it is)."""
+    tp = scope.tp
+    kafka, table, dead = np.sort(kafka), np.sort(table), np.unique(dead)
+    findings: list[Finding] = []
+    for b, r in scope.audited:
+        if r.start < scope.log_start:
+            end = min(r.end, scope.log_start)
+            findings.append(Finding(FindingKind.UNVERIFIABLE, tp, end - r.start, start=r.start, end=end, batch=b.batch,
+                                    detail=f"Kafka's log starts at {scope.log_start}: retention deleted these offsets"))
+    rows, counts = np.unique(table, return_counts=True)
+    twice = rows[counts > 1]
+    if twice.size:
+        findings.append(Finding(FindingKind.DUPLICATED, tp, int((counts[counts > 1] - 1).sum()), _listed(twice),
+                                detail=f"{twice.size} offset(s) held by more than one row"))
+    checked = scope.checked()
+    checked_spans = _spans((s, e) for _, s, e in checked)
+    # stray: a row outside every committed range, or inside a checked range at an offset Kafka does not deliver
+    outside = ~_in_spans(rows, _spans(committed))
+    undelivered = _in_spans(rows, checked_spans) & ~np.isin(rows, kafka, assume_unique=True)
+    stray = rows[outside | undelivered]
+    if stray.size:
+        findings.append(Finding(FindingKind.STRAY, tp, int(stray.size), _listed(stray),
+                                detail="rows at offsets outside every committed range, or of aborted records or "
+                                       "transaction markers"))
+    found_dead = kafka[np.isin(kafka, dead, assume_unique=True)]
+    if found_dead.size:
+        findings.append(Finding(FindingKind.DEAD_LETTERED, tp, int(found_dead.size), _listed(found_dead)))
+    absent = kafka[~np.isin(kafka, rows, assume_unique=True) & ~np.isin(kafka, dead, assume_unique=True)]
+    missing: dict[int, tuple[int, ...]] = {}
+    missing_counts: dict[int, int] = {}
+    for b, s, e in checked:
+        part = absent[(absent >= s) & (absent < e)]
+        if part.size:
+            missing[b.batch] = missing.get(b.batch, ()) + _listed(part)
+            missing_counts[b.batch] = missing_counts.get(b.batch, 0) + int(part.size)
+    return PartitionResult(tp, tuple(findings), missing, missing_counts, sum(e - s for _, s, e in checked))
+
+
+def account_batches(results: Sequence[PartitionResult], batches: Mapping[int, BatchRanges]) -> list[Finding]:
+    """Offsets missing from the table: within a batch's recorded dropped duplicates (which are
+    not in the table, nor dead letters when they were not sent there) they are accounted for;
+    beyond that every missing offset of the batch is reported lost."""
+    totals: dict[int, int] = {}
+    for res in results:
+        for batch, n in res.missing_counts.items():
+            totals[batch] = totals.get(batch, 0) + n
+    findings = []
+    for res in results:
+        for batch, n in sorted(res.missing_counts.items()):
+            b = batches[batch]
+            allowed = 0 if b.duplicates_to_dead_letters else b.dropped_duplicates
+            if totals[batch] <= allowed:
+                findings.append(Finding(FindingKind.DEDUPLICATED, res.tp, n, res.missing[batch], batch=batch,
+                                        detail=f"the batch recorded {b.dropped_duplicates} dropped duplicate(s)"))
+            else:
+                why = f"; the batch recorded only {allowed} dropped duplicate(s)" if allowed else ""
+                findings.append(Finding(FindingKind.LOST, res.tp, n, res.missing[batch], batch=batch,
+                                        detail=f"delivered by Kafka, in neither the table nor the dead letters{why}"))
+    return findings
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """The result of one audit: which batches, what was compared, and every finding."""
+
+    table_uri: str
+    ingest_id: str
+    table_version: int
+    batches: tuple[int, ...]
+    through_version: int  # the newest table version among the audited batches' commits
+    partitions: tuple[TopicPartition, ...]
+    findings: tuple[Finding, ...]
+    checked_offsets: int = 0
+    rows_read: int = 0
+    audited_at: str = ""
+    note: str = ""
+
+    @property
+    def drift(self) -> bool:
+        return any(f.drift for f in self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.drift else 0
+
+    def count(self, kind: FindingKind) -> int:
+        return sum(f.count for f in self.findings if f.kind is kind)
+
+    def counts(self) -> dict[str, int]:
+        return {k.value: self.count(k) for k in FindingKind}
+
+    def summary(self) -> str:
+        c = self.counts()
+        state = "DRIFT" if self.drift else "clean"
+        shown = ", ".join(f"{k} {n}" for k, n in c.items() if n)
+        span = f"batches {self.batches[0]}..{self.batches[-1]}" if self.batches else "no batches"
+        return (f"audit {state}: {self.table_uri} ({self.ingest_id}) {span}, {len(self.partitions)} partition(s), "
+                f"{self.checked_offsets} offsets checked, {self.rows_read} rows read" + (f"; {shown}" if shown else ""))
+
+    def lines(self) -> list[str]:
+        """One line per partition with a finding, then the summary."""
+        by_tp: dict[TopicPartition, list[Finding]] = {}
+        for f in self.findings:
+            by_tp.setdefault(f.tp, []).append(f)
+        out = []
+        for tp, found in sorted(by_tp.items()):
+            marked = "DRIFT" if any(f.drift for f in found) else "ok"
+            out.append(f"{tp}: {marked}: " + "; ".join(str(f).split(" ", 1)[1] for f in found))
+        if self.note:
+            out.append(self.note)
+        return [*out, self.summary()]
+
+    def to_dict(self) -> dict:
+        return {"table_uri": self.table_uri, "ingest_id": self.ingest_id, "table_version": self.table_version,
+                "batches": list(self.batches), "through_version": self.through_version,
+                "partitions": [str(tp) for tp in self.partitions], "drift": self.drift, "counts": self.counts(),
+                "checked_offsets": self.checked_offsets, "rows_read": self.rows_read, "audited_at": self.audited_at,
+                "note": self.note, "findings": [f.to_dict() for f in self.findings]}
