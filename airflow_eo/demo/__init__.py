@@ -36,6 +36,7 @@ def produce_orders(config: dict, count: int, start: int = 0) -> None:
     tx.init_transactions(30)
     tx.begin_transaction()
     tx.produce(DEMO_TOPIC, value=b'{"order_id": -1, "note": "aborted: never ingested"}', partition=0)
+    tx.flush(30)  # on the broker before the abort (abort_transaction drops what is still queued)
     tx.abort_transaction()
 
 

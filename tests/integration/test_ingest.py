@@ -26,7 +26,7 @@ from airflow_eo.attempt import Transform
 from tests.conftest import build_config
 from tests.helpers import (
     assert_exactly_once,
-    add_partitions, committed_offsets, new_topic, produce,
+    add_partitions, broker_records, committed_offsets, new_topic, produce,
     read_table, transactional_producer,
 )
 
@@ -176,7 +176,10 @@ def test_transactions_only_committed_records_land_open_waits(broker, kafka_confi
     tx.begin_transaction()
     for i in range(5):
         tx.produce(topic, value=b"aborted%d" % i, partition=0)
+    tx.flush()  # on the broker before the abort (abort_transaction drops what is still queued)
     tx.abort_transaction()
+    uncommitted = broker_records(broker.bootstrap_servers, topic, read_committed=False).values()
+    assert sum(v.startswith(b"aborted") for v in uncommitted) == 5, "the aborted records must be on the broker"
     tx2 = transactional_producer(kafka_config)
     tx2.begin_transaction()
     tx2.produce(topic, value=b"open0", partition=0)

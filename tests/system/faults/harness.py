@@ -130,6 +130,7 @@ class FlowingProducer:
             for i, v in enumerate(values):
                 tx.produce(self.topic, value=v.encode(), partition=(seq + i) % self.partitions)
             if abort:
+                tx.flush(20)  # on the broker before the abort (abort_transaction drops what is still queued)
                 tx.abort_transaction(20)
                 self.aborted.update(values)
             else:
