@@ -89,18 +89,22 @@ def select(batches: list[BatchRanges], request: AuditRequest, since: int | None)
     return batches if since is None else [b for b in batches if b.version > since]
 
 
-def _filter_table(uri: str, storage_options: Mapping[str, str] | None, ingest_id: str | None,
+def _open_table(uri: str, storage_options: Mapping[str, str] | None) -> Ledger:
+    ledger = Ledger.open(uri, dict(storage_options) if storage_options else None)
+    if not ledger.exists:
+        raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
+                         "for object storage)")
+    return ledger
+
+
+def _filter_table(ledger: Ledger, ingest_id: str | None,
                   lowest: Mapping[TopicPartition, int]) -> tuple[dict[TopicPartition, np.ndarray], int]:
-    """Offsets of the rows of ``uri`` per partition, from ``lowest[tp]`` on (files pruned by
+    """Offsets of the rows of ``ledger``'s table per partition, from ``lowest[tp]`` on (files pruned by
     their stats and partition values); with ``ingest_id`` only the rows of that ingest (dead letters)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    ledger = Ledger.open(uri, dict(storage_options) if storage_options else None)
-    if not ledger.exists:
-        raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
-                         "for object storage)")
     loc = ledger.location()
     actions = pa.table(ledger.table.get_add_actions(flatten=True)).to_pylist()
     parts: dict[TopicPartition, list[np.ndarray]] = {tp: [] for tp in lowest}
@@ -199,10 +203,7 @@ def _kafka_offsets(kafka: KafkaOffsets, spans: Mapping[TopicPartition, tuple[int
 
 def run_audit(request: AuditRequest) -> AuditReport:
     """Audit ``request``'s batches; records the result beside the table unless told not to."""
-    ledger = Ledger.open(request.table_uri, dict(request.storage_options) if request.storage_options else None)
-    if not ledger.exists:
-        raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
-                         "for object storage)")
+    ledger = _open_table(request.table_uri, request.storage_options)
     ledger.check_owner(request.ingest_id)
     audits = AuditLog(ledger.location())
     last = audits.last(request.ingest_id) if request.selection is Selection.SINCE_LAST_AUDIT else None
@@ -231,11 +232,11 @@ def run_audit(request: AuditRequest) -> AuditReport:
         spans[tp] = (min(s for _, s, _ in checked), max(e for _, _, e in checked)) if checked else (0, 0)
     lowest = {tp: s.lowest for tp, s in scopes.items()}
     delivered = _kafka_offsets(kafka, spans, request.kafka_timeout)
-    table_offsets, rows_read = _filter_table(ledger.table_uri, request.storage_options, None, lowest) \
-        if lowest else ({}, 0)
+    table_offsets, rows_read = _filter_table(ledger, None, lowest) if lowest else ({}, 0)  # the log loaded once
     dead: dict[TopicPartition, np.ndarray] = {}
     if request.dead_letter_table and lowest:
-        dead, _ = _filter_table(request.dead_letter_table, request.storage_options, request.ingest_id, lowest)
+        dead, _ = _filter_table(_open_table(request.dead_letter_table, request.storage_options),
+                                request.ingest_id, lowest)
     committed = {tp: [(r.start, r.end) for b in batches for r in b.ranges if r.tp == tp] for tp in scopes}
     results = [reconcile_partition(scope, delivered[tp], table_offsets[tp],
                                    dead.get(tp, np.array([], dtype=np.int64)), committed[tp])
