@@ -28,6 +28,7 @@ from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.operators.failures import raise_for_airflow
+from airflow_eo.operators.task_end import released_at_end
 from airflow_eo.table.storage import normalize_table_uri
 
 METRICS = (FindingKind.LOST, FindingKind.DUPLICATED, FindingKind.STRAY, FindingKind.UNVERIFIABLE)
@@ -87,7 +88,8 @@ class DeltaKafkaAuditOperator(BaseOperator):
 
     def execute(self, context) -> dict:
         try:
-            self.report = report = run_audit(self.request())
+            with released_at_end():  # before the listeners fork this process (see task_end)
+                self.report = report = run_audit(self.request())
         except AirflowEoError as exc:
             raise_for_airflow(self.log, exc)
         emit_audit_metrics(report)
