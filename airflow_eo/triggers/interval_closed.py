@@ -46,7 +46,7 @@ def interval_closing(kafka_config: Mapping[str, object], storage_options: Mappin
     """Whether ``interval`` may be planned now for ``ingest_id`` in the table, as the planner decides it."""
     config = IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=topics, mode="interval",
                           close_after=close_after, kafka_config=kafka_config, storage_options=storage_options)
-    ledger = Ledger.open(config.table_uri, config.storage_options)
+    ledger = Ledger.open(config.table_uri, dict(storage_options) if storage_options else None)
     ledger.check_owner(ingest_id)  # never wait on (or report closed for) another ingest's table
     return IntervalPlanner(config, interval).closing(ledger, KafkaOffsets(config.kafka_config))
 

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from airflow.triggers.base import TriggerEvent
@@ -30,7 +29,7 @@ MAX_BACKOFF_SECONDS = 300.0
 
 
 async def measurements(measure: Callable[[], Awaitable[Any]], *, poll_interval: float, max_failures: int,
-                       log: logging.Logger, what: str) -> AsyncIterator[Any]:
+                       log: Any, what: str) -> AsyncIterator[Any]:
     """Each value ``measure()`` returns, as often as the caller asks for the next (it sleeps
     between asks); an error :class:`TriggerEvent` ends the stream."""
     failures = 0
