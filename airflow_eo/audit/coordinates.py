@@ -66,15 +66,16 @@ class KafkaCoordinates:
         found: list[np.ndarray] = []
         try:
             consumer.assign([ktp])
-            last_progress, done = time.monotonic(), False
+            last_progress, done, next_offset = time.monotonic(), False, start
             while not done:
-                messages = consumer.consume(num_messages=50_000, timeout=0.5)
-                offsets = [m.offset() for m in messages if m.error() is None]
-                for m in messages:
+                offsets: list[int] = []
+                keep = offsets.append
+                # no more than the span still holds: consume() waits out its timeout for the count it asks
+                for m in consumer.consume(num_messages=max(1, min(50_000, end - next_offset)), timeout=0.5):
                     error = m.error()
                     if error is None:
-                        continue
-                    if error.code() == KafkaError._PARTITION_EOF:  # nothing after: the span is read
+                        keep(m.offset())
+                    elif error.code() == KafkaError._PARTITION_EOF:  # nothing after: the span is read
                         done = True
                     elif error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                         raise ReadIncompleteError(f"{tp}: retention deleted offsets of {start}..{end} while the audit "
@@ -86,7 +87,8 @@ class KafkaCoordinates:
                     last_progress = time.monotonic()
                     got = np.fromiter(offsets, dtype=np.int64, count=len(offsets))
                     found.append(got[got < end])
-                    done = done or int(got[-1]) >= end - 1
+                    next_offset = int(got[-1]) + 1
+                    done = done or next_offset >= end
                 if not done and consumer.position([ktp])[0].offset >= end:  # the span ends in a marker
                     done = True
                 if not done and time.monotonic() - last_progress > self.stall_timeout:

@@ -9,7 +9,9 @@ small results, merged here: memory follows the slice size, not the number of rec
 
 Small audits run their slices in this process; one that checks at least
 ``spark_threshold`` offsets runs them as Spark tasks when it is given a Spark runner
-(:class:`airflow_eo.submit.audit.SparkSlices`: a classic session or the Spark Connect server).
+(:class:`airflow_eo.submit.audit.SparkSlices`: a classic session or the Spark Connect server;
+by default from :data:`~airflow_eo.audit.SPARK_THRESHOLD_WARM` offsets on a warm session and
+from :data:`~airflow_eo.audit.SPARK_THRESHOLD_COLD` on one the audit would have to start).
 The result is recorded beside the table (:class:`airflow_eo.table.audit_log.AuditLog`).
 
 Example::
@@ -30,7 +32,7 @@ from datetime import datetime, timezone
 from typing import Mapping
 
 from airflow_eo.attempt import Secrets
-from airflow_eo.audit import SLICE_OFFSETS, SPARK_THRESHOLD
+from airflow_eo.audit import SLICE_OFFSETS
 from airflow_eo.audit.coordinates import FileStats, highest_offset, table_files
 from airflow_eo.audit.findings import (
     AuditReport, BatchRanges, Finding, PartitionResult, PartitionScope, SliceResult, account_batches, check_tiling,
@@ -68,7 +70,8 @@ class AuditRequest:
     record: bool = True  # write the result beside the table
     kafka_timeout: float = 60.0
     slice_offsets: int = SLICE_OFFSETS
-    spark_threshold: int = SPARK_THRESHOLD  # with a Spark runner: audits checking this many offsets use it
+    spark_threshold: int | None = None  # with a Spark runner: audits checking this many offsets use it
+    # (None: the runner's own default, lower for a warm session than for one it must start)
 
 
 def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
@@ -142,7 +145,10 @@ def compare_rows(request: AuditRequest, ledger: Ledger, batches: list[BatchRange
     dead = _open_table(request.dead_letter_table, request.storage_options) if request.dead_letter_table else None
     tasks = slice_tasks(request, ledger, batches, scopes, dead)
     offsets = sum(t.size for t in tasks)
-    runner: SliceRunner = spark if spark is not None and offsets >= request.spark_threshold else InProcessSlices()
+    runner: SliceRunner = InProcessSlices()
+    if spark is not None:
+        threshold = spark.default_threshold if request.spark_threshold is None else request.spark_threshold
+        runner = spark if offsets >= threshold else runner
     log.info("audit: comparing %d offsets of %d partition(s) in %d slice(s) %s", offsets, len(scopes), len(tasks),
              "as Spark tasks" if runner.engine != InProcessSlices.engine else "in this process")
     by_tp: dict[TopicPartition, list[SliceResult]] = {tp: [] for tp in scopes}

@@ -65,6 +65,7 @@ class SliceRunner(Protocol):
     """Where an audit's slices run."""
 
     engine: str  # named in the report: "in_process" or "spark"
+    default_threshold: int  # offsets checked from which an audit given this runner uses it
 
     def run(self, tasks: Sequence[SliceTask], secrets: Secrets) -> Iterator[SliceResult]: ...
 
@@ -73,6 +74,7 @@ class InProcessSlices:
     """The slices one after the other in this process, with one consumer reassigned per span."""
 
     engine = "in_process"
+    default_threshold = 0
 
     def run(self, tasks: Sequence[SliceTask], secrets: Secrets) -> Iterator[SliceResult]:
         locations: dict[str, TableLocation] = {}

@@ -25,7 +25,6 @@ from typing import Any
 from airflow.providers.common.compat.sdk import AirflowFailException
 from airflow.sdk import BaseOperator
 
-from airflow_eo.audit import SPARK_THRESHOLD
 from airflow_eo.audit.findings import AuditReport, FindingKind
 from airflow_eo.audit.run import AuditRequest, Selection, run_audit
 from airflow_eo.errors import AirflowEoError
@@ -67,7 +66,8 @@ class DeltaKafkaAuditOperator(BaseOperator):
         (its server), or a ``spark`` connection (a session of its master in this process, client
         mode); None, or a connection that does not exist: every slice in the task's process.
     :param spark_conf: extra Spark conf for that session.
-    :param spark_threshold: offsets checked from which the audit uses Spark (default 1,000,000).
+    :param spark_threshold: offsets checked from which the audit uses Spark (default 1,000,000 on a
+        Spark Connect server, 10,000,000 with a session of a master, which costs a JVM start).
     """
 
     template_fields: Sequence[str] = ("table_uri", "ingest_id", "dead_letter_table_uri", "batches", "since_version")
@@ -77,7 +77,7 @@ class DeltaKafkaAuditOperator(BaseOperator):
                  audit_all: bool = False, dead_letter_table_uri: str | None = None,
                  kafka_conn_id: str = "kafka_default", storage_conn_id: str | None = None,
                  storage_options: dict[str, str] | None = None, spark_conn_id: str | None = "spark_default",
-                 spark_conf: dict[str, str] | None = None, spark_threshold: int = SPARK_THRESHOLD, **kwargs: Any):
+                 spark_conf: dict[str, str] | None = None, spark_threshold: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.table_uri, self.ingest_id, self.dead_letter_table_uri = table_uri, ingest_id, dead_letter_table_uri
         self.batches, self.since_version, self.audit_all = batches, since_version, audit_all
@@ -97,7 +97,7 @@ class DeltaKafkaAuditOperator(BaseOperator):
             selection, value = Selection.SINCE_LAST_AUDIT, None
         return AuditRequest(self.table_uri, self.ingest_id, kafka_config_of(self.kafka_conn_id),
                             storage_options_of(self.storage_conn_id, self.storage_options), selection, value,
-                            self.dead_letter_table_uri or None, spark_threshold=int(self.spark_threshold))
+                            self.dead_letter_table_uri or None, spark_threshold=None if self.spark_threshold in (None, "") else int(self.spark_threshold))
 
     def execute(self, context) -> dict:
         try:

@@ -14,6 +14,9 @@ The session is opened on first use, so an audit small enough to run in process s
   process, stopped by :meth:`SparkSlices.close`;
 * ``spark=``: a session the caller holds (tests, a job that has one).
 
+A warm session (Connect, or one given) is used from :data:`~airflow_eo.audit.SPARK_THRESHOLD_WARM`
+offsets, one to start from :data:`~airflow_eo.audit.SPARK_THRESHOLD_COLD` (:attr:`SparkSlices.default_threshold`).
+
 Example::
 
     >>> report = run_audit(request, spark=SparkSlices(remote="sc://127.0.0.1:15002"))   # doctest: +SKIP
@@ -30,6 +33,7 @@ import uuid
 from typing import Iterator, Sequence
 
 from airflow_eo.attempt import Env, Secrets
+from airflow_eo.audit import SPARK_THRESHOLD_COLD, SPARK_THRESHOLD_WARM
 from airflow_eo.audit.findings import SliceResult
 from airflow_eo.audit.slices import SliceTask
 from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError, SparkUnavailableError, error_from_line, \
@@ -72,6 +76,12 @@ class SparkSlices:
         self._owned = False  # a classic session this object started (stopped by close)
         self._tag: str | None = None
         self._lock = threading.Lock()
+
+    @property
+    def default_threshold(self) -> int:
+        """Warm (a Spark Connect server, a session given): worth it from 1M offsets; a session to
+        start pays a JVM start first (see :mod:`airflow_eo.audit`)."""
+        return SPARK_THRESHOLD_COLD if self.master is not None else SPARK_THRESHOLD_WARM
 
     @property
     def started(self) -> bool:

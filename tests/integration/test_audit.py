@@ -148,6 +148,8 @@ def test_ingested_table_is_clean_and_lists_the_skip_and_what_kafka_no_longer_hol
     assert table_status(ingested.table, INGEST_ID, None)["last_audit"]["through_version"] == report["through_version"]
     code, again = audit(capsys, ingested)
     assert code == 0 and again["batches"] == [] and again["checked_offsets"] == 0
+    code, named = audit(capsys, ingested, None, "--since-last-audit")  # the default, by its name
+    assert code == 0 and named["batches"] == [] and named["engine"] == "in_process"
 
 
 def test_human_report_and_errors_exit_2(capsys, ingested, tmp_path):
