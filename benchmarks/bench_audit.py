@@ -118,47 +118,60 @@ def run(bench, say) -> dict:
     """The audit part of ``benchmark.py`` (``bench``: its :class:`Bench`, for the broker, the args and the times)."""
     a = bench.args
     records, multiplier = a.records, max(1, a.audit_multiplier)
-    bench.start_broker(TOPIC, records * multiplier)
-    config = bench.kafka_config
-    first = [OffsetRange(TOPIC, p, 0, records // a.partitions + (p < records % a.partitions))
-             for p in range(a.partitions)]  # the first `records` records, as the ingest plans them (round-robin load)
     load = {"load_average_at_start": os.getloadavg()}
-    tables: dict[str, str] = {}
     try:
-        with ConnectServer(master=a.master, log_file=os.path.join(bench.work, "audit-connect.log")) as server:
-            for rep in range(a.repetitions):
-                raw = bench_warm.raw_single_consumer(config, first)
-                bench.record("audit.raw_single_consumer", raw["seconds"])
-                for path in (PATHS if rep % 2 == 0 else PATHS[::-1]):
-                    tables[path] = bench.fresh(f"audit-{path}")
-                    done = ingest(tables[path], config, records, path, a.master, server.url)
-                    bench.record(f"audit.{path}.ingest", done["seconds"])
-                    for side in ([path, "local_spark"] if path == "local" else [path]):
-                        checked = audit(tables[path], config, side, a.master, server.url)
-                        if checked["checked_offsets"] != records:
-                            raise RuntimeError(f"audit ({side}) checked {checked['checked_offsets']} of {records}")
-                        bench.record(f"audit.{side}.audit", checked["seconds"])
-                        say(f"rep {rep + 1}/{a.repetitions}: {side}: ingest {done['seconds']:.1f}s, audit "
-                            f"{checked['seconds']:.1f}s ({checked['engine']}; raw consumer {raw['seconds']:.1f}s)")
-            if multiplier > 1:
-                say(f"memory: ingesting the x{multiplier} table ({records * multiplier:,} records, warm)")
-                tables["large"] = bench.fresh("audit-large")
-                ingest(tables["large"], config, records * multiplier, "connect", a.master, server.url)
-        memory = {}
-        if multiplier > 1:
-            for path in ("in_process", "local_spark"):
-                for name, table, n in (("x1", tables["local"], records), (f"x{multiplier}", tables["large"],
-                                                                           records * multiplier)):
-                    out = audit(table, config, path, a.master, memory=True)
-                    memory.setdefault(path, {})[name] = {"records": n, "seconds": out["seconds"],
-                                                         "peak_pss_mb": out["peak_pss_mb"]}
-                    say(f"memory: audit {path} of {n:,} records: peak PSS {out['peak_pss_mb']:.0f} MB, "
-                        f"{out['seconds']:.1f}s")
+        bench.start_broker(TOPIC, records)  # as large as the throughput part's: the broker slows with its size
+        timed(bench, say, records)
+        bench.stop_broker()
+        memory = peak_memory(bench, say, records, multiplier) if multiplier > 1 else {}
     finally:
         bench.stop_broker()
     load["load_average_at_end"] = os.getloadavg()
     return {"records": records, "partitions": a.partitions, "multiplier": multiplier, **load,
             **summarise(bench.times, memory)}
+
+
+def timed(bench, say, records: int) -> None:
+    """Each repetition: the raw consumer, then per path the ingest of a fresh table and its audit."""
+    a, config = bench.args, bench.kafka_config
+    first = [OffsetRange(TOPIC, p, 0, records // a.partitions + (p < records % a.partitions))
+             for p in range(a.partitions)]  # the records the ingest plans (the load is round-robin)
+    with ConnectServer(master=a.master, log_file=os.path.join(bench.work, "audit-connect.log")) as server:
+        for rep in range(a.repetitions):
+            raw = bench_warm.raw_single_consumer(config, first)
+            bench.record("audit.raw_single_consumer", raw["seconds"])
+            for path in (PATHS if rep % 2 == 0 else PATHS[::-1]):
+                table = bench.fresh(f"audit-{path}")
+                done = ingest(table, config, records, path, a.master, server.url)
+                bench.record(f"audit.{path}.ingest", done["seconds"])
+                for side in ([path, "local_spark"] if path == "local" else [path]):
+                    checked = audit(table, config, side, a.master, server.url)
+                    if checked["checked_offsets"] != records:
+                        raise RuntimeError(f"audit ({side}) checked {checked['checked_offsets']} of {records}")
+                    bench.record(f"audit.{side}.audit", checked["seconds"])
+                    say(f"rep {rep + 1}/{a.repetitions}: {side}: ingest {done['seconds']:.1f}s, audit "
+                        f"{checked['seconds']:.1f}s ({checked['engine']}; raw consumer {raw['seconds']:.1f}s)")
+
+
+def peak_memory(bench, say, records: int, multiplier: int) -> dict:
+    """On a broker of its own: tables of 1x and ``multiplier`` x the records (ingested warm), each
+    audited in process and as Spark tasks of a local session, with the command tree's peak PSS."""
+    a = bench.args
+    bench.start_broker(TOPIC, records * multiplier)
+    config, tables = bench.kafka_config, {}
+    with ConnectServer(master=a.master, log_file=os.path.join(bench.work, "audit-memory-connect.log")) as server:
+        for n in (records, records * multiplier):
+            say(f"memory: ingesting a table of {n:,} records (warm)")
+            tables[n] = bench.fresh("audit-memory")
+            ingest(tables[n], config, n, "connect", a.master, server.url)
+    memory: dict = {}
+    for path in ("in_process", "local_spark"):
+        for n, table in tables.items():
+            out = audit(table, config, path, a.master, memory=True)
+            memory.setdefault(path, {})[f"x{n // records}"] = {"records": n, "seconds": out["seconds"],
+                                                                "peak_pss_mb": out["peak_pss_mb"]}
+            say(f"memory: audit {path} of {n:,} records: peak PSS {out['peak_pss_mb']:.0f} MB, {out['seconds']:.1f}s")
+    return memory
 
 
 def summarise(times: dict, memory: dict) -> dict:
