@@ -264,8 +264,8 @@ def _audit_parser(sub) -> None:
                                   "1,000,000 offsets of a partition)")
     spark.add_argument("--spark-threshold", type=int, metavar="OFFSETS",
                        help=f"offsets checked from which Spark is used (0: always; default {SPARK_THRESHOLD_WARM:,} "
-                       f"on a Spark Connect server, {SPARK_THRESHOLD_COLD:,} with --master, whose JVM start "
-                       "outweighs reading fewer records here)")
+                       f"on a Spark Connect server, {SPARK_THRESHOLD_COLD:,} with --master, which starts a JVM "
+                       "first)")
     spark.add_argument("--master", default="local[*]", help="Spark master of a session in this process (client "
                        "mode: local[*], spark://host:7077, yarn)")
     spark.add_argument("--remote", help="run the Spark tasks on this Spark Connect server (sc://host:port) instead")

@@ -10,18 +10,19 @@ Side by side in one run, on one broker holding ``--records`` x ``--audit-multipl
   then ``airflow-eo audit --all`` of that table on the same path, each command timed whole:
 
   - ``local``: the ingest with spark-submit (``--master``); the audit with ``--master`` and its
-    default threshold (a session it would start pays a JVM start: below 10M offsets it compares
-    in its own process), and ``local_spark``: the same with every slice a Spark task in a session
-    of that master (``--spark-threshold 0``: the JVM start included);
-  - ``connect``: both on one warm Spark Connect server (``--remote``), the audit's slices as
-    Spark tasks there (1M offsets and more, by default);
+    default threshold (below 10M offsets: compared in its own process, starting no JVM), and
+    ``local_spark``: the same with every slice a Spark task in a session of that master
+    (``--spark-threshold 0``: the JVM start included);
+  - ``connect``: both on one warm Spark Connect server (``--remote``), the audit with its default
+    threshold (below 2M offsets: in its own process), and ``connect_spark``: every slice a Spark
+    task on that server;
 
 * memory: the peak PSS of the auditing command's process tree (the command, and on the Spark
   path its JVM and Python workers) auditing the 1x table and the ``--audit-multiplier`` x table,
   in process and as Spark tasks of a local session.
 
 Targets: audit / ingest <= 0.5 on each path with the audit's defaults (medians of the
-repetitions); the audit's peak memory at the large table / at the 1x table <= 1.25 ("flat in
+repetitions; the ``_spark`` rows are reported beside them); the audit's peak memory at the large table / at the 1x table <= 1.25 ("flat in
 the number of records")::
 
     .venv/bin/python benchmarks/benchmark.py --only audit                      # 1M records, x4 for memory
@@ -50,7 +51,8 @@ PATHS = ("local", "connect")
 
 def engine_of(path: str, offsets: int) -> str:
     """Where the audit's defaults compare ``offsets`` on ``path`` (airflow_eo.audit's thresholds)."""
-    threshold = {"local": SPARK_THRESHOLD_COLD, "connect": SPARK_THRESHOLD_WARM, "local_spark": 0}.get(path)
+    threshold = {"local": SPARK_THRESHOLD_COLD, "connect": SPARK_THRESHOLD_WARM, "local_spark": 0,
+                 "connect_spark": 0}.get(path)
     return "spark" if threshold is not None and offsets >= threshold else "in_process"
 
 
@@ -80,8 +82,8 @@ def audit(table: str, kafka_config: dict, path: str, master: str, remote: str | 
     cmd = [bench_warm.AIRFLOW_EO, "audit", table, "--ingest-id", "bench", "--all", "--json"]
     if path == "in_process":
         cmd += ["--in-process"]
-    elif path == "connect":
-        cmd += ["--remote", str(remote)]
+    elif path.startswith("connect"):
+        cmd += ["--remote", str(remote)] + (["--spark-threshold", "0"] if path == "connect_spark" else [])
     else:
         cmd += ["--master", master, "--conf", "spark.ui.enabled=false"] + \
             (["--spark-threshold", "0"] if path == "local_spark" else [])
@@ -144,7 +146,7 @@ def timed(bench, say, records: int) -> None:
                 table = bench.fresh(f"audit-{path}")
                 done = ingest(table, config, records, path, a.master, server.url)
                 bench.record(f"audit.{path}.ingest", done["seconds"])
-                for side in ([path, "local_spark"] if path == "local" else [path]):
+                for side in (path, f"{path}_spark"):
                     checked = audit(table, config, side, a.master, server.url)
                     if checked["checked_offsets"] != records:
                         raise RuntimeError(f"audit ({side}) checked {checked['checked_offsets']} of {records}")
@@ -177,7 +179,8 @@ def peak_memory(bench, say, records: int, multiplier: int) -> dict:
 def summarise(times: dict, memory: dict) -> dict:
     med = {k: statistics.median(v) for k, v in times.items() if k.startswith("audit.")}
     ratios = {f"{p}_audit_over_ingest": med[f"audit.{p}.audit"] / med[f"audit.{p}.ingest"] for p in PATHS}
-    ratios["local_spark_audit_over_ingest"] = med["audit.local_spark.audit"] / med["audit.local.ingest"]
+    ratios.update({f"{p}_spark_audit_over_ingest": med[f"audit.{p}_spark.audit"] / med[f"audit.{p}.ingest"]
+                   for p in PATHS})
     ratios["raw_consumer_over_local_audit"] = med["audit.raw_single_consumer"] / med["audit.local.audit"]
     growth = {p: max(m["peak_pss_mb"] for m in runs.values()) / min(m["peak_pss_mb"] for m in runs.values())
               for p, runs in memory.items()}

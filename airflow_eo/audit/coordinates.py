@@ -158,16 +158,37 @@ def table_files(table) -> list[FileStats]:
     return out
 
 
-def highest_offset(files: Sequence[FileStats], tp: TopicPartition) -> int | None:
-    """The highest offset of ``tp`` the files' statistics admit (None: none of them holds ``tp``,
-    or one may but records no offset statistics)."""
-    top = None
-    for f in files:
-        if f.may_hold(tp, 0, None):
-            if f.offset_max is None:
-                return None
-            top = f.offset_max if top is None else max(top, f.offset_max)
-    return top
+class FileIndex:
+    """A table's files by the topic-partition their statistics pin (one per file, as batches write
+    them), so a slice finds its files without testing every file of the table."""
+
+    def __init__(self, files: Sequence[FileStats]):
+        self.by_tp: dict[TopicPartition, list[FileStats]] = {}
+        self.others: list[FileStats] = []  # files of several partitions, or without statistics
+        for f in files:
+            if f.topic_min is not None and f.topic_min == f.topic_max and f.partition_min is not None \
+                    and f.partition_min == f.partition_max:
+                self.by_tp.setdefault(TopicPartition(f.topic_min, f.partition_min), []).append(f)
+            else:
+                self.others.append(f)
+
+    def _of(self, tp: TopicPartition) -> list[FileStats]:
+        return self.by_tp.get(tp, []) + self.others
+
+    def files(self, tp: TopicPartition, lo: int, hi: int | None) -> tuple[FileRef, ...]:
+        """The files that may hold rows of ``tp`` at offsets in ``[lo, hi)``."""
+        return tuple(f.ref for f in self._of(tp) if f.may_hold(tp, lo, hi))
+
+    def highest_offset(self, tp: TopicPartition) -> int | None:
+        """The highest offset of ``tp`` the statistics admit (None: no file holds ``tp``, or one
+        may but records no offset statistics)."""
+        top = None
+        for f in self._of(tp):
+            if f.may_hold(tp, 0, None):
+                if f.offset_max is None:
+                    return None
+                top = f.offset_max if top is None else max(top, f.offset_max)
+        return top
 
 
 def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPartition, lo: int, hi: int | None,

@@ -327,19 +327,37 @@ class SliceResult:
                    {int(b): int(n) for b, n in raw["delivered"].items()}, int(raw["rows_read"]))
 
 
+def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values, sorted, and how often each occurs (by sorting: numpy's hashing
+    ``unique`` took ~4x longer on a slice's offsets)."""
+    ordered = np.sort(values)
+    if ordered.size == 0:
+        return ordered, np.zeros(0, dtype=np.int64)
+    firsts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    return ordered[firsts], np.diff(np.append(firsts, ordered.size))
+
+
+def _member(values: np.ndarray, distinct: np.ndarray) -> np.ndarray:
+    """Boolean mask: which of ``values`` are in the sorted, distinct ``distinct``."""
+    if distinct.size == 0 or values.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(distinct, values), distinct.size - 1)
+    return distinct[at] == values
+
+
 def compare_slice(spec: SliceSpec, kafka: np.ndarray, table: np.ndarray, dead: np.ndarray) -> SliceResult:
     """Compare one slice. ``kafka``: the offsets a read_committed consumer delivered in the
     slice's checked ranges; ``table`` / ``dead``: the offsets in ``[lo, hi)`` of the table's rows
     and of the dead letters, duplicates kept."""
-    kafka, dead = np.unique(kafka), np.unique(dead)
-    rows, counts = np.unique(table, return_counts=True)
+    kafka, dead = _counted(kafka)[0], _counted(dead)[0]
+    rows, counts = _counted(table)
     twice = counts > 1
     duplicated = Listed.of(rows[twice], int((counts[twice] - 1).sum()))
     # stray: a row outside every committed range, or inside a checked range at an offset Kafka does not deliver
     outside = ~_in_spans(rows, list(spec.committed))
-    undelivered = _in_spans(rows, spec.kafka_spans) & ~np.isin(rows, kafka, assume_unique=True)
-    in_dead = np.isin(kafka, dead, assume_unique=True)
-    absent = kafka[~np.isin(kafka, rows, assume_unique=True) & ~in_dead]
+    undelivered = _in_spans(rows, spec.kafka_spans) & ~_member(rows, kafka)
+    in_dead = _member(kafka, dead)
+    absent = kafka[~_member(kafka, rows) & ~in_dead]
     missing: dict[int, Listed] = {}
     delivered: dict[int, int] = {}
     for b, s, e in spec.checked:

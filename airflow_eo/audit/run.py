@@ -27,13 +27,14 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping
 
 from airflow_eo.attempt import Secrets
 from airflow_eo.audit import SLICE_OFFSETS
-from airflow_eo.audit.coordinates import FileStats, highest_offset, table_files
+from airflow_eo.audit.coordinates import FileIndex, table_files
 from airflow_eo.audit.findings import (
     AuditReport, BatchRanges, Finding, PartitionResult, PartitionScope, SliceResult, account_batches, check_tiling,
     merge_slices, plan_slices, unverifiable,
@@ -124,16 +125,15 @@ def _open_table(uri: str, storage_options: Mapping[str, str] | None) -> Ledger:
 def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges],
                 scopes: dict[TopicPartition, PartitionScope], dead: Ledger | None) -> list[SliceTask]:
     """Every audited partition's slices, each with the files whose statistics may hold its rows."""
-    files = table_files(ledger.table)
-    dead_files: list[FileStats] = table_files(dead.table) if dead is not None else []
+    files = FileIndex(table_files(ledger.table))
+    dead_files = FileIndex(table_files(dead.table) if dead is not None else [])
     tasks = []
     for tp, scope in sorted(scopes.items()):
         committed = [(r.start, r.end) for b in batches for r in b.ranges if r.tp == tp]
-        for spec in plan_slices(scope, committed, request.slice_offsets, highest_offset(files, tp)):
-            tasks.append(SliceTask(
-                spec, ledger.table_uri, tuple(f.ref for f in files if f.may_hold(tp, spec.lo, spec.hi)),
-                dead.table_uri if dead is not None else None,
-                tuple(f.ref for f in dead_files if f.may_hold(tp, spec.lo, spec.hi)), request.ingest_id))
+        for spec in plan_slices(scope, committed, request.slice_offsets, files.highest_offset(tp)):
+            tasks.append(SliceTask(spec, ledger.table_uri, files.files(tp, spec.lo, spec.hi),
+                                   dead.table_uri if dead is not None else None,
+                                   dead_files.files(tp, spec.lo, spec.hi), request.ingest_id))
     return tasks
 
 
@@ -151,10 +151,12 @@ def compare_rows(request: AuditRequest, ledger: Ledger, batches: list[BatchRange
         runner = spark if offsets >= threshold else runner
     log.info("audit: comparing %d offsets of %d partition(s) in %d slice(s) %s", offsets, len(scopes), len(tasks),
              "as Spark tasks" if runner.engine != InProcessSlices.engine else "in this process")
+    started = time.monotonic()
     by_tp: dict[TopicPartition, list[SliceResult]] = {tp: [] for tp in scopes}
     for result in runner.run(tasks, Secrets(dict(request.kafka_config), request.storage_options)):
         by_tp[result.spec.tp].append(result)
     results = [merge_slices(scope, by_tp[tp]) for tp, scope in sorted(scopes.items())]
+    log.info("audit: %d slice(s) read and compared in %.1f s", len(tasks), time.monotonic() - started)
     return results, runner.engine, sum(r.rows_read for r in results)
 
 

@@ -66,7 +66,7 @@ class DeltaKafkaAuditOperator(BaseOperator):
         (its server), or a ``spark`` connection (a session of its master in this process, client
         mode); None, or a connection that does not exist: every slice in the task's process.
     :param spark_conf: extra Spark conf for that session.
-    :param spark_threshold: offsets checked from which the audit uses Spark (default 1,000,000 on a
+    :param spark_threshold: offsets checked from which the audit uses Spark (default 2,000,000 on a
         Spark Connect server, 10,000,000 with a session of a master, which costs a JVM start).
     """
 

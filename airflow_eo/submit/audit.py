@@ -79,7 +79,7 @@ class SparkSlices:
 
     @property
     def default_threshold(self) -> int:
-        """Warm (a Spark Connect server, a session given): worth it from 1M offsets; a session to
+        """Warm (a Spark Connect server, a session given): worth it from 2M offsets; a session to
         start pays a JVM start first (see :mod:`airflow_eo.audit`)."""
         return SPARK_THRESHOLD_COLD if self.master is not None else SPARK_THRESHOLD_WARM
 
@@ -97,15 +97,19 @@ class SparkSlices:
             self._spark = ConnectSubmitter(self.remote, conf=self.conf).session()
             check_version(self._spark, self.remote)  # the tasks import this airflow-eo on the server
         else:
-            from airflow_eo.driver.session import build_session
+            from pyspark.sql import SparkSession
 
+            from airflow_eo.driver.session import build_session, for_session
+
+            with for_session(None):  # a classic session this process already runs is used, never stopped here
+                running = SparkSession.getActiveSession()
             if str(self.master).startswith("local"):  # the local JVM and its Python workers
                 os.environ.setdefault(Env.SPARK_LOCAL_IP, "127.0.0.1")
             python = os.environ.get(Env.PYSPARK_PYTHON, sys.executable)  # workers need airflow-eo
-            self._spark = build_session("airflow-eo audit", {"spark.master": str(self.master),
-                                                             "spark.ui.enabled": "false",
-                                                             "spark.pyspark.python": python, **self.conf})
-            self._owned = True
+            self._spark = running or build_session("airflow-eo audit", {
+                "spark.master": str(self.master), "spark.ui.enabled": "false", "spark.pyspark.python": python,
+                **self.conf})
+            self._owned = running is None
         return self._spark
 
     def run(self, tasks: Sequence[SliceTask], secrets: Secrets) -> Iterator[SliceResult]:

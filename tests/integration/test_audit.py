@@ -115,7 +115,7 @@ def audit(capsys, ingested: Ingested, table: str | None = None, *options: str) -
     capsys.readouterr()
     code = main(["audit", table or ingested.table, "--ingest-id", INGEST_ID, "--bootstrap-servers", ingested.bootstrap,
                  "--dead-letter-table", ingested.dlq, "--json", *options])
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the report: one line, last
 
 
 def found(report: dict, drift_only: bool = False) -> list[tuple]:
@@ -250,3 +250,27 @@ def test_a_small_audit_starts_no_spark_even_when_given_one(ingested, tmp_path):
     spark = SparkSlices(master="local[1]")  # would start a JVM in this process if it were used
     report = run_audit(request(ingested, ingested.table), spark=spark)  # 16 offsets, far below the threshold
     assert report.engine == "in_process" and report.exit_code == 0 and not spark.started
+
+
+def test_the_command_and_the_operator_run_large_audits_on_the_spark_connect_server(capsys, ingested, connect_server,
+                                                                                   monkeypatch):
+    """`airflow-eo audit --remote` and the operator's `spark_conn_id` of the `spark_connect` type: the
+    slices run as tasks on that server (a threshold of 0 makes this small table "large")."""
+    from airflow_eo.operators.delta_kafka_audit import DeltaKafkaAuditOperator
+
+    code, report = audit(capsys, ingested, None, "--all", "--remote", connect_server.url, "--spark-threshold", "0")
+    assert code == 0 and report["engine"] == "spark" and report["checked_offsets"] == ingested.p0_end + 2
+    host, port = connect_server.url.removeprefix("sc://").split(":")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_AUDIT", json.dumps({"conn_type": "spark_connect", "host": host,
+                                                                "port": int(port)}))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_AUDIT", json.dumps({"conn_type": "kafka",
+                                                                "extra": {"bootstrap.servers": ingested.bootstrap}}))
+    op = DeltaKafkaAuditOperator(task_id="audit", table_uri=ingested.table, ingest_id=INGEST_ID, audit_all=True,
+                                 dead_letter_table_uri=ingested.dlq, kafka_conn_id="kafka_audit",
+                                 spark_conn_id="spark_audit", spark_threshold=0)
+    returned = op.execute({})
+    assert returned["engine"] == "spark" and not returned["drift"] and returned["findings"] == report["findings"]
+    small = DeltaKafkaAuditOperator(task_id="audit2", table_uri=ingested.table, ingest_id=INGEST_ID, audit_all=True,
+                                    dead_letter_table_uri=ingested.dlq, kafka_conn_id="kafka_audit",
+                                    spark_conn_id="spark_audit")  # 16 offsets, below the warm default of 1M
+    assert small.execute({})["engine"] == "in_process"

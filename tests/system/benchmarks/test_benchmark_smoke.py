@@ -57,6 +57,6 @@ def test_benchmark_smoke(tmp_path):
     assert maintenance["read_speedup"] > 0 and "read_after_compaction>=5x_faster" in report["targets"]
     audit = report["audit"]  # the audit against the ingest of the same 5,000 records, per path, and its memory
     assert {"audit.local.ingest", "audit.local.audit", "audit.local_spark.audit", "audit.connect.ingest",
-            "audit.connect.audit", "audit.raw_single_consumer"} <= set(times)
+            "audit.connect.audit", "audit.connect_spark.audit", "audit.raw_single_consumer"} <= set(times)
     assert audit["ratios"]["connect_audit_over_ingest"] > 0 and set(audit["memory"]) == {"in_process", "local_spark"}
     assert audit["memory"]["in_process"]["x2"]["records"] == 10000 and audit["memory_growth"]["in_process"] > 0
