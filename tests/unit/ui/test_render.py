@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from datetime import datetime, timedelta, timezone
-from html.parser import HTMLParser
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -20,54 +19,12 @@ from airflow_eo.ui import charts
 from airflow_eo.ui.events import LagPoint, RunSummary, TableRef, TaskRun, Writer
 from airflow_eo.ui.render import ListRow, render_list, render_message, render_table
 from airflow_eo.ui.tables import BatchRow, PartitionOffset, Span, SpanState, TableDetail, TableMode, TableState
+from tests.html_pages import check_page
 
 NOW = datetime(2026, 3, 4, 12, 0, tzinfo=timezone.utc)
 H = 3_600_000
 BASE = int(datetime(2026, 3, 4, tzinfo=timezone.utc).timestamp() * 1000)
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 HOSTILE = 'x"><script>alert(1)</script>'
-
-
-class StrictHTML(HTMLParser):
-    """Parses a page and fails on what a browser would repair: an element closed out of order or
-    never, an end tag without a start. Collects every URL-bearing attribute and every SVG."""
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.stack: list[str] = []
-        self.urls: list[str] = []
-        self.tags: set[str] = set()
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.add(tag)
-        self.urls += [v for k, v in attrs if k in ("href", "src", "action", "formaction", "xlink:href") and v is not None]
-        if tag not in VOID:
-            self.stack.append(tag)
-
-    def handle_startendtag(self, tag, attrs):
-        self.tags.add(tag)
-        self.urls += [v for k, v in attrs if k in ("href", "src") and v is not None]
-
-    def handle_endtag(self, tag):
-        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes {self.stack[-3:]}"
-        self.stack.pop()
-
-
-def check_page(html: str) -> StrictHTML:
-    assert html.startswith("<!doctype html>")
-    parser = StrictHTML()
-    parser.feed(html)
-    parser.close()
-    assert parser.stack == [], f"never closed: {parser.stack}"
-    assert not parser.tags & {"script", "form", "iframe", "object", "embed", "base", "input", "button"}
-    assert not re.search(r"\son\w+\s*=", html), "an event handler attribute"
-    for url in parser.urls:
-        parts = urlsplit(url)
-        assert not parts.scheme and not parts.netloc and not url.startswith("/"), f"not a relative URL: {url}"
-    for svg in re.findall(r"<svg\b.*?</svg>", html, re.S):
-        root = ET.fromstring(svg)  # well-formed XML, or it raises
-        assert root.tag == "{http://www.w3.org/2000/svg}svg" and root.get("viewBox")
-    return parser
 
 
 def writer(dag: str, task: str = "ingest", lag: int = 7) -> Writer:
