@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from airflow_eo.table.ledger import BatchRecord, Ledger
 
-FIRST_WINDOW = 64  # commits asked for by the first read of a table; doubled until enough
+FIRST_WINDOW = 64  # commits asked for by a first read of a table; if more are needed, all of them next
 
 
 @dataclass(frozen=True)
@@ -106,16 +106,16 @@ class CommitHistory:
         if cached and max(cached) < newest:  # the commits since the last read
             self._read(ledger, known, newest - max(cached))
         out: list[Commit] = []
-        version, window = newest, FIRST_WINDOW
+        version, first = newest, True
         while len(out) < limit and version >= 0:
             commit = known.commits.get(version)
             if commit is None:
                 if known.floor is not None and version < known.floor:
                     break  # the log holds nothing older
-                depth = newest - version + 1
-                window = max(window, depth * 2)
-                self._read(ledger, known, min(window, newest + 1, newest - version + limit - len(out)))
-                window *= 2
+                # first a window that covers most tables' recent past, then all that may be needed
+                rest = min(newest - version + limit - len(out), newest + 1)
+                self._read(ledger, known, min(max(FIRST_WINDOW, newest - version + 1), rest) if first else rest)
+                first = False
                 if version not in known.commits:
                     if known.floor is not None and version < known.floor:
                         break

@@ -93,11 +93,20 @@ def _epoch_ms(iso: str) -> int | None:
 
 
 def write_mode_of(record) -> str:
-    """``append`` or ``merge``: the batch metadata's ``write_mode`` when it records one (commits of
-    versions before write modes existed appended)."""
-    value = getattr(record.meta, "write_mode", None) if record is not None else None
+    """``append`` or ``merge``, read tolerantly from the batch metadata: its ``write_mode`` when it
+    records one, ``merge`` when it carries a merge record (``merge``), else ``append`` (commits of
+    versions before write modes existed appended).
+
+    >>> from types import SimpleNamespace as NS
+    >>> [write_mode_of(NS(meta=m)) for m in (NS(), NS(merge=None), NS(merge=NS(key=("id",))), NS(write_mode="merge"))]
+    ['append', 'append', 'merge', 'merge']
+    """
+    meta = getattr(record, "meta", None)
+    value = getattr(meta, "write_mode", None)
     value = getattr(value, "value", value)
-    return str(value) if value else "append"
+    if value:
+        return str(value)
+    return "merge" if getattr(meta, "merge", None) is not None else "append"
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def test_newest_first_and_a_later_read_reads_only_the_new_versions(tmp_path):
     assert spy.asked == [2]  # everything else from the cache
 
 
-def test_a_long_log_is_read_in_growing_windows_until_the_limit(tmp_path):
+def test_a_long_log_is_read_in_a_first_window_then_up_to_the_limit(tmp_path):
     uri = str(tmp_path / "t")
     build(uri, FIRST_WINDOW + 10)
     ledger = Ledger.open(uri)
