@@ -1,7 +1,7 @@
 """A table's recent commits, newest first, each committed version read from its log once per process.
 
-A committed Delta version never changes, so its commitInfo (commit time, Delta operation and
-airflow-eo's batch metadata, :class:`~airflow_eo.table.ledger.BatchRecord`) is kept after the
+A committed Delta version never changes, so what its commitInfo says (commit time, Delta
+operation and, of airflow-eo's batch metadata, the counts: :class:`BatchCounts`) is kept after the
 first read: a later read of the same table reads only the versions committed since. The cache
 is keyed by the table's URI *and* its Delta table id, so a table deleted and created again at
 the same path is read anew. It is bounded (versions per table, tables) and safe to share
@@ -26,25 +26,59 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from airflow_eo.table.ledger import BatchRecord, Ledger
+from airflow_eo.table.ledger import BatchRecord, CommitKind, Ledger
 
 FIRST_WINDOW = 64  # commits asked for by a first read of a table; if more are needed, all of them next
 
 
+def write_mode_of(meta) -> str:
+    """``append`` or ``merge``, read tolerantly from a batch's metadata: its ``write_mode`` when it
+    records one, ``merge`` when it carries a merge record (``merge``), else ``append`` (commits of
+    versions before write modes existed appended).
+
+    >>> from types import SimpleNamespace as NS
+    >>> [write_mode_of(m) for m in (NS(), NS(merge=None), NS(merge=NS(key=("id",))), NS(write_mode="merge"))]
+    ['append', 'append', 'merge', 'merge']
+    """
+    value = getattr(meta, "write_mode", None)
+    value = getattr(value, "value", value)
+    if value:
+        return str(value)
+    return "merge" if getattr(meta, "merge", None) is not None else "append"
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """What the history keeps of an airflow-eo commit: whose, which batch, what kind, how much. Not
+    its ranges: a commit names every partition, and thousands of commits are kept per table."""
+
+    ingest_id: str
+    batch: int
+    kind: CommitKind
+    rows: int
+    dead_letters: int
+    write_mode: str
+
+    @classmethod
+    def of(cls, record: BatchRecord) -> "BatchCounts":
+        meta = record.meta
+        return cls(meta.ingest_id, meta.batch, meta.operation, meta.rows, meta.dead_letter_records, write_mode_of(meta))
+
+
 @dataclass(frozen=True)
 class Commit:
-    """One version of a table: when, which Delta operation, and airflow-eo's record of it (if any)."""
+    """One version of a table: when, which Delta operation, and airflow-eo's counts of it (if any)."""
 
     version: int
     timestamp_ms: int | None
     operation: str  # Delta's: WRITE, OPTIMIZE, ...
-    record: BatchRecord | None
+    batch: BatchCounts | None
 
     @classmethod
     def from_commit_info(cls, info: dict) -> "Commit":
-        stamp = info.get("timestamp")
+        stamp, record = info.get("timestamp"), BatchRecord.from_commit_info(info)
         return cls(int(info["version"]), int(stamp) if stamp is not None else None, str(info.get("operation") or ""),
-                   BatchRecord.from_commit_info(info))
+                   BatchCounts.of(record) if record is not None else None)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 One :meth:`TableReader.state` (a row of the table list) or :meth:`TableReader.detail` (a
 table's page) opens the table's log **once** (:meth:`~airflow_eo.table.ledger.Ledger.open`)
 and answers everything from that snapshot: the ``txn`` lookups (mode, batch counter,
-committed offsets, intervals), the recent commits (through a shared
+committed offsets, intervals), the recent commits (the list's counts through a shared
 :class:`~airflow_eo.table.history.CommitHistory`, which reads each committed version once per
-process), the layout and what maintenance is due
+process; a table's page reads its newest :data:`PAGE_COMMITS` whole batch records), the layout and what maintenance is due
 (:func:`~airflow_eo.table.maintenance.layout`) and the newest audit
 (:class:`~airflow_eo.table.audit_log.AuditLog`). A table that cannot be read becomes a state
 with an ``error`` line, so one broken table does not break the page.
@@ -36,9 +36,9 @@ from airflow_eo.errors import AirflowEoError
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planning import Interval, OffsetRange, RunIdentity, TopicPartition  # noqa: F401 - Interval: doctest
 from airflow_eo.table.audit_log import AuditLog, AuditRecord
-from airflow_eo.table.history import Commit, CommitHistory
+from airflow_eo.table.history import FIRST_WINDOW, CommitHistory, write_mode_of
 from airflow_eo.table.intervals import IntervalLedger
-from airflow_eo.table.ledger import DATA_OPERATIONS, CommitKind, Ledger
+from airflow_eo.table.ledger import DATA_OPERATIONS, BatchRecord, CommitKind, Ledger
 from airflow_eo.table.maintenance import Layout, layout
 
 log = logging.getLogger(__name__)
@@ -92,23 +92,6 @@ def _epoch_ms(iso: str) -> int | None:
     return int(moment.timestamp() * 1000) if moment.tzinfo is not None else None
 
 
-def write_mode_of(record) -> str:
-    """``append`` or ``merge``, read tolerantly from the batch metadata: its ``write_mode`` when it
-    records one, ``merge`` when it carries a merge record (``merge``), else ``append`` (commits of
-    versions before write modes existed appended).
-
-    >>> from types import SimpleNamespace as NS
-    >>> [write_mode_of(NS(meta=m)) for m in (NS(), NS(merge=None), NS(merge=NS(key=("id",))), NS(write_mode="merge"))]
-    ['append', 'append', 'merge', 'merge']
-    """
-    meta = getattr(record, "meta", None)
-    value = getattr(meta, "write_mode", None)
-    value = getattr(value, "value", value)
-    if value:
-        return str(value)
-    return "merge" if getattr(meta, "merge", None) is not None else "append"
-
-
 @dataclass(frozen=True)
 class BatchRow:
     """One data commit of the ingest, as the batch table shows it."""
@@ -130,13 +113,11 @@ class BatchRow:
     duplicates: int
 
     @classmethod
-    def of(cls, commit: Commit) -> "BatchRow":
-        record = commit.record
-        assert record is not None
+    def of(cls, record: BatchRecord) -> "BatchRow":
         meta = record.meta
         planned = _epoch_ms(meta.planned_at)
-        seconds = (commit.timestamp_ms - planned) / 1000 if planned is not None and commit.timestamp_ms else None
-        return cls(commit.version, commit.timestamp_ms, meta.batch, meta.operation, write_mode_of(record),
+        seconds = (record.timestamp_ms - planned) / 1000 if planned is not None and record.timestamp_ms else None
+        return cls(record.version, record.timestamp_ms, meta.batch, meta.operation, write_mode_of(meta),
                    tuple(r for r in meta.ranges if r.size), meta.rows, meta.files, meta.bytes,
                    round(seconds, 1) if seconds is not None and seconds >= 0 else None, meta.run, meta.attempt_id,
                    meta.dead_letter_records, meta.late_records, meta.duplicate_records)
@@ -266,10 +247,9 @@ class TableReader:
         ledger.check_owner(ingest_id)
         shown, now_ms = display_uri(ledger.table_uri), int(self.clock() * 1000)
         day = self.history.recent(ledger, limit=LIST_COMMITS, since_ms=now_ms - DAY_MS)
-        recent = self.history.recent(ledger, limit=PAGE_COMMITS if batches else 64)
-        ours = [(c, c.record) for c in recent.commits
-                if c.record is not None and c.record.ingest_id == ingest_id and c.record.operation in DATA_OPERATIONS]
-        in_day = [c.record for c in day.commits if c.record is not None and c.record.ingest_id == ingest_id]
+        newest = next((c for c in self.history.recent(ledger, limit=FIRST_WINDOW).commits
+                       if c.batch is not None and c.batch.ingest_id == ingest_id and c.batch.kind in DATA_OPERATIONS), None)
+        in_day = [c.batch for c in day.commits if c.batch is not None and c.batch.ingest_id == ingest_id]
         interval = IntervalLedger(ledger, ingest_id)
         is_interval = interval.is_interval_table()
         table_layout = table_layout or layout(ledger)
@@ -281,20 +261,21 @@ class TableReader:
         state = TableState(
             table_uri=shown, ingest_id=ingest_id, version=ledger.version,
             mode=None if is_interval is None else TableMode.INTERVAL if is_interval else TableMode.OFFSETS,
-            write_mode=write_mode_of(ours[0][1]) if ours else None, last_batch=ledger.last_batch(ingest_id),
-            last_commit_ms=ours[0][0].timestamp_ms if ours else None,
-            rows_24h=sum(r.rows for r in in_day if r.operation is CommitKind.BATCH),
-            dead_letters_24h=sum(r.meta.dead_letter_records for r in in_day if r.operation in DATA_OPERATIONS),
+            write_mode=newest.batch.write_mode if newest and newest.batch else None,
+            last_batch=ledger.last_batch(ingest_id), last_commit_ms=newest.timestamp_ms if newest else None,
+            rows_24h=sum(b.rows for b in in_day if b.kind is CommitKind.BATCH),
+            dead_letters_24h=sum(b.dead_letters for b in in_day if b.kind in DATA_OPERATIONS),
             counts_complete=day.complete, last_audit=AuditLog(ledger.location()).last(ingest_id), due=tuple(due))
         if not batches:
             return TableDetail(state)
-        rows = tuple(BatchRow.of(c) for c, _ in ours[:batches])
+        ours = ledger.batches(ingest_id, limit=PAGE_COMMITS)  # the page's own read: whole records
+        rows = tuple(BatchRow.of(r) for r in ours[:batches])
         partitions = sorted({TopicPartition(r.topic, r.partition) for b in rows for r in b.ranges} |
-                            {TopicPartition(r.topic, r.partition) for _, record in ours[:1] for r in record.ranges})
+                            {TopicPartition(r.topic, r.partition) for record in ours[:1] for r in record.ranges})
         committed = ledger.committed_offsets(ingest_id, partitions)
         offsets = tuple(PartitionOffset(tp.topic, tp.partition, committed[tp]) for tp in partitions)
         spans: tuple[Span, ...] = ()
         if is_interval:  # late records belong to a batch's first commit (a reprocess records none)
-            late = {r.batch: r.meta.late_records for _, r in ours if r.operation is CommitKind.BATCH}
+            late = {r.batch: r.meta.late_records for r in ours if r.operation is CommitKind.BATCH}
             spans = time_line(interval.committed(), late, now_ms)
         return TableDetail(state, rows, offsets, spans, table_layout)

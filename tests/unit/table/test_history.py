@@ -47,9 +47,11 @@ def test_newest_first_and_a_later_read_reads_only_the_new_versions(tmp_path):
     spy = Spy(first)
     recent = history.recent(first, limit=100)
     assert [c.version for c in recent.commits] == [5, 4, 3, 2, 1, 0] and recent.complete
-    assert [c.record.batch for c in recent.commits if c.record] == [5, 4, 3, 2, 1]
-    assert recent.commits[-1].record is None  # the table's creation is no batch
-    assert recent.commits[0].record.rows == 5 and recent.commits[0].timestamp_ms > 0
+    assert [c.batch.batch for c in recent.commits if c.batch] == [5, 4, 3, 2, 1]
+    assert recent.commits[-1].batch is None  # the table's creation is no batch
+    newest = recent.commits[0]
+    assert (newest.batch.ingest_id, newest.batch.rows, newest.batch.write_mode) == (INGEST, 5, "append")
+    assert newest.operation == "WRITE" and newest.timestamp_ms > 0
     assert spy.asked == [6]  # the whole (short) log, once
 
     log.batch(plan(6), {"orders[0]": 6})
@@ -90,12 +92,12 @@ def test_a_table_created_again_at_the_same_path_is_not_served_from_the_cache(tmp
     uri = str(tmp_path / "t")
     build(uri, 3)
     history = CommitHistory()
-    assert [c.record.rows for c in history.recent(Ledger.open(uri), limit=10).commits if c.record] == [3, 2, 1]
+    assert [c.batch.rows for c in history.recent(Ledger.open(uri), limit=10).commits if c.batch] == [3, 2, 1]
     shutil.rmtree(uri)
     log = BatchLog(uri)
     for b, rows in ((1, 40), (2, 50), (3, 60)):  # the same versions, other commits
         log.batch(plan(b), {"orders[0]": rows})
-    assert [c.record.rows for c in history.recent(Ledger.open(uri), limit=10).commits if c.record] == [60, 50, 40]
+    assert [c.batch.rows for c in history.recent(Ledger.open(uri), limit=10).commits if c.batch] == [60, 50, 40]
 
 
 def test_a_cleaned_log_ends_the_history_where_it_starts(tmp_path):
