@@ -55,6 +55,8 @@ def check_page(html: str) -> StrictHTML:
     assert parser.stack == [], f"never closed: {parser.stack}"
     assert not parser.tags & {"script", "form", "iframe", "object", "embed", "base", "input", "button"}
     assert not re.search(r"\son\w+\s*=", html), "an event handler attribute"
+    # the UI's frame is sandboxed without allow-top-navigation or allow-popups: such links do nothing
+    assert "target=" not in html, "a link that leaves the frame"
     for url in parser.urls:
         parts = urlsplit(url)
         assert not parts.scheme and not parts.netloc and not url.startswith("/"), f"not a relative URL: {url}"

@@ -2,8 +2,9 @@
 
 Every link is relative, so the page works under Airflow's base URL and behind a proxy: both
 pages sit directly under the plugin's mount (``<base>/airflow-eo/``), so ``table?…`` is a
-table's page, ``./`` the list and ``../dags/…`` an Airflow UI page (opened in the top window:
-the page itself is shown in the UI's frame). No script; the stylesheet is inlined
+table's page, ``./`` the list and ``../dags/…`` an Airflow UI page. Links carry no ``target``:
+the UI shows the page in a sandboxed frame that may neither navigate the top window nor open
+one, so a link to a run opens in the frame. No script; the stylesheet is inlined
 (``static/ui.css``); charts are inline SVG (:mod:`airflow_eo.ui.charts`).
 
 Example::
