@@ -244,14 +244,16 @@ class TableReader:
             return TableDetail(TableState(shown, ingest_id, error=why))
 
     def _detail(self, ledger: Ledger, ingest_id: str, batches: int, table_layout: Layout | None = None) -> TableDetail:
-        ledger.check_owner(ingest_id)
+        last = ledger.last_batch(ingest_id)  # each txn lookup scans the snapshot's txns: two per table
+        if not last:
+            ledger.check_owner(ingest_id)  # says why: the table is not this ingest's
         shown, now_ms = display_uri(ledger.table_uri), int(self.clock() * 1000)
         day = self.history.recent(ledger, limit=LIST_COMMITS, since_ms=now_ms - DAY_MS)
         newest = next((c for c in self.history.recent(ledger, limit=FIRST_WINDOW).commits
                        if c.batch is not None and c.batch.ingest_id == ingest_id and c.batch.kind in DATA_OPERATIONS), None)
         in_day = [c.batch for c in day.commits if c.batch is not None and c.batch.ingest_id == ingest_id]
         interval = IntervalLedger(ledger, ingest_id)
-        is_interval = interval.is_interval_table()
+        is_interval = interval.end_of(last) is not None  # the mode of the last batch (as is_interval_table())
         table_layout = table_layout or layout(ledger)
         due = list(table_layout.due)
         try:
@@ -260,9 +262,9 @@ class TableReader:
             due.insert(0, str(exc))
         state = TableState(
             table_uri=shown, ingest_id=ingest_id, version=ledger.version,
-            mode=None if is_interval is None else TableMode.INTERVAL if is_interval else TableMode.OFFSETS,
+            mode=TableMode.INTERVAL if is_interval else TableMode.OFFSETS,
             write_mode=newest.batch.write_mode if newest and newest.batch else None,
-            last_batch=ledger.last_batch(ingest_id), last_commit_ms=newest.timestamp_ms if newest else None,
+            last_batch=last, last_commit_ms=newest.timestamp_ms if newest else None,
             rows_24h=sum(b.rows for b in in_day if b.kind is CommitKind.BATCH),
             dead_letters_24h=sum(b.dead_letters for b in in_day if b.kind in DATA_OPERATIONS),
             counts_complete=day.complete, last_audit=AuditLog(ledger.location()).last(ingest_id), due=tuple(due))
