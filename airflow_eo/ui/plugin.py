@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from airflow.plugins_manager import AirflowPlugin
+# the Task SDK's class (what providers subclass): a worker with the SDK alone loads the plugin too
+from airflow.sdk.plugins_manager import AirflowPlugin
 
 URL_PREFIX = "/airflow-eo"
 URL_ROUTE = "exactly-once-tables"
@@ -28,7 +29,7 @@ NAME = "Exactly-once tables"
 
 
 def enabled() -> bool:
-    from airflow.configuration import conf
+    from airflow.sdk.configuration import conf
 
     return conf.getboolean("airflow_eo", "ui_enabled", fallback=True)
 

@@ -163,3 +163,14 @@ def test_nothing_writes(world):
     get(world, "/table?asset=1&ingest=alpha", "tok-admin")
     assert {t.table_uri: DeltaTable(t.table_uri).version() for t in world["tables"]} == before
     assert {p.name: sorted(q.name for q in p.rglob("*")) for p in world["tmp"].iterdir()} == listing
+
+
+def test_object_store_tables_are_read_with_the_configured_connection(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_UI_TABLES", '{"conn_type": "aws", "login": "AKIAEXAMPLE", "password": "s3cr3t-key", '
+                       '"extra": {"endpoint_url": "http://127.0.0.1:9000", "conditional_put": "etag"}}')
+    assert ui_app.storage_options_from_config("s3://bucket/orders") is None  # none configured: deltalake's defaults
+    monkeypatch.setenv("AIRFLOW__AIRFLOW_EO__UI_STORAGE_CONN_ID", "ui_tables")
+    options = ui_app.storage_options_from_config("s3://bucket/orders")
+    assert options["AWS_ACCESS_KEY_ID"] == "AKIAEXAMPLE" and options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert options["conditional_put"] == "etag"
+    assert ui_app.storage_options_from_config("/data/orders") is None  # local tables need none
