@@ -133,6 +133,10 @@ class Reprocessor:
                 f"run {target!r} planned batch {plan.batch} but it never committed: clear the run "
                 "without reprocess to replay it; nothing was changed"
             )
+        if plan.reader_schemas is None:  # logged by an earlier version: the batch's commit may say what it read with
+            record = ledger.find_batch(ingest_id, batch=plan.batch)
+            if record is not None and record.meta.findings.reader_schemas:
+                plan = replace(plan, reader_schemas=record.meta.findings.reader_schemas)
         return plan
 
     def _check_kafka(self, plan: BatchPlan) -> None:
