@@ -17,6 +17,10 @@ on one batch cannot both land.
 The loop side lives here; the commit is :func:`airflow_eo.table.commit.commit` with kind
 ``REPROCESS``, run by the attempt's driver.
 
+Registry reader schemas are those of the batch's plan (or, for a plan an earlier version logged,
+of its commit): the records decode as they did (:mod:`airflow_eo.decoding.reader_schemas`); the
+new rows may lack columns schema evolution added since, which read as null there as before.
+
 Refused, with nothing changed: a run whose batch never committed (clear it without
 ``reprocess`` to replay it), and ranges Kafka no longer fully holds. After a compaction the
 batch's rows are found by its offset ranges, not its original files (the commit rewrites

@@ -90,7 +90,8 @@ class AvroColumn:
         (:func:`.avro_columns.to_column`)."""
         reader = parse(self.reader_schema, columnar)
         convert = None if columnar else converter(json.loads(self.reader_schema))
-        records, reasons = [], []
+        records: list = []
+        reasons: list[str | None] = []
         # the decoded records hold no reference cycles; with the collector on, each new dict
         # makes it rescan the growing batch (measured: half the decode time)
         collecting = gc.isenabled()

@@ -43,7 +43,9 @@ REASON_COLUMN = "_airflow_eo_reason"  # a record's dead-letter reason while it i
 class ColumnDecoder(Protocol):
     """Decodes the values of one Kafka column into the struct column ``spec.target``."""
 
-    spec: ColumnSpec
+    @property
+    def spec(self) -> ColumnSpec:
+        """The column it decodes."""
 
     def spark_type(self) -> Any:
         """The Spark type of the decoded column."""

@@ -97,11 +97,13 @@ class DeadLetters:
             totals = self.decoded.agg(F.count(F.lit(1)).alias("n"), F.count(F.col(REASON_COLUMN)).alias("bad"))
         counts = totals.collect()[0]
         check_threshold(self.spec, counts["bad"], counts["n"], self.plan)
-        location = TableLocation.of(self.spec.table_uri, self.storage_options)
+        uri = self.spec.table_uri
+        assert uri is not None, "dead letters without a dead-letter table"  # the spec refuses that combination
+        location = TableLocation.of(uri, self.storage_options)
         self.arrow_schema = arrow_schema_of(self.bad.schema)
         target = location.join(attempt_dir_name(self.plan))
         self.staged = stage_fn(self.bad.coalesce(1), location, target, self.storage_options, self.arrow_schema)
-        ensure_table(self.spec.table_uri, self.arrow_schema, self.storage_options)
+        ensure_table(uri, self.arrow_schema, self.storage_options)
         log.info("batch %s: %s of %s records could not be decoded", self.plan.batch, counts["bad"], counts["n"])
         return counts["bad"]
 

@@ -42,7 +42,8 @@ def decode(source, columns: tuple[ColumnSpec, ...]):
     reason in :data:`REASON_COLUMN` (the read step's first)."""
     with functions_for(source) as F:
         reasons = [F.col(REASON_COLUMN)] if REASON_COLUMN in source.columns else []
-        out, finish = source, []
+        out = source
+        finish: list[tuple[str, object]] = []  # (target, its column without the corrupt-record field)
         for column in columns:
             if isinstance(column, JsonColumn):
                 out, bad = _parse_json(out, F, column, finish)

@@ -210,5 +210,6 @@ def require_registry(columns: tuple[ColumnSpec, ...], has_registry: bool) -> Non
     for column in columns:
         if column.needs_registry and not has_registry:
             raise ConfigError(
-                f"{column.source.option('value_format')}='avro' without an inline schema needs a Schema Registry: "
-                f"set schema_registry_conn_id (CLI --schema-registry URL), or {column.source.option('avro_schema')}")
+                f"{column.source.option('value_format')}='avro': Avro without an inline schema needs a Schema "
+                f"Registry: set schema_registry_conn_id (CLI --schema-registry URL), or "
+                f"{column.source.option('avro_schema')}")

@@ -109,7 +109,7 @@ def test_the_driver_builds_a_decoder_only_where_something_is_decoded_or_checked(
     inline, _ = record_decoder((RawColumn(source=Source.VALUE), InlineAvro(source=Source.KEY, schema='"string"')),
                                None, PLAN)
     assert isinstance(inline.decoders[Source.KEY], AvroColumn) and inline.targets == ["key_data"]
-    with pytest.raises(ConfigError, match="value_format='avro' without an inline schema needs a Schema Registry"):
+    with pytest.raises(ConfigError, match="value_format='avro': Avro without an inline schema needs a Schema Registry"):
         record_decoder((RegistryAvro(source=Source.VALUE, subject="orders-value"), RawColumn(source=Source.KEY)),
                        None, PLAN)
     with pytest.raises(ConfigError, match="recursive"):

@@ -93,8 +93,8 @@ def test_avro_without_an_inline_schema_needs_a_registry_one_rule_for_both_column
     key = column_of(Source.KEY, Format.AVRO, subject="orders-key")
     require_registry((value, key), has_registry=True)
     require_registry((InlineAvro(source=Source.VALUE, schema='"long"'),), has_registry=False)
-    with pytest.raises(ConfigError, match="value_format='avro' without an inline schema needs a Schema Registry: set "
-                                          "schema_registry_conn_id .* or avro_schema$"):
+    with pytest.raises(ConfigError, match="value_format='avro': Avro without an inline schema needs a Schema Registry: "
+                                          "set schema_registry_conn_id .* or avro_schema$"):
         require_registry((value, key), has_registry=False)
-    with pytest.raises(ConfigError, match="key_format='avro' .* or key_avro_schema$"):
+    with pytest.raises(ConfigError, match="key_format='avro': .* or key_avro_schema$"):
         require_registry((RawColumn(source=Source.VALUE), key), has_registry=False)
