@@ -111,7 +111,8 @@ class ColumnSpec:
 
     @property
     def checked(self) -> bool:
-        """Whether a value may be a dead letter before it is decoded (:meth:`precheck`)."""
+        """Whether a value may be a dead letter before it is decoded (the read step checks it:
+        :func:`airflow_eo.decoding.decoder.precheck`)."""
         return self.null_is_bad or self.max_bytes is not None
 
     @property
@@ -122,21 +123,12 @@ class ColumnSpec:
         return f"{self.source.value} is null"
 
     def size_reason(self, size: int | str) -> str:
-        """The dead-letter reason of a value of ``size`` bytes over :attr:`max_bytes`."""
-        return f"{self.source.value} of {size} bytes exceeds max_value_bytes={self.max_bytes}"
+        """The dead-letter reason of a value of ``size`` bytes over :attr:`max_bytes`.
 
-    def precheck(self, raw: bytes | None) -> str | None:
-        """The dead-letter reason of one value before decoding, or None (the rule the read step
-        applies to whole Arrow columns: :func:`airflow_eo.decoding.decoder.precheck`).
-
-        >>> column_of(Source.VALUE, Format.RAW, max_bytes=3).precheck(b"abcd")
+        >>> column_of(Source.VALUE, Format.RAW, max_bytes=3).size_reason(4)
         'value of 4 bytes exceeds max_value_bytes=3'
         """
-        if raw is None:
-            return self.null_reason() if self.null_is_bad else None
-        if self.max_bytes is not None and len(raw) > self.max_bytes:
-            return self.size_reason(len(raw))
-        return None
+        return f"{self.source.value} of {size} bytes exceeds max_value_bytes={self.max_bytes}"
 
 
 @dataclass(frozen=True, kw_only=True)

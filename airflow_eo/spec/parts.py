@@ -149,8 +149,6 @@ class DecodeSpec:
     key_schema_version: str = option("key_schema_version", "version of the keys' reader schema: latest or a number",
                                      LATEST, templated=True, parse=schema_version_of)
 
-    FORMATS = FORMATS
-
     def __post_init__(self):
         for name, default in (("value_format", Format.JSON), ("key_format", Format.RAW)):
             if not isinstance(getattr(self, name), Format):  # built in code with text
