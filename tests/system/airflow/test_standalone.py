@@ -125,18 +125,25 @@ def debug_on_failure(world):
     failed tasks (or, if none, of the newest task logs)."""
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
+        # CI shows the end of the output: the server's log first, then the task logs, and last
+        # a short summary of every run's task states and the error itself
         server = world["server"]
-        print(server.log_tail())
-        paths = []
+        print(server.log_tail(60))
+        paths, states = [], []
         with contextlib.suppress(Exception):
             api = world["api"]
             for run in api.dag_runs(DAG_ID):
-                for task_id, ti in api.task_instances(DAG_ID, run["dag_run_id"]).items():
+                tis = api.task_instances(DAG_ID, run["dag_run_id"])
+                states.append(f"  {run['dag_run_id']}: {run['state']}; " + ", ".join(
+                    f"{t}={ti['state']} (try {ti['try_number']})" for t, ti in sorted(tis.items())))
+                for task_id, ti in tis.items():
                     if ti["state"] not in ("success", "skipped"):
                         paths += server.task_logs(DAG_ID, run["dag_run_id"], task_id)[-1:]
         for path in paths or server.task_logs(DAG_ID)[-2:]:
-            print(server.task_log_tail(path))
+            print(server.task_log_tail(path, 40))
+        print("runs and task states at the failure:\n" + "\n".join(states))
+        print(f"failure: {exc.__class__.__name__}: {str(exc)[:2000]}")
         raise
 
 
