@@ -20,7 +20,9 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * maintenance (``bench_maintenance``): reading a table of 10k small batch files before and
   after ``maintain``'s compaction, and the compaction's wall time and peak memory;
 * the audit (``bench_audit``): auditing the table against ingesting it on the same Spark path,
-  and the audit's peak memory at 1x and ``--audit-multiplier`` x the records.
+  and the audit's peak memory at 1x and ``--audit-multiplier`` x the records;
+* the UI page (``bench_ui``): the table list of 50 tables of 10,000 commits each through
+  Airflow's API app, its first view and the views after it.
 
 Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
 
@@ -54,6 +56,7 @@ import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
 import bench_audit  # noqa: E402
 import bench_warm  # noqa: E402
+import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.driver.session import classic_process  # noqa: E402
@@ -96,8 +99,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-records", type=int, default=1_000_000, help="records of the Avro/JSON decode run")
     p.add_argument("--maintenance-files", type=int, default=10_000, help="small files of the maintenance table")
     p.add_argument("--maintenance-rows", type=int, default=1_000_000, help="rows of the maintenance table")
+    p.add_argument("--ui-tables", type=int, default=50, help="tables of the UI page's list")
+    p.add_argument("--ui-commits", type=int, default=10_000, help="commits of each of them")
     p.add_argument("--audit-multiplier", type=int, default=4, help="the audit's memory check: table size multiple")
-    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance",
+    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui",
                                       "audit"],
                    action="append",
                    help="run only these parts (repeatable; default: all)")
@@ -371,6 +376,16 @@ class Bench:
         self.results["maintenance"] = bench_maintenance.run(self.work, a.maintenance_files, a.maintenance_rows,
                                                             a.repetitions, say)
 
+    # -- the UI page: the table list of --ui-tables tables of --ui-commits commits -----------
+    def ui(self) -> None:
+        a = self.args
+        out = bench_ui.run(self.work, a.cache_dir, a.ui_tables, a.ui_commits, a.repetitions, say)
+        for key in ("list", "table_page"):
+            self.record(f"ui.{key}_first_view", out[f"{key}_first_view_seconds"])
+            for seconds in out[f"{key}_seconds"]:
+                self.record(f"ui.{key}", seconds)
+        self.results["ui"] = {k: out[k] for k in ("tables", "commits", "log_files")}
+
 
     # -- the audit against the ingest of the same records, and its memory (bench_audit) -----------
     def audit(self) -> None:
@@ -388,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "audit"]:
+        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui",
+                                  "audit"]:
             getattr(bench, part)()
     finally:
         bench.stop_broker()

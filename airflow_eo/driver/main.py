@@ -6,7 +6,9 @@ Spark Connect session whose server does the reading and writing). The plan was l
 the attempt recorded before it starts; this code only executes it:
 
 1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed);
-2. **decode** values, undecodable records to the dead-letter table (:mod:`airflow_eo.driver.decode`);
+2. **decode** keys and values (:mod:`airflow_eo.decoding` in the read step, JSON by
+   :mod:`airflow_eo.driver.decode`), undecodable records to the dead-letter table
+   (:mod:`airflow_eo.driver.dead_letters`);
 3. **transform** them into the table's columns (:mod:`airflow_eo.driver.transforms`);
 4. **stage** Parquet files into the attempt's own directory (:mod:`airflow_eo.driver.writer`);
 5. **compare-and-set commit** the files with the offsets in one Delta commit, then
@@ -32,8 +34,8 @@ import time
 import pyarrow as pa
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
-from airflow_eo.driver.avro import avro_decoder
-from airflow_eo.driver.decode import DeadLetters
+from airflow_eo.decoding.decoder import record_decoder
+from airflow_eo.driver.dead_letters import DeadLetters
 from airflow_eo.driver.dedup import deduplicate, with_key_column
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
@@ -77,7 +79,8 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     plan, storage_options = attempt.plan, secrets.storage_options
     location = staging.loc
     failpoint("before_read")
-    decoder = avro_decoder(attempt.decode, secrets.schema_registry)  # None unless keys or values are Avro
+    # None unless keys or values are decoded or checked; registry reader schemas as the plan pinned them
+    decoder, reader_schemas = record_decoder(attempt.decode.columns, secrets.schema_registry, plan)
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
     dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
@@ -134,7 +137,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
         log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, late["records"])
     # what the commit records beside the rows: the one builder the quiet-interval commit uses too
     findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
-                                dropped, LateRecords(**late) if late is not None else None)
+                                dropped, LateRecords(**late) if late is not None else None, reader_schemas)
     outcome = commit_staged(attempt, staging, batch, findings, storage_options)
     log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
              time.monotonic() - staged)
