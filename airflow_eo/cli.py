@@ -206,6 +206,7 @@ def cmd_status(args) -> int:
 def cmd_audit(args) -> int:
     """Exit 0 clean, 1 drift; errors (no table, no broker) exit 2 through :func:`main`."""
     from airflow_eo.audit.run import AuditRequest, Selection, run_audit
+    from airflow_eo.submit.audit import SparkSlices
 
     if args.all:
         selection, value = Selection.ALL, None
@@ -215,8 +216,20 @@ def cmd_audit(args) -> int:
         selection, value = Selection.SINCE_VERSION, args.since_version
     else:
         selection, value = Selection.SINCE_LAST_AUDIT, None
-    report = run_audit(AuditRequest(args.table, args.ingest_id, _kafka_config(args), _storage_options(args),
-                                    selection, value, args.dead_letter_table))
+    if args.spark_threshold is not None and args.spark_threshold < 0:
+        raise ConfigError(f"--spark-threshold {args.spark_threshold} is negative: give a number of offsets >= 0")
+    spark = None  # Spark starts only for an audit large enough (SparkSlices opens its session on first use)
+    if not args.in_process:
+        conf = _pairs(args.conf, "--conf")
+        spark = SparkSlices(remote=args.remote, conf=conf) if args.remote else SparkSlices(master=args.master, conf=conf)
+        _stop_spark_on_sigterm(spark)
+    try:
+        report = run_audit(AuditRequest(args.table, args.ingest_id, _kafka_config(args), _storage_options(args),
+                                        selection, value, args.dead_letter_table,
+                                        spark_threshold=args.spark_threshold), spark=spark)
+    finally:
+        if spark is not None:
+            spark.close()
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -225,6 +238,8 @@ def cmd_audit(args) -> int:
 
 
 def _audit_parser(sub) -> None:
+    from airflow_eo.audit import SPARK_THRESHOLD_COLD, SPARK_THRESHOLD_WARM
+
     au = sub.add_parser("audit", help="reconcile a table with Kafka: every committed offset in the table once "
                         "(exit 0 clean, 1 drift, 2 error)",
                         epilog="exit status: 0 clean, 1 drift found, 2 error (no table, unreachable broker); "
@@ -238,9 +253,24 @@ def _audit_parser(sub) -> None:
     which.add_argument("--since-version", type=int, metavar="V", help="audit the batches committed at table version V or later")
     which.add_argument("--all", action="store_true", help="audit every batch the Delta log holds "
                        "(default: the batches since the last recorded audit, or all when there is none)")
+    which.add_argument("--since-last-audit", action="store_true", help="audit the batches committed since the "
+                       "last recorded audit, or all when there is none (the default, so a daily audit reads only "
+                       "new batches)")
     au.add_argument("--dead-letter-table", metavar="URI", help="the ingest's dead-letter table: offsets found there "
                     "are accounted for")
     au.add_argument("--json", action="store_true", help="the report as JSON")
+    spark = au.add_argument_group("where the comparison runs: audits checking fewer than --spark-threshold offsets "
+                                  "run in this process, larger ones as Spark tasks (one per slice of up to "
+                                  "1,000,000 offsets of a partition)")
+    spark.add_argument("--spark-threshold", type=int, metavar="OFFSETS",
+                       help=f"offsets checked from which Spark is used (0: always; default {SPARK_THRESHOLD_WARM:,} "
+                       f"on a Spark Connect server, {SPARK_THRESHOLD_COLD:,} with --master, which starts a JVM "
+                       "first)")
+    spark.add_argument("--master", default="local[*]", help="Spark master of a session in this process (client "
+                       "mode: local[*], spark://host:7077, yarn)")
+    spark.add_argument("--remote", help="run the Spark tasks on this Spark Connect server (sc://host:port) instead")
+    spark.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
+    spark.add_argument("--in-process", action="store_true", help="never start Spark: compare every slice here")
     au.set_defaults(func=cmd_audit)
 
 

@@ -8,7 +8,9 @@ Two ways to plan plug into the one place the ingestion loop plans
 * :class:`IntervalPlanner` (``mode="interval"``): the records of one data interval, by Kafka
   timestamp, with boundaries a committed neighbour fixed read from the table
   (:func:`airflow_eo.intervals.plan_interval`). A committed interval is answered with its
-  :class:`~airflow_eo.intervals.CommittedInterval`: a rerun is a verified no-op.
+  :class:`~airflow_eo.intervals.CommittedInterval`: a rerun is a verified no-op. Its
+  :meth:`IntervalPlanner.closing` says whether the interval may be planned yet, by the rule the
+  plan applies: what a deferred run waits on (:mod:`airflow_eo.triggers.interval_closed`).
 
 Example::
 
@@ -20,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from airflow_eo.errors import ConfigError
@@ -70,13 +72,31 @@ class OffsetPlanner:
         )
 
 
+@dataclass(frozen=True)
+class IntervalClosing:
+    """Whether an interval may be planned now (:func:`airflow_eo.intervals.waiting`, the rule the
+    plan applies): ``open`` names the partitions that may still receive records of it; none
+    are open after ``closes_by_ms`` (``close_after`` past its end); ``committed_batch``: the
+    interval is already in the table (a rerun, nothing to wait for)."""
+
+    interval: Interval
+    open: tuple[TopicPartition, ...]
+    closes_by_ms: int
+    committed_batch: int | None = None
+
+    @property
+    def closed(self) -> bool:
+        return not self.open
+
+
 class IntervalPlanner:
     """The batch that owns ``interval``'s records (see :mod:`airflow_eo.intervals`)."""
 
     def __init__(self, config, interval: Interval):
         self.config, self.interval = config, interval
 
-    def plan(self, run: RunIdentity, ledger: Ledger, kafka: KafkaOffsets) -> "BatchPlan | CommittedInterval":
+    def facts(self, ledger: Ledger, kafka: KafkaOffsets) -> "dict[TopicPartition, PartitionFacts] | CommittedInterval":
+        """What the table and Kafka say of each partition's boundaries (or the committed interval)."""
         c, iv = self.config, self.interval
         intervals = IntervalLedger(ledger, c.ingest_id)
         intervals.check_mode(interval_mode=True)
@@ -93,17 +113,37 @@ class IntervalPlanner:
         bounds = kafka.bounds(partitions)
         found_start = kafka.offsets_for_timestamp(partitions, iv.start_ms)
         found_end = kafka.offsets_for_timestamp(partitions, iv.end_ms)
-        facts = {
+        return {
             tp: PartitionFacts(
                 bounds[tp], recorded_start=intervals.boundary(iv.start_ms, tp),
                 recorded_end=intervals.boundary(iv.end_ms, tp), found_start=found_start[tp],
                 found_end=found_end[tp], floor=intervals.boundary(before, tp), ceiling=intervals.boundary(after, tp))
             for tp in partitions
         }
+
+    def closing(self, ledger: Ledger, kafka: KafkaOffsets, now_ms: int | None = None) -> IntervalClosing:
+        """Is the interval closed now? What a deferred run waits on (:mod:`airflow_eo.triggers.interval_closed`)."""
+        iv, close_after_ms = self.interval, int(self.config.close_after * 1000)
+        closes_by = iv.end_ms + close_after_ms
+        facts = self.facts(ledger, kafka)
+        if isinstance(facts, CommittedInterval):
+            return IntervalClosing(iv, (), closes_by, committed_batch=facts.batch)
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        return IntervalClosing(iv, self._open(facts, now_ms), closes_by)
+
+    def _open(self, facts: dict[TopicPartition, PartitionFacts], now_ms: int) -> tuple[TopicPartition, ...]:
+        close_after_ms = int(self.config.close_after * 1000)
+        return tuple(tp for tp, f in sorted(facts.items()) if waiting(f, self.interval, now_ms, close_after_ms))
+
+    def plan(self, run: RunIdentity, ledger: Ledger, kafka: KafkaOffsets) -> "BatchPlan | CommittedInterval":
+        c, iv = self.config, self.interval
+        facts = self.facts(ledger, kafka)
+        if isinstance(facts, CommittedInterval):
+            return facts
         now_ms, close_after_ms = int(time.time() * 1000), int(c.close_after * 1000)
-        open_ = [tp for tp, f in sorted(facts.items()) if waiting(f, iv, now_ms, close_after_ms)]
+        open_ = self._open(facts, now_ms)
         if open_:  # the plan will say the interval is not closed: with how far that partition got
-            newest = kafka.newest_timestamps({tp: bounds[tp] for tp in open_[:1]})
+            newest = kafka.newest_timestamps({tp: facts[tp].bounds for tp in open_[:1]})
             facts.update({tp: replace(facts[tp], newest_ms=ms) for tp, ms in newest.items()})
         return plan_interval(
             ingest_id=c.ingest_id, batch=ledger.last_batch(c.ingest_id) + 1, interval=iv, facts=facts,

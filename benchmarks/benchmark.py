@@ -19,6 +19,8 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   same batch without, into copies of a 10M-row table;
 * maintenance (``bench_maintenance``): reading a table of 10k small batch files before and
   after ``maintain``'s compaction, and the compaction's wall time and peak memory;
+* the audit (``bench_audit``): auditing the table against ingesting it on the same Spark path,
+  and the audit's peak memory at 1x and ``--audit-multiplier`` x the records;
 * the UI page (``bench_ui``): the table list of 50 tables of 10,000 commits each through
   Airflow's API app, its first view and the views after it.
 
@@ -52,6 +54,7 @@ import bench_spark  # noqa: E402
 import bench_decode  # noqa: E402
 import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
+import bench_audit  # noqa: E402
 import bench_warm  # noqa: E402
 import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
@@ -98,7 +101,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--maintenance-rows", type=int, default=1_000_000, help="rows of the maintenance table")
     p.add_argument("--ui-tables", type=int, default=50, help="tables of the UI page's list")
     p.add_argument("--ui-commits", type=int, default=10_000, help="commits of each of them")
-    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui"],
+    p.add_argument("--audit-multiplier", type=int, default=4, help="the audit's memory check: table size multiple")
+    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui",
+                                      "audit"],
                    action="append",
                    help="run only these parts (repeatable; default: all)")
     p.add_argument("--dedup-rows", type=int, default=10_000_000, help="rows of the table dedup checks against")
@@ -382,6 +387,11 @@ class Bench:
         self.results["ui"] = {k: out[k] for k in ("tables", "commits", "log_files")}
 
 
+    # -- the audit against the ingest of the same records, and its memory (bench_audit) -----------
+    def audit(self) -> None:
+        self.results["audit"] = bench_audit.run(self, say)
+
+
 def machine() -> dict:
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "processor": platform.processor()}
@@ -393,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui"]:
+        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui",
+                                  "audit"]:
             getattr(bench, part)()
     finally:
         bench.stop_broker()

@@ -1,13 +1,18 @@
-"""Running an audit: read the ledger, the table's coordinates, the dead letters and Kafka, then reconcile.
+"""Running an audit: the ledger's batches, then each audited partition compared slice by slice with Kafka.
 
-Only coordinates are read: ``topic``, ``partition``, ``offset`` of the table's files whose
-stats may hold audited offsets (one Parquet file at a time, so memory follows the audited
-partitions' offsets, not the table), and the offsets a ``read_committed`` consumer delivers
-in each audited range (values are fetched by the client but never decoded). The comparison
-is :mod:`airflow_eo.audit.findings`; the result is recorded beside the table
-(:class:`airflow_eo.table.audit_log.AuditLog`).
+The Delta log gives the batches and their committed ranges (the tiling check needs nothing
+else); Kafka's bounds clip the audited ranges to what it still holds. Each audited partition
+is cut into slices (:func:`airflow_eo.audit.findings.plan_slices`) that read only coordinates
+— the offsets a ``read_committed`` consumer delivers, and ``topic``, ``partition``, ``offset``
+of the table's (and dead-letter table's) files whose statistics may hold them — and return
+small results, merged here: memory follows the slice size, not the number of records.
 
-Everything runs in this process; reading large ranges in Spark tasks is not done yet.
+Small audits run their slices in this process; one that checks at least
+``spark_threshold`` offsets runs them as Spark tasks when it is given a Spark runner
+(:class:`airflow_eo.submit.audit.SparkSlices`: a classic session or the Spark Connect server;
+by default from :data:`~airflow_eo.audit.SPARK_THRESHOLD_WARM` offsets on a warm session and
+from :data:`~airflow_eo.audit.SPARK_THRESHOLD_COLD` on one the audit would have to start).
+The result is recorded beside the table (:class:`airflow_eo.table.audit_log.AuditLog`).
 
 Example::
 
@@ -27,11 +32,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping
 
-import numpy as np
-
+from airflow_eo.attempt import Secrets
+from airflow_eo.audit import SLICE_OFFSETS
+from airflow_eo.audit.coordinates import FileIndex, table_files
 from airflow_eo.audit.findings import (
-    AuditReport, BatchRanges, Finding, PartitionScope, account_batches, check_tiling, reconcile_partition,
+    AuditReport, BatchRanges, Finding, PartitionResult, PartitionScope, SliceResult, account_batches, check_tiling,
+    merge_slices, plan_slices, unverifiable,
 )
+from airflow_eo.audit.slices import InProcessSlices, SliceRunner, SliceTask
 from airflow_eo.errors import ConfigError, KafkaUnavailableError, TableError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
@@ -41,7 +49,7 @@ from airflow_eo.table.metadata import CommitKind
 
 log = logging.getLogger(__name__)
 
-KEYS = ("topic", "partition", "offset")
+APPEND = "append"
 
 
 class Selection(str, enum.Enum):
@@ -62,6 +70,9 @@ class AuditRequest:
     dead_letter_table: str | None = None
     record: bool = True  # write the result beside the table
     kafka_timeout: float = 60.0
+    slice_offsets: int = SLICE_OFFSETS
+    spark_threshold: int | None = None  # with a Spark runner: audits checking this many offsets use it
+    # (None: the runner's own default, lower for a warm session than for one it must start)
 
 
 def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
@@ -72,8 +83,22 @@ def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
             continue
         dups = rec.meta.findings.duplicates
         newest[rec.batch] = BatchRanges(rec.batch, rec.version, tuple(rec.ranges), tuple(rec.skipped),
-                                        dups.records if dups else 0, dups.to_dead_letters if dups else False)
+                                        dups.records if dups else 0, dups.to_dead_letters if dups else False,
+                                        write_mode_of(rec.meta))
     return [newest[b] for b in sorted(newest)]
+
+
+def write_mode_of(meta) -> str:
+    """How a batch wrote its rows; metadata written before write modes existed says nothing: append."""
+    return str(getattr(meta, "write_mode", None) or APPEND)
+
+
+def rows_keep_offsets(batches: list[BatchRanges]) -> bool:
+    """Whether the table holds one row per delivered offset, so rows are compared offset by offset.
+    A table written in merge mode (upserts: one row per key) does not: there the audit checks the
+    range tiling (and, where the merge commits record them, the recorded counts) only. This is
+    the one place the audit decides it."""
+    return all(b.write_mode == APPEND for b in batches)
 
 
 def select(batches: list[BatchRanges], request: AuditRequest, since: int | None) -> list[BatchRanges]:
@@ -97,119 +122,56 @@ def _open_table(uri: str, storage_options: Mapping[str, str] | None) -> Ledger:
     return ledger
 
 
-def _filter_table(ledger: Ledger, ingest_id: str | None,
-                  lowest: Mapping[TopicPartition, int]) -> tuple[dict[TopicPartition, np.ndarray], int]:
-    """Offsets of the rows of ``ledger``'s table per partition, from ``lowest[tp]`` on (files pruned by
-    their stats and partition values); with ``ingest_id`` only the rows of that ingest (dead letters)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    loc = ledger.location()
-    actions = pa.table(ledger.table.get_add_actions(flatten=True)).to_pylist()
-    parts: dict[TopicPartition, list[np.ndarray]] = {tp: [] for tp in lowest}
-    rows = 0
-
-    def value(row: dict, key: str, side: str):
-        for name in (f"partition.{key}", f"{side}.{key}"):
-            if row.get(name) is not None:
-                return row[name]
-        return None
-
-    def may_hold(row: dict, tp: TopicPartition, low: int) -> bool:  # unknown bounds: yes
-        t_lo, t_hi = value(row, "topic", "min"), value(row, "topic", "max")
-        p_lo, p_hi = value(row, "partition", "min"), value(row, "partition", "max")
-        o_hi = value(row, "offset", "max")
-        return (t_lo is None or t_hi is None or t_lo <= tp.topic <= t_hi) and \
-            (p_lo is None or p_hi is None or int(p_lo) <= tp.partition <= int(p_hi)) and \
-            (o_hi is None or int(o_hi) >= low)
-
-    for row in actions:
-        if not any(may_hold(row, tp, low) for tp, low in lowest.items()):
-            continue
-        with loc.fs.open_input_file(loc.join(row["path"])) as f:
-            pf = pq.ParquetFile(f)
-            present = [k for k in (*KEYS, "ingest_id") if k in pf.schema_arrow.names]
-            for batch in pf.iter_batches(columns=present, batch_size=262_144):
-                t = pa.Table.from_batches([batch])
-                for key in ("topic", "partition"):  # partition columns live in the log, not the file
-                    if key not in present:
-                        t = t.append_column(key, pa.array([row[f"partition.{key}"]] * t.num_rows))
-                if ingest_id is not None and "ingest_id" in present:
-                    t = t.filter(pc.equal(pc.cast(t["ingest_id"], pa.string()), ingest_id))
-                topic_col = pc.cast(t["topic"], pa.string())  # deltalake's own writes use string_view
-                for tp, low in lowest.items():
-                    mask = pc.and_(pc.and_(pc.equal(topic_col, tp.topic),
-                                           pc.equal(pc.cast(t["partition"], pa.int64()), tp.partition)),
-                                   pc.greater_equal(t["offset"], low))
-                    picked = pc.cast(t["offset"], pa.int64()).filter(mask).to_numpy()
-                    if picked.size:
-                        parts[tp].append(picked)
-                        rows += picked.size
-    return {tp: np.concatenate(v) if v else np.array([], dtype=np.int64) for tp, v in parts.items()}, rows
+def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges],
+                scopes: dict[TopicPartition, PartitionScope], dead: Ledger | None) -> list[SliceTask]:
+    """Every audited partition's slices, each with the files whose statistics may hold its rows."""
+    files = FileIndex(table_files(ledger.table))
+    dead_files = FileIndex(table_files(dead.table) if dead is not None else [])
+    tasks = []
+    for tp, scope in sorted(scopes.items()):
+        committed = [(r.start, r.end) for b in batches for r in b.ranges if r.tp == tp]
+        for spec in plan_slices(scope, committed, request.slice_offsets, files.highest_offset(tp)):
+            tasks.append(SliceTask(spec, ledger.table_uri, files.files(tp, spec.lo, spec.hi),
+                                   dead.table_uri if dead is not None else None,
+                                   dead_files.files(tp, spec.lo, spec.hi), request.ingest_id))
+    return tasks
 
 
-def _kafka_offsets(kafka: KafkaOffsets, spans: Mapping[TopicPartition, tuple[int, int]],
-                   timeout: float) -> dict[TopicPartition, np.ndarray]:
-    """The offsets a read_committed consumer delivers in ``[start, end)`` per partition. Aborted
-    records and transaction markers are not delivered, so an offset Kafka skips stays absent."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException
-    from confluent_kafka import TopicPartition as KTP
-
-    found: dict[TopicPartition, list[np.ndarray]] = {tp: [] for tp in spans}
-    open_ = {tp for tp, (s, e) in spans.items() if e > s}
-    if not open_:
-        return {tp: np.array([], dtype=np.int64) for tp in spans}
-    consumer = Consumer({**kafka.config, "group.id": "airflow-eo-audit", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "auto.offset.reset": "error"})
-    try:
-        consumer.assign([KTP(tp.topic, tp.partition, spans[tp][0]) for tp in sorted(open_)])
-        deadline = time.monotonic() + timeout
-        while open_:
-            if time.monotonic() > deadline:
-                raise KafkaUnavailableError(
-                    f"Kafka did not deliver the audited ranges of {', '.join(map(str, sorted(open_)))} within "
-                    f"{timeout:.0f} s: check the broker is up and reachable; nothing was changed")
-            got = []
-            for message in consumer.consume(num_messages=10_000, timeout=0.5):
-                tp = TopicPartition(message.topic(), message.partition())
-                if tp not in open_:
-                    continue
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        open_.discard(tp)
-                        continue
-                    raise KafkaUnavailableError(f"reading {tp} for the audit failed ({error.str()}): check the "
-                                                "broker; nothing was changed")
-                offset = message.offset()
-                if offset < spans[tp][1]:
-                    got.append((tp, offset))
-                if offset >= spans[tp][1] - 1:
-                    open_.discard(tp)
-            by_tp: dict[TopicPartition, list[int]] = {}
-            for tp, offset in got:
-                by_tp.setdefault(tp, []).append(offset)
-            for tp, offsets in by_tp.items():
-                found[tp].append(np.array(offsets, dtype=np.int64))
-    except KafkaException as exc:
-        raise KafkaUnavailableError(f"reading Kafka for the audit failed ({exc}): check the broker; "
-                                    "nothing was changed") from exc
-    finally:
-        consumer.close()
-    return {tp: np.concatenate(v) if v else np.array([], dtype=np.int64) for tp, v in found.items()}
+def compare_rows(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges],
+                 scopes: dict[TopicPartition, PartitionScope],
+                 spark: SliceRunner | None) -> tuple[list[PartitionResult], str, int]:
+    """Each audited partition's rows against Kafka, slice by slice: in Spark tasks when the audit
+    is large and Spark is given, else in this process. Returns the results, the engine, rows read."""
+    dead = _open_table(request.dead_letter_table, request.storage_options) if request.dead_letter_table else None
+    tasks = slice_tasks(request, ledger, batches, scopes, dead)
+    offsets = sum(t.size for t in tasks)
+    runner: SliceRunner = InProcessSlices()
+    if spark is not None:
+        threshold = spark.default_threshold if request.spark_threshold is None else request.spark_threshold
+        runner = spark if offsets >= threshold else runner
+    log.info("audit: comparing %d offsets of %d partition(s) in %d slice(s) %s", offsets, len(scopes), len(tasks),
+             "as Spark tasks" if runner.engine != InProcessSlices.engine else "in this process")
+    started = time.monotonic()
+    by_tp: dict[TopicPartition, list[SliceResult]] = {tp: [] for tp in scopes}
+    for result in runner.run(tasks, Secrets(dict(request.kafka_config), request.storage_options)):
+        by_tp[result.spec.tp].append(result)
+    results = [merge_slices(scope, by_tp[tp]) for tp, scope in sorted(scopes.items())]
+    log.info("audit: %d slice(s) read and compared in %.1f s", len(tasks), time.monotonic() - started)
+    return results, runner.engine, sum(r.rows_read for r in results)
 
 
-def run_audit(request: AuditRequest) -> AuditReport:
-    """Audit ``request``'s batches; records the result beside the table unless told not to."""
+def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditReport:
+    """Audit ``request``'s batches; records the result beside the table unless told not to.
+    ``spark``: where large audits run their slices (:class:`airflow_eo.submit.audit.SparkSlices`)."""
     ledger = _open_table(request.table_uri, request.storage_options)
     ledger.check_owner(request.ingest_id)
     audits = AuditLog(ledger.location())
     last = audits.last(request.ingest_id) if request.selection is Selection.SINCE_LAST_AUDIT else None
     batches = batch_ranges(ledger, request.ingest_id)
     tps = sorted({r.tp for b in batches for r in b.ranges})
-    txn = {tp: ledger.table.transaction_version(partition_app_id(request.ingest_id, tp)) for tp in tps}
+    table = ledger.table
+    assert table is not None  # _open_table refused a path without one
+    txn = {tp: table.transaction_version(partition_app_id(request.ingest_id, tp)) for tp in tps}
     findings: list[Finding] = check_tiling(batches, txn)
     chosen = select(batches, request, last.through_version if last else None)
     audited: dict[TopicPartition, list[tuple[BatchRanges, OffsetRange]]] = {}
@@ -226,29 +188,21 @@ def run_audit(request: AuditRequest) -> AuditReport:
                                     "check the bootstrap servers point at the table's cluster; nothing was changed")
     bounds: dict[TopicPartition, PartitionBounds] = kafka.bounds(sorted(audited)) if audited else {}
     scopes = {tp: PartitionScope(tp, bounds[tp].log_start, tuple(a)) for tp, a in audited.items()}
-    spans = {}
-    for tp, scope in scopes.items():
-        checked = scope.checked()
-        spans[tp] = (min(s for _, s, _ in checked), max(e for _, _, e in checked)) if checked else (0, 0)
-    lowest = {tp: s.lowest for tp, s in scopes.items()}
-    delivered = _kafka_offsets(kafka, spans, request.kafka_timeout)
-    table_offsets, rows_read = _filter_table(ledger, None, lowest) if lowest else ({}, 0)  # the log loaded once
-    dead: dict[TopicPartition, np.ndarray] = {}
-    if request.dead_letter_table and lowest:
-        dead, _ = _filter_table(_open_table(request.dead_letter_table, request.storage_options),
-                                request.ingest_id, lowest)
-    committed = {tp: [(r.start, r.end) for b in batches for r in b.ranges if r.tp == tp] for tp in scopes}
-    results = [reconcile_partition(scope, delivered[tp], table_offsets[tp],
-                                   dead.get(tp, np.array([], dtype=np.int64)), committed[tp])
-               for tp, scope in sorted(scopes.items())]
+    notes = []
+    if rows_keep_offsets(batches):
+        results, engine, rows_read = compare_rows(request, ledger, batches, scopes, spark)
+    else:  # merge mode: rows do not keep every offset (see rows_keep_offsets); the recorded counts of
+        # merge commits are compared here once merge commits record them
+        notes.append("rows written in merge mode are not compared offset by offset: the committed ranges are checked")
+        results = [PartitionResult(tp, tuple(unverifiable(scope))) for tp, scope in sorted(scopes.items())]
+        engine, rows_read = InProcessSlices.engine, 0
     by_batch = {b.batch: b for b in batches}
     for res in results:
         findings.extend(res.findings)
     findings.extend(account_batches(results, by_batch))
-    note = ""
     if batches and batches[0].batch > 1:
-        note = (f"the Delta log no longer holds batches before {batches[0].batch} (log cleanup): ranges are "
-                f"checked from batch {batches[0].batch} on")
+        notes.append(f"the Delta log no longer holds batches before {batches[0].batch} (log cleanup): ranges are "
+                     f"checked from batch {batches[0].batch} on")
     report = AuditReport(
         table_uri=ledger.table_uri, ingest_id=request.ingest_id, table_version=ledger.version or 0,
         batches=tuple(b.batch for b in chosen),
@@ -256,7 +210,7 @@ def run_audit(request: AuditRequest) -> AuditReport:
         partitions=tuple(sorted(set(tps) | set(scopes))),
         findings=tuple(sorted(findings, key=lambda f: (f.tp, f.kind.value, f.start or 0))),
         checked_offsets=sum(r.checked_offsets for r in results), rows_read=rows_read,
-        audited_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), note=note,
+        audited_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), note="; ".join(notes), engine=engine,
     )
     if request.record:
         text = json.dumps({**report.to_dict(), "summary": report.summary()})

@@ -3,7 +3,9 @@
 A connection of the Spark provider's ``spark`` type starts each attempt with spark-submit
 through SparkSubmitHook (:mod:`airflow_eo.submit.spark_hook`); one of its ``spark_connect``
 type runs each attempt on that warm Spark Connect server (:mod:`airflow_eo.submit.connect`),
-with the URL, token and TLS option built by the provider's SparkConnectHook.
+with the URL, token and TLS option built by the provider's SparkConnectHook. A large audit
+runs its Spark tasks on the same connection (:func:`audit_spark_for`): the Connect server, or
+a session of the connection's master in the task's process (client mode).
 
 Example::
 
@@ -53,3 +55,27 @@ def submitter_for(conn_id: str, conf: dict[str, str], env_vars: dict[str, str], 
 
     return SparkSubmitHookSubmitter(conn_id=conn_id, conf=conf, env_vars=env_vars, name=name,
                                     hook_kwargs=hook_kwargs)
+
+
+def audit_spark_for(conn_id: str | None, conf: dict[str, str]):
+    """Where a large audit's Spark tasks run (:class:`~airflow_eo.submit.audit.SparkSlices`), or
+    None (every slice in process) without a connection. The master of a ``spark`` connection is
+    built as SparkSubmitHook builds it (host, and port when set); the session runs in this process."""
+    import logging
+
+    from airflow.sdk import BaseHook
+
+    from airflow_eo.submit.audit import SparkSlices
+
+    if not conn_id:
+        return None
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # no such connection: compare in process rather than guess a cluster
+        logging.getLogger(__name__).info("no Spark connection %r: the audit compares every slice in this process",
+                                         conn_id)
+        return None
+    if conn.conn_type == CONNECT_CONN_TYPE:
+        return SparkSlices(remote=connect_url(conn_id), conf=conf)
+    master = f"{conn.host}:{conn.port}" if conn.port else conn.host
+    return SparkSlices(master=master or "local[*]", conf=conf)

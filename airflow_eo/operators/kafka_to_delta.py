@@ -18,6 +18,12 @@ attempt on its table is running, so mapped ingests of different tables run in pa
 runs of one table take turns; a run that still races loses at the compare-and-set commit
 with a (retryable) conflict and plans anew on retry.
 
+Interval mode waits for its interval to close: a deferrable operator (``deferrable``, default
+Airflow's ``[operators] default_deferrable``, which a deployment with a triggerer turns on)
+defers to :class:`~airflow_eo.triggers.interval_closed.IntervalClosedTrigger` until every
+partition has a record past the interval's end or ``close_after`` passes, then plans; without
+deferral the run fails with the retryable ``IntervalNotClosedError`` and Airflow's retries wait.
+
 Errors: what a retry cannot fix (configuration, data loss, a recreated topic, an
 incompatible table, nothing to reprocess) fails with ``AirflowFailException``; an
 unreachable broker or Spark server, a commit conflict or a failed Spark job is retried.
@@ -38,12 +44,13 @@ import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlencode
 
+from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 
-from airflow_eo.errors import AirflowEoError, ConfigError
+from airflow_eo.errors import AirflowEoError, ConfigError, IntervalNotClosedError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
@@ -61,6 +68,8 @@ from airflow_eo.spec import (
 )
 from airflow_eo.spec.options import topic_list
 from airflow_eo.table.storage import is_local, normalize_table_uri
+from airflow_eo.triggers.interval_closed import IntervalClosedTrigger
+from airflow_eo.triggers.polling import error_of_event
 
 
 def run_key_of(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
@@ -160,6 +169,10 @@ class KafkaToDeltaOperator(BaseOperator):
         ``s3://`` URI); an event is emitted only by a run that committed or reprocessed.
     :param table_wait_timeout: seconds to wait while another attempt on the same table is
         running before planning (runs of one table take turns; of different tables, not).
+    :param deferrable: interval mode: while the run's interval is not closed, wait in the
+        triggerer (:class:`~airflow_eo.triggers.interval_closed.IntervalClosedTrigger`) instead of
+        failing for a retry; default Airflow's ``[operators] default_deferrable``.
+    :param poll_interval: seconds between the trigger's checks of whether the interval closed.
     """
 
     template_fields: Sequence[str] = (*templated_options(), "spark_conf", "spark_env_vars", "reprocess_run_id")
@@ -183,6 +196,8 @@ class KafkaToDeltaOperator(BaseOperator):
         schema_registry_conn_id: str | None = None,
         asset: Asset | None = None,
         table_wait_timeout: float = 900.0,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 60.0,
         **kwargs,
     ):
         # the spec's options (airflow_eo.spec), each a keyword of its own name (in the signature
@@ -209,6 +224,8 @@ class KafkaToDeltaOperator(BaseOperator):
         self.schema_registry_conn_id = schema_registry_conn_id
         self.asset = asset if asset is not None or "{{" in self.table_uri else table_asset(self.table_uri)
         self.table_wait_timeout = table_wait_timeout
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
         self.submitter = None
         self.summary: dict | None = None
         self.lineage_source: LineageSource | None = None
@@ -285,7 +302,13 @@ class KafkaToDeltaOperator(BaseOperator):
             target = self.reprocess_target(context, run)
             if target is None:
                 ingestion.wait_for_turn(self.table_wait_timeout, run.run_key)  # runs of one table take turns
-                result = ingestion.run(run, self.data_interval(context))
+                interval = self.data_interval(context)
+                try:
+                    result = ingestion.run(run, interval)
+                except IntervalNotClosedError as exc:
+                    if not self.deferrable or interval is None:
+                        raise
+                    self.defer_until_closed(config, interval, exc)
             else:
                 from airflow_eo.reprocess import Reprocessor
 
@@ -303,6 +326,28 @@ class KafkaToDeltaOperator(BaseOperator):
         if RunStatus(summary["status"]).wrote_commit and "outlet_events" in context:
             context["outlet_events"][self.asset_alias].add(self.asset or table_asset(self.table_uri), extra=summary)
         return summary
+
+    def defer_until_closed(self, config: IngestConfig, interval: Interval, why: IntervalNotClosedError) -> NoReturn:
+        """Wait in the triggerer for the interval to close, then plan (:meth:`execute_complete`).
+        Nothing was planned or logged for the run yet, so the resumed run plans as a first try would."""
+        self.log.info("%s; deferring until every partition has a record past the interval's end or close_after "
+                      "passes (checked every %.0f s)", str(why).split("; it closes when")[0], self.poll_interval)
+        self.defer(trigger=IntervalClosedTrigger(
+            table_uri=config.table_uri, ingest_id=config.ingest_id, topics=list(config.topics),
+            interval_start_ms=interval.start_ms, interval_end_ms=interval.end_ms, close_after=config.close_after,
+            kafka_conn_id=self.kafka_conn_id, storage_conn_id=self.storage_conn_id,
+            storage_options=self.storage_options, poll_interval=self.poll_interval,
+        ), method_name="execute_complete")
+
+    def execute_complete(self, context, event: dict) -> dict:
+        """Resumed from :class:`~airflow_eo.triggers.interval_closed.IntervalClosedTrigger`: plan
+        and run now (a run that finds the interval open again defers again)."""
+        error = error_of_event(event)
+        if error is not None:
+            raise_for_airflow(self.log, error)
+        self.log.info("interval %s closed after %s s in the triggerer: planning", event.get("interval"),
+                      event.get("waited_seconds"))
+        return self.execute(context)
 
     def committed_columns(self, config: IngestConfig) -> tuple[tuple[str, str], ...]:
         """The table's columns after the run, for lineage (read here, in the task: see below)."""

@@ -19,14 +19,12 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_eo.errors import AirflowEoError, error_line
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.spec import parse_option
 from airflow_eo.status import measure_lag
 from airflow_eo.table.ledger import Ledger
-
-MAX_BACKOFF_SECONDS = 300.0
+from airflow_eo.triggers.polling import measurements
 
 
 def measure_backlog(kafka_config: dict, topics: list[str] | str, table_uri: str, ingest_id: str,
@@ -89,21 +87,12 @@ class KafkaBacklogTrigger(BaseTrigger):
                                        storage, self.starting_offsets)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        failures = 0
-        while True:
-            try:
-                per_partition = await self.backlog()
-            except AirflowEoError as exc:
-                if not exc.retryable or failures >= self.max_failures:
-                    yield TriggerEvent({"status": "error", "error": error_line(exc), "retryable": exc.retryable})
-                    return
-                failures += 1
-                delay = min(self.poll_interval * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
-                self.log.warning("backlog of %s not measured (%s); retry %d/%d in %.0fs", self.topics,
-                                 error_line(exc), failures, self.max_failures, delay)
-                await asyncio.sleep(delay)
-                continue
-            failures = 0
+        async for per_partition in measurements(self.backlog, poll_interval=self.poll_interval,
+                                                max_failures=self.max_failures, log=self.log,
+                                                what=f"backlog of {self.topics}"):
+            if isinstance(per_partition, TriggerEvent):  # a permanent error, or one failure too many
+                yield per_partition
+                return
             total = sum(per_partition.values())
             self.log.info("backlog of %s for %s: %d (want %d)", self.topics, self.ingest_id, total, self.min_records)
             event = {"backlog": total, "per_partition": per_partition, "min_records": self.min_records}

@@ -1,6 +1,8 @@
 """The audit on a real table and a real broker: clean after ingest runs over committed, aborted and
 open transactions, dead letters and a skipped retention gap; each damage done with deltalake
-directly reported by offset; retention that deleted audited offsets reported as unverifiable.
+directly reported by offset; retention that deleted audited offsets reported as unverifiable;
+the same findings whether the slices are compared in process or as Spark tasks, on the local
+session and on the Spark Connect server, in one slice or many.
 
 One table is ingested per module and copied for each damage, so Spark runs only three batches.
 """
@@ -22,11 +24,13 @@ from confluent_kafka.admin import AdminClient
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from airflow_eo.attempt import Transform
+from airflow_eo.audit.run import AuditRequest, Selection, run_audit
 from airflow_eo.cli import main
 from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.offsets import OffsetRange, TopicPartition
 from airflow_eo.planning import RunIdentity
 from airflow_eo.status import table_status
+from airflow_eo.submit.audit import SparkSlices
 from airflow_eo.table.ledger import METADATA_KEY, partition_app_id
 from airflow_eo.table.metadata import BatchMetadata
 from tests.conftest import build_ingestion
@@ -111,7 +115,7 @@ def audit(capsys, ingested: Ingested, table: str | None = None, *options: str) -
     capsys.readouterr()
     code = main(["audit", table or ingested.table, "--ingest-id", INGEST_ID, "--bootstrap-servers", ingested.bootstrap,
                  "--dead-letter-table", ingested.dlq, "--json", *options])
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the report: one line, last
 
 
 def found(report: dict, drift_only: bool = False) -> list[tuple]:
@@ -144,6 +148,8 @@ def test_ingested_table_is_clean_and_lists_the_skip_and_what_kafka_no_longer_hol
     assert table_status(ingested.table, INGEST_ID, None)["last_audit"]["through_version"] == report["through_version"]
     code, again = audit(capsys, ingested)
     assert code == 0 and again["batches"] == [] and again["checked_offsets"] == 0
+    code, named = audit(capsys, ingested, None, "--since-last-audit")  # the default, by its name
+    assert code == 0 and named["batches"] == [] and named["engine"] == "in_process"
 
 
 def test_human_report_and_errors_exit_2(capsys, ingested, tmp_path):
@@ -206,3 +212,67 @@ def test_retention_that_deleted_the_start_of_an_audited_range_is_unverifiable_no
     unverifiable = [(f["start"], f["end"], f["count"], f["batch"]) for f in report["findings"]
                     if f["kind"] == "unverifiable"]
     assert unverifiable == [(0, 6, 6, 1), (8, 9, 1, 3)]
+
+
+def request(ingested: Ingested, table: str, **options) -> AuditRequest:
+    return AuditRequest(table, INGEST_ID, {"bootstrap.servers": ingested.bootstrap}, selection=Selection.ALL,
+                        dead_letter_table=ingested.dlq, record=False, **options)
+
+
+def damage_p0(ingested: Ingested, table: str) -> tuple[int, int]:
+    """Offset 2 of partition 0 twice, a row at an aborted record's offset, the late row removed."""
+    write_deltalake(table, p0_row(table, 2), mode="append")
+    stray = p0_row(table, 3)
+    stray = stray.set_column(stray.schema.get_field_index("offset"), "offset",
+                             pa.array([ingested.aborted[1]], stray["offset"].type))
+    write_deltalake(table, stray, mode="append")
+    DeltaTable(table).delete(f'"partition" = 0 AND "offset" = {ingested.late}')
+    return ingested.aborted[1], ingested.late
+
+
+def test_spark_tasks_on_either_path_find_what_this_process_finds(ingested, tmp_path, spark_path):
+    table = damaged(ingested, tmp_path)
+    aborted, gone = damage_p0(ingested, table)
+    whole = run_audit(request(ingested, table))  # one slice per partition, in this process
+    sliced = run_audit(request(ingested, table, slice_offsets=2))  # slices of 2 offsets: a row in each
+    spark = SparkSlices(spark=spark_path.spark) if spark_path.name == "local" else SparkSlices(remote=spark_path.url)
+    on_spark = run_audit(request(ingested, table, slice_offsets=2, spark_threshold=0), spark=spark)
+    assert (whole.engine, sliced.engine, on_spark.engine) == ("in_process", "in_process", "spark")
+    drift = [(f.kind.value, f.tp.partition, f.count, f.offsets) for f in whole.findings if f.drift]
+    assert drift == [("duplicated", 0, 1, (2,)), ("lost", 0, 1, (gone,)), ("stray", 0, 1, (aborted,))]
+    for other in (sliced, on_spark):
+        assert other.findings == whole.findings
+        assert (other.checked_offsets, other.rows_read) == (whole.checked_offsets, whole.rows_read)
+        assert other.exit_code == 1
+
+
+def test_a_small_audit_starts_no_spark_even_when_given_one(ingested, tmp_path):
+    spark = SparkSlices(master="local[1]")  # would start a JVM in this process if it were used
+    report = run_audit(request(ingested, ingested.table), spark=spark)  # 16 offsets, far below the threshold
+    assert report.engine == "in_process" and report.exit_code == 0 and not spark.started
+
+
+def test_the_command_and_the_operator_run_large_audits_on_the_spark_connect_server(capsys, ingested, connect_server,
+                                                                                   monkeypatch):
+    """`airflow-eo audit --remote` and the operator's `spark_conn_id` of the `spark_connect` type: the
+    slices run as tasks on that server (a threshold of 0 makes this small table "large")."""
+    from airflow_eo.operators.delta_kafka_audit import DeltaKafkaAuditOperator
+
+    code, report = audit(capsys, ingested, None, "--all", "--remote", connect_server.url, "--spark-threshold", "0")
+    _, here = audit(capsys, ingested, None, "--all", "--in-process")  # what Kafka holds now (other tests delete)
+    assert code == 0 and report["engine"] == "spark" and here["engine"] == "in_process"
+    assert report["findings"] == here["findings"] and report["checked_offsets"] == here["checked_offsets"] > 0
+    host, port = connect_server.url.removeprefix("sc://").split(":")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_AUDIT", json.dumps({"conn_type": "spark_connect", "host": host,
+                                                                "port": int(port)}))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_AUDIT", json.dumps({"conn_type": "kafka",
+                                                                "extra": {"bootstrap.servers": ingested.bootstrap}}))
+    op = DeltaKafkaAuditOperator(task_id="audit", table_uri=ingested.table, ingest_id=INGEST_ID, audit_all=True,
+                                 dead_letter_table_uri=ingested.dlq, kafka_conn_id="kafka_audit",
+                                 spark_conn_id="spark_audit", spark_threshold=0)
+    returned = op.execute({})
+    assert returned["engine"] == "spark" and not returned["drift"] and returned["findings"] == report["findings"]
+    small = DeltaKafkaAuditOperator(task_id="audit2", table_uri=ingested.table, ingest_id=INGEST_ID, audit_all=True,
+                                    dead_letter_table_uri=ingested.dlq, kafka_conn_id="kafka_audit",
+                                    spark_conn_id="spark_audit")  # 16 offsets, below the warm default of 1M
+    assert small.execute({})["engine"] == "in_process"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from airflow_eo.audit.findings import (
     AuditReport, BatchRanges, FindingKind, PartitionScope, account_batches, check_tiling, reconcile_partition,
@@ -123,3 +124,73 @@ def test_audit_log_keeps_the_newest_record_per_ingest(tmp_path):
                                            "drift": False, "summary": "audit clean"}))
     assert audits.last("i").through_version == 7 and audits.last("other") is None
     assert audits.newest_of_each() == {audits.paths("i")[-1]}
+
+
+# -- slices: the same findings whatever the slicing -----------------------------------------------
+
+def test_many_slices_find_exactly_what_one_slice_finds():
+    from airflow_eo.audit.findings import SliceResult, compare_slice, merge_slices, plan_slices
+
+    rng = np.random.default_rng(7)
+    b1, b2 = batch(1, (0, 400)), batch(2, (400, 1000), dropped=3)
+    sc = scope(b1, b2, log_start=50)  # 0..50 unverifiable
+    kafka = np.setdiff1d(np.arange(50, 1000), rng.choice(np.arange(50, 1000), 40, replace=False))  # markers
+    table = np.concatenate([kafka[rng.random(kafka.size) > 0.01],  # some lost
+                            rng.choice(kafka, 30),  # some twice
+                            rng.integers(0, 50, 10),  # rows where Kafka no longer holds records
+                            np.array([1000, 1003, 5000])])  # past every committed range: stray
+    dead = rng.choice(kafka, 5, replace=False)
+    whole = reconcile_partition(sc, kafka, table, dead, [(0, 400), (400, 1000)])
+    for size in (1, 7, 100, 999, 10_000):
+        specs = plan_slices(sc, [(0, 400), (400, 1000)], size, table_upper=int(table.max()))
+        assert specs[-1].hi is None and all(a.hi == b.lo for a, b in zip(specs, specs[1:]))
+
+        def part(values, s):
+            return values[(values >= s.lo) & ((values < s.hi) if s.hi is not None else True)]
+        results = [compare_slice(s, part(kafka, s), part(table, s), part(dead, s)) for s in specs]
+        results = [SliceResult.from_dict(r.to_dict()) for r in results]  # as they travel back from Spark tasks
+        merged = merge_slices(sc, results[::-1])  # in any order
+        assert merged.findings == whole.findings and merged.missing == whole.missing
+        assert merged.missing_counts == whole.missing_counts and merged.checked_offsets == whole.checked_offsets
+        assert merged.rows_read == table.size and merged.delivered == whole.delivered
+    assert {f.kind for f in whole.findings} == {FindingKind.UNVERIFIABLE, FindingKind.DUPLICATED, FindingKind.STRAY,
+                                                FindingKind.DEAD_LETTERED}
+    assert whole.delivered == {1: int((kafka < 400).sum()), 2: int((kafka >= 400).sum())}
+
+
+def test_slices_cover_rows_past_every_range_and_statistics():
+    from airflow_eo.audit.findings import plan_slices
+
+    specs = plan_slices(scope(batch(1, (10, 30))), [(10, 30)], 10, table_upper=55)
+    assert [(s.lo, s.hi) for s in specs] == [(10, 20), (20, 30), (30, 40), (40, 50), (50, None)]
+    assert [s.checked_offsets for s in specs] == [10, 10, 0, 0, 0]
+    assert plan_slices(scope(batch(1, (10, 30))), [(10, 30)], 100)[0].hi is None  # one open slice
+    with pytest.raises(ValueError):
+        plan_slices(scope(batch(1, (0, 3))), [(0, 3)], 0)
+
+
+def test_file_statistics_prune_what_a_slice_reads():
+    from airflow_eo.audit.coordinates import FileIndex, FileRef, FileStats
+
+    a = FileStats(FileRef("a.parquet"), "t", "t", 0, 0, 0, 99)
+    b = FileStats(FileRef("b.parquet"), "t", "t", 1, 1, 0, 49)
+    by_value = FileStats(FileRef("topic=t/c.parquet", "t", 0), "t", "t", 0, 0, None, None)  # no offset stats
+    assert a.may_hold(TP, 50, 60) and not a.may_hold(TP, 100, None) and not b.may_hold(TP, 0, None)
+    assert not a.may_hold(TP, 0, 0) and by_value.may_hold(TP, 10**9, None)
+    assert not FileStats(FileRef("u"), "u", "u").may_hold(TP, 0, None)
+    index = FileIndex([a, b])
+    assert index.highest_offset(TP) == 99 and FileIndex([b]).highest_offset(TP) is None
+    assert FileIndex([a, by_value]).highest_offset(TP) is None  # unknown: the last slice stays open
+    assert index.files(TP, 50, 60) == (a.ref,) and index.files(TopicPartition("t", 1), 0, None) == (b.ref,)
+    spanning = FileStats(FileRef("d.parquet"), "t", "t", 0, 1, 10, 20)  # rows of two partitions: asked for both
+    assert FileIndex([a, spanning]).files(TopicPartition("t", 1), 0, None) == (spanning.ref,)
+
+
+def test_rows_are_compared_by_offset_unless_a_batch_was_written_in_merge_mode():
+    from airflow_eo.audit.run import rows_keep_offsets, write_mode_of
+    from airflow_eo.table.metadata import BatchMetadata
+
+    old = BatchMetadata.from_json('{"ingest_id": "i", "batch": 1}')  # written before write modes existed
+    assert write_mode_of(old) == "append" and rows_keep_offsets([batch(1, (0, 3))])
+    merged = BatchRanges(2, 2, (OffsetRange("t", 0, 3, 6),), write_mode="merge")
+    assert not rows_keep_offsets([batch(1, (0, 3)), merged])

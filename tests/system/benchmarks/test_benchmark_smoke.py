@@ -21,7 +21,7 @@ def test_benchmark_smoke(tmp_path):
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--long-log-commits", "300", "--cache-dir", str(tmp_path / "cache"),
            "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
-           "--maintenance-rows", "20000", "--out", str(out)]
+           "--maintenance-rows", "20000", "--audit-multiplier", "2", "--out", str(out)]
     cmd += ["--ui-tables", "3", "--ui-commits", "120"]  # the UI page's list: 3 tables of 120 commits
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -56,6 +56,11 @@ def test_benchmark_smoke(tmp_path):
     assert maintenance["rows"] == 20000 and maintenance["files_after"] == 1
     assert maintenance["compaction"]["numFilesRemoved"] == 200 and maintenance["peak_rss_mb"] > 0
     assert maintenance["read_speedup"] > 0 and "read_after_compaction>=5x_faster" in report["targets"]
+    audit = report["audit"]  # the audit against the ingest of the same 5,000 records, per path, and its memory
+    assert {"audit.local.ingest", "audit.local.audit", "audit.local_spark.audit", "audit.connect.ingest",
+            "audit.connect.audit", "audit.connect_spark.audit", "audit.raw_single_consumer"} <= set(times)
+    assert audit["ratios"]["connect_audit_over_ingest"] > 0 and set(audit["memory"]) == {"in_process", "local_spark"}
+    assert audit["memory"]["in_process"]["x2"]["records"] == 10000 and audit["memory_growth"]["in_process"] > 0
     for key in ("ui.list_first_view", "ui.list", "ui.table_page_first_view", "ui.table_page"):  # through Airflow's app
         assert 0 < times[key]["min"] <= times[key]["max"] < 600, (key, times[key])
     assert report["ui"]["tables"] == 3 and "ui_list_3x120<1s" in report["targets"]

@@ -1,0 +1,224 @@
+"""The audit's reads: coordinates only — offsets from Kafka, ``topic``/``partition``/``offset`` from the table.
+
+Kafka: the offsets a ``read_committed`` consumer delivers in a span of one partition (the
+client fetches values, nothing decodes them). Table: the ``offset`` column of the data files
+whose statistics or partition values may hold a partition's rows in a span, read a Parquet
+batch at a time and filtered there, so only the span's offsets are kept. Both run wherever
+a slice runs: in the auditing process or in a Spark task (:mod:`airflow_eo.audit.slices`).
+
+Example::
+
+    >>> with KafkaCoordinates({"bootstrap.servers": "127.0.0.1:9092"}) as kafka:     # doctest: +SKIP
+    ...     kafka.offsets(TopicPartition("orders", 0), 0, 1500).size
+    1497
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from airflow_eo.errors import KafkaUnavailableError, ReadIncompleteError
+from airflow_eo.kafka import client_config
+from airflow_eo.offsets import TopicPartition
+from airflow_eo.table.storage import TableLocation
+
+KEYS = ("topic", "partition", "offset")
+_NONE = np.array([], dtype=np.int64)
+# the audit's consumer reads and never commits: settings a connection must not change
+_AUDIT_SETTINGS = {"group.id": "airflow-eo-audit", "enable.auto.commit": False, "enable.auto.offset.store": False,
+                   "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error"}
+
+
+class KafkaCoordinates:
+    """One read_committed consumer, assigned to one span at a time (made on first use)."""
+
+    def __init__(self, kafka_config: Mapping[str, object], stall_timeout: float = 60.0):
+        self.config = {**client_config(kafka_config), **_AUDIT_SETTINGS}
+        self.stall_timeout = stall_timeout
+        self._consumer: Any = None  # a confluent_kafka.Consumer, made on first use
+
+    def __enter__(self) -> "KafkaCoordinates":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def offsets(self, tp: TopicPartition, start: int, end: int) -> np.ndarray:
+        """The offsets Kafka delivers in ``[start, end)``: aborted records and transaction
+        markers are never delivered, so their offsets stay absent."""
+        from confluent_kafka import Consumer, KafkaError, KafkaException
+        from confluent_kafka import TopicPartition as KTP
+
+        if end <= start:
+            return _NONE
+        if self._consumer is None:
+            self._consumer = Consumer(self.config)
+        consumer, ktp = self._consumer, KTP(tp.topic, tp.partition, start)
+        found: list[np.ndarray] = []
+        try:
+            consumer.assign([ktp])
+            last_progress, done, next_offset = time.monotonic(), False, start
+            while not done:
+                offsets: list[int] = []
+                keep = offsets.append
+                # no more than the span still holds: consume() waits out its timeout for the count it asks
+                for m in consumer.consume(num_messages=max(1, min(50_000, end - next_offset)), timeout=0.5):
+                    error = m.error()
+                    if error is None:
+                        keep(m.offset())
+                    elif error.code() == KafkaError._PARTITION_EOF:  # nothing after: the span is read
+                        done = True
+                    elif error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                        raise ReadIncompleteError(f"{tp}: retention deleted offsets of {start}..{end} while the audit "
+                                                  "read them: run the audit again; nothing was changed")
+                    else:
+                        raise KafkaUnavailableError(f"reading {tp} for the audit failed ({error.str()}): check the "
+                                                    "broker; nothing was changed")
+                if offsets:
+                    last_progress = time.monotonic()
+                    got = np.fromiter(offsets, dtype=np.int64, count=len(offsets))
+                    found.append(got[got < end])
+                    next_offset = int(got[-1]) + 1
+                    done = done or next_offset >= end
+                if not done and consumer.position([ktp])[0].offset >= end:  # the span ends in a marker
+                    done = True
+                if not done and time.monotonic() - last_progress > self.stall_timeout:
+                    raise KafkaUnavailableError(
+                        f"Kafka delivered nothing of {tp} {start}..{end} for {self.stall_timeout:.0f} s: check the "
+                        "broker is up and reachable; nothing was changed")
+        except KafkaException as exc:
+            raise KafkaUnavailableError(f"reading {tp} for the audit failed ({exc}): check the broker; "
+                                        "nothing was changed") from exc
+        finally:
+            consumer.unassign()
+        return np.concatenate(found) if found else _NONE
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A data file as the Delta log names it (relative to the table root), with the values of
+    ``topic`` / ``partition`` when the table is partitioned by them (the file then lacks them)."""
+
+    path: str
+    topic: str | None = None
+    partition: int | None = None
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """A data file and what its statistics say of its coordinates (None: not recorded)."""
+
+    ref: FileRef
+    topic_min: str | None = None
+    topic_max: str | None = None
+    partition_min: int | None = None
+    partition_max: int | None = None
+    offset_min: int | None = None
+    offset_max: int | None = None
+
+    def may_hold(self, tp: TopicPartition, lo: int, hi: int | None) -> bool:
+        """Whether rows of ``tp`` at offsets in ``[lo, hi)`` may be in the file (unknown: yes)."""
+        return (self.topic_min is None or self.topic_max is None or self.topic_min <= tp.topic <= self.topic_max) and \
+            (self.partition_min is None or self.partition_max is None or
+             self.partition_min <= tp.partition <= self.partition_max) and \
+            (self.offset_max is None or self.offset_max >= lo) and \
+            (self.offset_min is None or hi is None or self.offset_min < hi)
+
+
+def _int(value) -> int | None:
+    return None if value is None else int(value)
+
+
+def table_files(table) -> list[FileStats]:
+    """The data files of a ``deltalake.DeltaTable`` snapshot with their coordinate statistics."""
+    import pyarrow as pa
+
+    def value(row: dict, key: str, side: str):  # a partition value is both the file's min and max
+        for name in (f"partition.{key}", f"{side}.{key}"):
+            if row.get(name) is not None:
+                return row[name]
+        return None
+
+    out = []
+    for row in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        topic, partition = row.get("partition.topic"), row.get("partition.partition")
+        out.append(FileStats(FileRef(row["path"], None if topic is None else str(topic), _int(partition)),
+                             value(row, "topic", "min"), value(row, "topic", "max"),
+                             _int(value(row, "partition", "min")), _int(value(row, "partition", "max")),
+                             _int(value(row, "offset", "min")), _int(value(row, "offset", "max"))))
+    return out
+
+
+class FileIndex:
+    """A table's files by the topic-partition their statistics pin (one per file, as batches write
+    them), so a slice finds its files without testing every file of the table."""
+
+    def __init__(self, files: Sequence[FileStats]):
+        self.by_tp: dict[TopicPartition, list[FileStats]] = {}
+        self.others: list[FileStats] = []  # files of several partitions, or without statistics
+        for f in files:
+            if f.topic_min is not None and f.topic_min == f.topic_max and f.partition_min is not None \
+                    and f.partition_min == f.partition_max:
+                self.by_tp.setdefault(TopicPartition(f.topic_min, f.partition_min), []).append(f)
+            else:
+                self.others.append(f)
+
+    def _of(self, tp: TopicPartition) -> list[FileStats]:
+        return self.by_tp.get(tp, []) + self.others
+
+    def files(self, tp: TopicPartition, lo: int, hi: int | None) -> tuple[FileRef, ...]:
+        """The files that may hold rows of ``tp`` at offsets in ``[lo, hi)``."""
+        return tuple(f.ref for f in self._of(tp) if f.may_hold(tp, lo, hi))
+
+    def highest_offset(self, tp: TopicPartition) -> int | None:
+        """The highest offset of ``tp`` the statistics admit (None: no file holds ``tp``, or one
+        may but records no offset statistics)."""
+        top = None
+        for f in self._of(tp):
+            if f.may_hold(tp, 0, None):
+                if f.offset_max is None:
+                    return None
+                top = f.offset_max if top is None else max(top, f.offset_max)
+        return top
+
+
+def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPartition, lo: int, hi: int | None,
+                  ingest_id: str | None = None) -> np.ndarray:
+    """The ``offset`` of every row of ``tp`` in ``[lo, hi)`` in ``files``, duplicates kept; with
+    ``ingest_id``, only rows whose ``ingest_id`` column says so (a dead-letter table's)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    found: list[np.ndarray] = []
+    for ref in files:
+        with location.fs.open_input_file(location.join(ref.path)) as f:
+            pf = pq.ParquetFile(f)
+            present = [k for k in (*KEYS, "ingest_id") if k in pf.schema_arrow.names]
+            for batch in pf.iter_batches(columns=present, batch_size=262_144):
+                mask = pc.greater_equal(batch["offset"], lo)
+                if hi is not None:
+                    mask = pc.and_(mask, pc.less(batch["offset"], hi))
+                if "topic" in present:  # deltalake's own writes use string_view: compare as string
+                    mask = pc.and_(mask, pc.equal(pc.cast(batch["topic"], pa.string()), tp.topic))
+                elif ref.topic != tp.topic:
+                    continue
+                if "partition" in present:
+                    mask = pc.and_(mask, pc.equal(pc.cast(batch["partition"], pa.int64()), tp.partition))
+                elif ref.partition != tp.partition:
+                    continue
+                if ingest_id is not None and "ingest_id" in present:
+                    mask = pc.and_(mask, pc.equal(pc.cast(batch["ingest_id"], pa.string()), ingest_id))
+                picked = pc.cast(batch["offset"], pa.int64()).filter(mask).to_numpy(zero_copy_only=False)
+                if picked.size:
+                    found.append(picked)
+    return np.concatenate(found) if found else _NONE
