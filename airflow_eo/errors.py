@@ -80,6 +80,10 @@ class SparkJobError(AirflowEoError):
     retryable = True
 
 
+class MergeKeyError(AirflowEoError):
+    """write_mode=merge: a record's merge key is null (the transform or the data must change)."""
+
+
 class IntervalNotClosedError(AirflowEoError):
     """A partition may still receive records of the interval (retry later, or wait for it)."""
 

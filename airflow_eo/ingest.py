@@ -67,7 +67,7 @@ class Ingestion:
 
     def ledger(self) -> Ledger:
         ledger = Ledger.open(self.config.table_uri, self.config.storage_options)
-        ledger.check_writable(self.config.ingest_id, self.config.partition_by)
+        ledger.check_writable(self.config.ingest_id, self.config.partition_by, self.config.spec.merge)
         return ledger
 
     # -- step 1: plan -------------------------------------------------------------
@@ -115,9 +115,11 @@ class Ingestion:
         started = time.monotonic()
         result = self._run(run, interval).timed(started)
         if result.spark_started:
-            log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s",
+            log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s%s",
                      result.batch, result.status, result.rows, result.files, result.seconds,
-                     result.rows / result.seconds if result.seconds else 0, result.version)
+                     result.rows / result.seconds if result.seconds else 0, result.version,
+                     f"; merged: {result.inserted} inserted, {result.updated} updated, {result.deleted} deleted, "
+                     f"{result.files_rewritten} file(s) rewritten" if result.write_mode == "merge" else "")
         return result
 
     def _run(self, run: RunIdentity, interval: Interval | None) -> IngestResult:

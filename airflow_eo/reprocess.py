@@ -18,7 +18,10 @@ The loop side lives here; the commit is :func:`airflow_eo.table.commit.commit` w
 ``REPROCESS``, run by the attempt's driver.
 
 Refused, with nothing changed: a run whose batch never committed (clear it without
-``reprocess`` to replay it), and ranges Kafka no longer fully holds. After a compaction the
+``reprocess`` to replay it), ranges Kafka no longer fully holds, and on a merge table
+(``write_mode="merge"``) any batch but the newest: later batches may have changed or deleted
+the keys it wrote, so replaying it would put older values over newer ones. The newest batch's
+reprocess removes the rows it wrote and merges it again (:class:`~airflow_eo.table.commit.MergeReprocessCommit`). After a compaction the
 batch's rows are found by its offset ranges, not its original files (the commit rewrites
 the files it shares with other batches).
 
@@ -43,6 +46,7 @@ from airflow_eo.offsets import OffsetRange
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
 from airflow_eo.runner import verdict
+from airflow_eo.table.commit import newest_only
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
@@ -133,6 +137,9 @@ class Reprocessor:
                 f"run {target!r} planned batch {plan.batch} but it never committed: clear the run "
                 "without reprocess to replay it; nothing was changed"
             )
+        last = ledger.last_batch(ingest_id)
+        if ledger.is_merge_table(ingest_id) and plan.batch != last:
+            raise ConfigError(newest_only(plan.batch, last, ledger.table_uri))
         return plan
 
     def _check_kafka(self, plan: BatchPlan) -> None:

@@ -1,0 +1,320 @@
+"""Merging a batch by key (``write_mode="merge"``), the Spark side: from records to the files one commit swaps.
+
+After the read and the decoding, a merge batch takes these steps in the driver (the commit is
+:class:`airflow_eo.table.commit.MergeCommit`):
+
+1. **the change view** (:func:`change_view`): tombstones (null values) went through the
+   decoders untouched (:func:`before_decoding` / :func:`null_values_pass`: a null value is a
+   delete, not an undecodable record); Debezium events are unwrapped (:mod:`.cdc`); each
+   record gets its delete flag (``delete_when``, evaluated here, before the transform) and
+   its Kafka timestamp for the order rule;
+2. the transform runs as for appends; it must produce the ``merge_key`` columns (for a
+   delete too: it sees the record with its null value and derives the key from the Kafka
+   key, or from ``before`` for Debezium);
+3. **winners** (:func:`winners`): the batch is hashed by key and each task keeps one record
+   per key (:func:`airflow_eo.driver.changes.select_winners`, the order rule);
+4. **the table's side** (:func:`merge_into`): the changed keys are collected (keys only), the
+   snapshot's files that may hold them are chosen by statistics and partition values
+   (:func:`airflow_eo.table.merge.candidate_files`) and rewritten without those keys' rows
+   inside Spark tasks, through the table's own filesystem (local, ``s3://`` alike, both
+   Spark paths); the winners that upsert are staged as the batch's new files.
+
+Example::
+
+    >>> view = change_view(source, attempt, dead)                          # doctest: +SKIP
+    >>> merged = merge_into(transformed, attempt, location, storage_options, target)  # doctest: +SKIP
+    >>> merged.info.inserted, merged.info.updated, merged.info.deleted     # doctest: +SKIP
+    (120, 30, 5)
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from airflow_eo.attempt import KEY_COLUMNS, Attempt, AttemptKind
+from airflow_eo.driver import cdc
+from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, select_winners
+from airflow_eo.driver.decode import functions_for
+from airflow_eo.errors import ConfigError, MergeKeyError
+from airflow_eo.spec import CdcFormat
+from airflow_eo.table.files import StagedFile
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, TableFile, candidate_files, rewrite_file, with_key_stats
+from airflow_eo.table.metadata import MergeInfo
+from airflow_eo.table.partitioning import partition_values_of
+from airflow_eo.table.staging import KEPT_SUFFIX
+from airflow_eo.table.storage import TableLocation
+
+log = logging.getLogger(__name__)
+
+TOMBSTONE_COLUMN = "_airflow_eo_tombstone"  # the record's value was null before decoding
+CHANGE_COLUMNS = (DELETE_COLUMN, TS_COLUMN)  # what the transform's output needs beside its own columns
+INTERNAL = (DELETE_COLUMN, TS_COLUMN, TOMBSTONE_COLUMN, CHANGES_COLUMN)
+EMPTY_OBJECT = bytearray(b"{}")  # what a tombstone's value is while JSON decoding runs
+MAX_REWRITE_TASKS = 64
+REWRITE_SCHEMA = "rewrite string"
+
+
+@dataclass(frozen=True)
+class MergedBatch:
+    """What a merge attempt staged for its one commit: the winners' files, the table files it
+    rewrites, the changed keys (the commit checks files added meanwhile against them) and the
+    snapshot it chose candidates from."""
+
+    files: tuple[StagedFile, ...]
+    rewrites: tuple[Rewrite, ...]
+    keys: pa.Table  # every changed key: the key columns and DELETE_COLUMN
+    snapshot_files: frozenset[str]
+    rows_per_partition: dict[str, int]
+    info: MergeInfo
+
+
+# -- 1. the change view -----------------------------------------------------------------------------
+class NullValuesPass:
+    """An Avro decoder (:class:`airflow_eo.driver.avro.AvroDecoder`) whose null values are no dead
+    letters: in a merge a null value is a tombstone (a delete, or a no-op after a Debezium delete)."""
+
+    def __init__(self, decoder, reason_column: str):
+        self.decoder, self.reason_column = decoder, reason_column
+
+    def schema(self, source):
+        return self.decoder.schema(source)
+
+    def __call__(self, batch):
+        import pyarrow.compute as pc
+
+        out = self.decoder(batch)
+        index = out.schema.get_field_index(self.reason_column)
+        reason = pc.if_else(pc.is_null(out.column("value")), pa.scalar(None, pa.string()), out.column(index))
+        return out.set_column(index, self.reason_column, reason)
+
+
+def null_values_pass(decoder, attempt: Attempt):
+    """The read step's decoder for ``attempt`` (None stays None)."""
+    if decoder is None or not attempt.merge.enabled:
+        return decoder
+    from airflow_eo.driver.avro import REASON_COLUMN
+
+    return NullValuesPass(decoder, REASON_COLUMN)
+
+
+def before_decoding(source, attempt: Attempt):
+    """Mark tombstones; while Spark's JSON decoding runs (which refuses null values) their value
+    is an empty object, put back to null by :func:`change_view`."""
+    if not attempt.merge.enabled:
+        return source
+    with functions_for(source) as F:
+        source = source.withColumn(TOMBSTONE_COLUMN, F.col("value").isNull())
+        if attempt.decode.enabled and attempt.decode.value_format != "avro":
+            source = source.withColumn("value", F.coalesce(F.col("value"), F.lit(EMPTY_OBJECT)))
+    return source
+
+
+def change_view(source, attempt: Attempt, dead=None):
+    """The records as the transform sees them in a merge (module doc, step 1), with
+    :data:`CHANGE_COLUMNS`; records that are no change events go to ``dead`` (dead letters)."""
+    with functions_for(source) as F:
+        if TOMBSTONE_COLUMN in source.columns:
+            restored = [F.when(F.col(TOMBSTONE_COLUMN), F.lit(None)).otherwise(F.col(c)).alias(c)
+                        if c in ("value", cdc.DATA) else F.col(c) for c in source.columns if c != TOMBSTONE_COLUMN]
+            source = source.select(*restored)
+        source = source.withColumn(TS_COLUMN, F.unix_millis(F.col("timestamp")))
+        if attempt.merge.cdc_format is CdcFormat.DEBEZIUM:
+            source, not_events = cdc.unwrap(source)
+            if dead is not None:
+                dead.add(not_events)
+        rule = attempt.merge.delete_rule
+        try:
+            flag = F.expr(rule)
+            checked = source.withColumn(DELETE_COLUMN, F.coalesce(flag.cast("boolean"), F.lit(False)))
+            kind = source.select(flag).schema.fields[0].dataType.typeName()  # analysed here (Connect: lazily)
+        except Exception as exc:  # ParseException, AnalysisException: the user's expression
+            what = "does not parse" if "Parse" in type(exc).__name__ else "cannot be evaluated over the source columns"
+            raise ConfigError(f"delete_when {rule!r} {what}: {_first_line(exc)}; write one Spark SQL condition over "
+                              f"{', '.join(c for c in source.columns if c not in INTERNAL)}, e.g. value IS NULL; "
+                              "nothing was committed") from exc
+        if kind != "boolean":
+            raise ConfigError(f"delete_when {rule!r} is a {kind}, not a condition: write a boolean, e.g. "
+                              "value IS NULL or data.deleted = true; nothing was committed")
+        return checked
+
+
+# -- 2./3. the transform's output, and each key's winner ----------------------------------------------
+def check_output(out, key: tuple[str, ...]) -> None:
+    """The transform's output holds the merge key columns, of types a key can have."""
+    missing = [c for c in key if c not in out.columns]
+    if missing:
+        raise ConfigError(f"the transform's output lacks the merge_key column(s) {missing} (it has "
+                          f"{[c for c in out.columns if c not in INTERNAL]}): produce them, for deletes too (e.g. "
+                          "CAST(key AS STRING) AS id); nothing was committed")
+    for c in key:
+        kind = out.schema[c].dataType.typeName()
+        if kind in ("struct", "array", "map", "float", "double", "binary", "variant"):
+            raise ConfigError(f"merge_key column {c!r} is a {kind}: a key must compare exactly (integers, strings, "
+                              "dates, timestamps, decimals); cast it in the transform; nothing was committed")
+
+
+def with_change_columns(out, view):
+    """``out`` with :data:`CHANGE_COLUMNS`, joined back by source offset when the transform left
+    them out (one more shuffle; ``SELECT *`` or naming them keeps them)."""
+    missing = [c for c in CHANGE_COLUMNS if c not in out.columns]
+    if not missing:
+        return out
+    log.info("the transform leaves out %s, so they are joined back by offset (one more shuffle; keep them in the "
+             "transform to save it)", ", ".join(missing))
+    with functions_for(out) as F:
+        flags = view.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], *missing)
+        condition = None
+        for c in KEY_COLUMNS:
+            match = F.col(c) == F.col(f"_k_{c}")
+            condition = match if condition is None else condition & match
+        return out.join(flags, on=condition, how="left").drop(*[f"_k_{c}" for c in KEY_COLUMNS])
+
+
+def _winner_selector(key: tuple[str, ...]):
+    """What each Spark task runs over the records hashed to it (pickled to the workers)."""
+
+    def select(batches):
+        batches = list(batches)
+        if not batches:
+            return
+        yield from select_winners(pa.Table.from_batches(batches), key).to_batches()
+
+    return select
+
+
+def winners(out, key: tuple[str, ...], tasks: int):
+    """One row per key of the batch (the order rule), with :data:`CHANGES_COLUMN`: hashed by key
+    into ``tasks`` tasks, each choosing among its keys' records in Arrow."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from airflow_eo.driver.session import for_session
+
+    schema = StructType([*out.schema.fields, StructField(CHANGES_COLUMN, LongType(), False)])
+    with for_session(out):
+        return out.repartition(max(1, tasks), *key).mapInArrow(_winner_selector(key), schema)
+
+
+# -- 4. the table's side -------------------------------------------------------------------------------
+def _rewriter(table_uri: str, storage_options: dict | None, files: list[TableFile], keys: bytes,
+              key: tuple[str, ...], target: str, ranges: tuple):
+    """What each rewrite task runs: its share of the candidate files (pickled to the workers; the
+    keys travel as Arrow IPC bytes, once per task)."""
+
+    def rewrite(batches):
+        changed = pa.ipc.open_stream(keys).read_all()
+        location = TableLocation.of(table_uri, storage_options)
+        for batch in batches:
+            done = []
+            for i in batch.column(0).to_pylist():
+                found = rewrite_file(location, files[i], changed, key, target, ranges)
+                if found is not None:
+                    done.append(found.to_json())
+            if done:
+                yield pa.RecordBatch.from_pydict({"rewrite": done})
+
+    return rewrite
+
+
+def rewrite_in_tasks(spark, location: TableLocation, storage_options, files: list[TableFile], keys: pa.Table,
+                     key: tuple[str, ...], target: str, ranges: tuple = ()) -> list[Rewrite]:
+    """Read ``files`` in Spark tasks; those holding one of ``keys`` (or a row of ``ranges``) are
+    rewritten into ``target`` without those rows. Returns what was rewritten."""
+    if not files:
+        return []
+    from airflow_eo.driver.session import for_session
+
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, keys.schema) as stream:
+        stream.write_table(keys)
+    tasks = min(len(files), MAX_REWRITE_TASKS)
+    with for_session(spark):
+        plan = spark.range(0, len(files), 1, tasks).mapInArrow(
+            _rewriter(location.uri, dict(storage_options) if storage_options else None, files, sink.getvalue(), key,
+                      target, tuple(ranges)), REWRITE_SCHEMA)
+    return [Rewrite.from_json(row["rewrite"]) for row in plan.collect()]
+
+
+def _null_keys(changed: pa.Table, key: tuple[str, ...]):
+    import pyarrow.compute as pc
+
+    mask = pa.array([False] * changed.num_rows, pa.bool_())
+    for c in key:
+        mask = pc.or_(mask, pc.is_null(changed[c]))
+    return changed.filter(mask)
+
+
+def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, target: str, stage, arrow_schema,
+               tasks: int) -> MergedBatch:
+    """Steps 3-4 (module doc) for the transform's output ``out`` (with :data:`CHANGE_COLUMNS`):
+    ``stage(df, location, target, storage_options, arrow_schema, partition_by)`` writes the
+    winners that upsert (:func:`airflow_eo.driver.writer.stage`); the rewritten copies go
+    beside ``target`` (its ``-kept`` directory: they hold other batches' rows)."""
+    key, plan = attempt.merge.key, attempt.plan
+    chosen = winners(out, key, tasks)
+    from pyspark import StorageLevel
+
+    chosen = chosen.persist(StorageLevel.MEMORY_AND_DISK)  # collected (keys), then written (upserts)
+    try:
+        changed = chosen.select(*key, DELETE_COLUMN, "topic", "partition", "offset", CHANGES_COLUMN).toArrow()
+        nulls = _null_keys(changed, key)
+        if nulls.num_rows:
+            first = nulls.slice(0, 1).to_pylist()[0]
+            raise MergeKeyError(
+                f"batch {plan.batch}: {nulls.num_rows} record(s) have a null merge_key {list(key)}, e.g. "
+                f"{first['topic']}[{first['partition']}]@{first['offset']}: derive a key for every record in the "
+                "transform (deletes too: e.g. from the Kafka key), or filter such records out; nothing was committed")
+        ledger = Ledger.open(location.uri, storage_options)
+        snapshot = ledger.file_paths()
+        keys = changed.select([*key, DELETE_COLUMN])
+        files, in_range = [], keys.slice(0, 0)
+        if ledger.table is not None and keys.num_rows:
+            actions = pa.table(ledger.table.get_add_actions(flatten=True))
+            files, in_range = candidate_files(actions, keys, key, tuple(ledger.partition_columns))
+        ranges = ()
+        if attempt.kind is AttemptKind.REPROCESS:  # also the rows the batch itself wrote, by provenance
+            ranges = tuple(plan.data_ranges)
+            whole, mixed = ledger.files_of_batch(plan.batch, ranges)
+            named = {f.path for f in files}
+            files += [TableFile(p, s, partition_values_of(p)) for p, s in {**whole, **mixed}.items() if p not in named]
+            in_range = keys
+        log.info("batch %s: %d changed key(s); %d of %d table file(s) may hold them", plan.batch, keys.num_rows,
+                 len(files), len(snapshot))
+        rewrites = rewrite_in_tasks(chosen.sparkSession, location, storage_options, files,
+                                    in_range, key, location.relative(target) + KEPT_SUFFIX, ranges)
+        with functions_for(chosen) as F:
+            upserts = chosen.where(~F.col(DELETE_COLUMN)).drop(*[c for c in INTERNAL if c in chosen.columns])
+        staged = with_key_stats(location, stage(upserts, location, target, storage_options, arrow_schema,
+                                                attempt.partition_by), key)
+    finally:
+        chosen.unpersist()
+    return MergedBatch(tuple(staged), tuple(rewrites), keys, frozenset(snapshot),
+                       _rows_per_partition(changed), _info(key, changed, rewrites))
+
+
+def _rows_per_partition(changed: pa.Table) -> dict[str, int]:
+    """The rows written (the upserts) per ``topic[partition]`` of the records that wrote them."""
+    counts = Counter(f"{t}[{p}]" for t, p, d in zip(changed["topic"].to_pylist(), changed["partition"].to_pylist(),
+                                                    changed[DELETE_COLUMN].to_pylist()) if not d)
+    return dict(counts)
+
+
+def _info(key: tuple[str, ...], changed: pa.Table, rewrites: list[Rewrite]) -> MergeInfo:
+    import pyarrow.compute as pc
+
+    upserts = changed.num_rows - (pc.sum(changed[DELETE_COLUMN].cast(pa.int64())).as_py() or 0)
+    updated = sum(r.updated for r in rewrites)
+    return MergeInfo(
+        key=tuple(key), changes=int(pc.sum(changed[CHANGES_COLUMN]).as_py() or 0),
+        inserted=upserts - updated, updated=updated,
+        deleted=sum(r.deleted + r.replaced for r in rewrites),
+        files_rewritten=len(rewrites), rows_rewritten=sum(r.kept for r in rewrites))
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0].rstrip("; ")
