@@ -86,6 +86,7 @@ class IngestSpec:
     def replace(self, **options: Any) -> "IngestSpec":
         """This spec with some options changed (raw values, parsed and validated like :meth:`of`)."""
         groups: dict[str, Any] = {}
+        changed: dict[str, dict[str, Any]] = {}  # a sub-spec's fields change together: its rules see them all
         for name, value in options.items():
             if name in GROUPS and isinstance(value, GROUPS[name]):
                 groups[name] = value
@@ -93,8 +94,9 @@ class IngestSpec:
             if name not in OPTIONS and name not in SETTINGS:
                 raise ConfigError(f"unknown ingest option {name}: the options are {', '.join(OPTIONS)}")
             group, field_name = OPTIONS.get(name) or SETTINGS[name]
-            typed = parse_option(name, value) if name in OPTIONS else value
-            groups[group] = replace(groups.get(group, getattr(self, group)), **{field_name: typed})
+            changed.setdefault(group, {})[field_name] = parse_option(name, value) if name in OPTIONS else value
+        for group, values in changed.items():
+            groups[group] = replace(groups.get(group, getattr(self, group)), **values)
         return replace(self, **groups)
 
     # -- one generic to/from dict (the attempt's JSON) ---------------------------------------------
