@@ -227,7 +227,7 @@ def test_debezium_json_of_both_shapes_upserts_deletes_and_skips_tombstones(broke
             (base + 4, event("d", None, None, wrapped)),  # no `before` (REPLICA IDENTITY off): the key says which
             (base + 5, event("t", None, None, wrapped)),  # truncate: not applied
         ]
-    for i, (key, value) in enumerate(sent):
+    for key, value in sent:
         producer.produce(topic, key=key_of(key, key >= 10), value=value, partition=key % 3)
     producer.produce(topic, key=key_of(9, False), value=b'{"hello": 1}', partition=0)  # no change event
     producer.produce(topic, key=key_of(9, False), value=b"{not json", partition=0)
