@@ -190,6 +190,12 @@ def test_only_the_newest_batch_is_reprocessed(broker, kafka_config, spark, tmp_p
     assert result.status == "reprocessed" and result.write_mode == "merge"
     assert table_rows(uri) == before  # the same records merged again: the same table
     assert_model_holds(uri, INGEST, bootstrap, topic)
+    from airflow_eo.status import table_status
+
+    status = table_status(uri, INGEST, kafka_config)
+    assert status["write_mode"] == "merge"
+    newest = status["batches"][0]
+    assert newest["operation"] == "reprocess" and newest["updated"] == 25 and newest["deleted"] == 0
 
 
 # -- Debezium ----------------------------------------------------------------------------------------
