@@ -18,7 +18,10 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * dedup by key (``bench_dedup``): one batch with ``dedup_key`` and a one-day horizon against the
   same batch without, into copies of a 10M-row table;
 * maintenance (``bench_maintenance``): reading a table of 10k small batch files before and
-  after ``maintain``'s compaction, and the compaction's wall time and peak memory.
+  after ``maintain``'s compaction, and the compaction's wall time and peak memory;
+* merge by key (``bench_merge``): 100,000 changes (10 % deletes) merged into a 10M-row table
+  against the same batch appended, recent-heavy and uniform keys, files rewritten after
+  ``maintain --z-order``.
 
 Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
 
@@ -50,6 +53,7 @@ import bench_spark  # noqa: E402
 import bench_decode  # noqa: E402
 import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
+import bench_merge  # noqa: E402
 import bench_warm  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
@@ -59,6 +63,7 @@ from airflow_eo.submit.connect_server import ConnectServer  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
+PARTS = ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "merge"]
 
 
 def say(message: str) -> None:
@@ -93,12 +98,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-records", type=int, default=1_000_000, help="records of the Avro/JSON decode run")
     p.add_argument("--maintenance-files", type=int, default=10_000, help="small files of the maintenance table")
     p.add_argument("--maintenance-rows", type=int, default=1_000_000, help="rows of the maintenance table")
-    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance"],
+    p.add_argument("--only", choices=PARTS,
                    action="append",
                    help="run only these parts (repeatable; default: all)")
     p.add_argument("--dedup-rows", type=int, default=10_000_000, help="rows of the table dedup checks against")
     p.add_argument("--dedup-files", type=int, default=100)
     p.add_argument("--dedup-batch", type=int, default=200_000, help="records of the measured batch")
+    p.add_argument("--merge-rows", type=int, default=10_000_000, help="rows of the table the merge batch changes")
+    p.add_argument("--merge-changes", type=int, default=100_000, help="records of the measured merge batch")
+    p.add_argument("--merge-delete-share", type=float, default=0.1)
+    p.add_argument("--merge-files", type=int, default=100, help="files of the merge table after z-ordering")
+    p.add_argument("--merge-spread-files", type=int, default=20, help="files the merge table is built in")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -367,6 +377,23 @@ class Bench:
                                                             a.repetitions, say)
 
 
+    # -- merge by key: a batch merged against the same batch appended (bench_merge) ------------
+    def merge(self) -> None:
+        from airflow_eo.driver.session import build_session
+
+        a = self.args
+        classic_process()  # as in decode: classic Spark after the warm part's Connect client
+        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
+        spark = build_session("airflow-eo bench merge", {"spark.master": a.master, "spark.ui.enabled": "false",
+                                                         "spark.ui.showConsoleProgress": "false"})
+        try:
+            found = bench_merge.run(a, self.work, self.kafka_config, spark, say, self.record, interleaved)
+            self.results["merge"] = {**found, **bench_merge.ratios_and_targets(found, self.times)}
+        finally:
+            spark.stop()
+            self.stop_broker()
+
+
 def machine() -> dict:
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "processor": platform.processor()}
@@ -378,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance"]:
+        for part in args.only or PARTS:
             getattr(bench, part)()
     finally:
         bench.stop_broker()

@@ -137,6 +137,8 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
+            if changes is not None:
+                changes.unpersist()
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
     rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files)

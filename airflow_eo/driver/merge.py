@@ -7,10 +7,11 @@ After the read and the decoding, a merge batch takes these steps in the driver (
    decoders untouched (:func:`before_decoding` / :func:`null_values_pass`: a null value is a
    delete, not an undecodable record); Debezium events are unwrapped (:mod:`.cdc`); each
    record gets its delete flag (``delete_when``, evaluated here, before the transform) and
-   its Kafka timestamp for the order rule;
+   its Kafka timestamp for the order rule, in one column, ``_airflow_eo_change``;
 2. the transform runs as for appends; it must produce the ``merge_key`` columns (for a
    delete too: it sees the record with its null value and derives the key from the Kafka
-   key, or from ``before`` for Debezium);
+   key, or from ``before`` for Debezium). ``_airflow_eo_change`` goes through ``SELECT *``;
+   a transform that leaves it out gets it joined back by offset (one more shuffle);
 3. **winners** (:func:`winners`): the batch is hashed by key and each task keeps one record
    per key (:func:`airflow_eo.driver.changes.select_winners`, the order rule);
 4. **the table's side** (:func:`merge_into`): the changed keys are collected (keys only), the
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -53,10 +55,13 @@ from airflow_eo.table.storage import TableLocation
 log = logging.getLogger(__name__)
 
 TOMBSTONE_COLUMN = "_airflow_eo_tombstone"  # the record's value was null before decoding
-CHANGE_COLUMNS = (DELETE_COLUMN, TS_COLUMN)  # what the transform's output needs beside its own columns
-INTERNAL = (DELETE_COLUMN, TS_COLUMN, TOMBSTONE_COLUMN, CHANGES_COLUMN)
+# what the transform's output needs beside its own columns: struct<delete, ts> of the record
+CHANGE_COLUMN = "_airflow_eo_change"
+INTERNAL = (CHANGE_COLUMN, DELETE_COLUMN, TS_COLUMN, TOMBSTONE_COLUMN, CHANGES_COLUMN)
 EMPTY_OBJECT = bytearray(b"{}")  # what a tombstone's value is while JSON decoding runs
-MAX_REWRITE_TASKS = 64
+# a rewrite task reads about this much of the table (at least one file): fewer, fuller tasks on
+# small tables, one task per file on large ones
+REWRITE_TASK_BYTES = 32 * 2**20
 REWRITE_SCHEMA = "rewrite string"
 
 
@@ -117,13 +122,14 @@ def before_decoding(source, attempt: Attempt):
 
 def change_view(source, attempt: Attempt, dead=None):
     """The records as the transform sees them in a merge (module doc, step 1), with
-    :data:`CHANGE_COLUMNS`; records that are no change events go to ``dead`` (dead letters)."""
+    :data:`CHANGE_COLUMN` (the delete flag and the Kafka timestamp in ms); records that are no change
+    events go to ``dead`` (dead letters)."""
     with functions_for(source) as F:
         if TOMBSTONE_COLUMN in source.columns:
             restored = [F.when(F.col(TOMBSTONE_COLUMN), F.lit(None)).otherwise(F.col(c)).alias(c)
                         if c in ("value", cdc.DATA) else F.col(c) for c in source.columns if c != TOMBSTONE_COLUMN]
             source = source.select(*restored)
-        source = source.withColumn(TS_COLUMN, F.unix_millis(F.col("timestamp")))
+        source = source.withColumn(TS_COLUMN, F.unix_millis(F.col("timestamp")))  # before a row field replaces it
         if attempt.merge.cdc_format is CdcFormat.DEBEZIUM:
             source, not_events = cdc.unwrap(source)
             if dead is not None:
@@ -131,7 +137,9 @@ def change_view(source, attempt: Attempt, dead=None):
         rule = attempt.merge.delete_rule
         try:
             flag = F.expr(rule)
-            checked = source.withColumn(DELETE_COLUMN, F.coalesce(flag.cast("boolean"), F.lit(False)))
+            deletes = F.coalesce(flag.cast("boolean"), F.lit(False))
+            checked = source.withColumn(CHANGE_COLUMN, F.struct(deletes.alias(DELETE_COLUMN), F.col(TS_COLUMN))) \
+                .drop(TS_COLUMN)
             kind = source.select(flag).schema.fields[0].dataType.typeName()  # analysed here (Connect: lazily)
         except Exception as exc:  # ParseException, AnalysisException: the user's expression
             what = "does not parse" if "Parse" in type(exc).__name__ else "cannot be evaluated over the source columns"
@@ -160,15 +168,18 @@ def check_output(out, key: tuple[str, ...]) -> None:
 
 
 def with_change_columns(out, view):
-    """``out`` with :data:`CHANGE_COLUMNS`, joined back by source offset when the transform left
-    them out (one more shuffle; ``SELECT *`` or naming them keeps them)."""
-    missing = [c for c in CHANGE_COLUMNS if c not in out.columns]
-    if not missing:
+    """``out`` with :data:`CHANGE_COLUMN`, joined back by source offset when the transform left it
+    out (one more shuffle; ``SELECT *`` or naming it keeps it). The view is then kept (persisted)
+    so both sides of the join read Kafka once; the caller unpersists it."""
+    if CHANGE_COLUMN in out.columns:
         return out
-    log.info("the transform leaves out %s, so they are joined back by offset (one more shuffle; keep them in the "
-             "transform to save it)", ", ".join(missing))
+    log.info("the transform leaves out %s, so it is joined back by offset (one more shuffle; select it in the "
+             "transform to save that)", CHANGE_COLUMN)
+    from pyspark import StorageLevel
+
+    view.persist(StorageLevel.MEMORY_AND_DISK)
     with functions_for(out) as F:
-        flags = view.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], *missing)
+        flags = view.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], CHANGE_COLUMN)
         condition = None
         for c in KEY_COLUMNS:
             match = F.col(c) == F.col(f"_k_{c}")
@@ -195,6 +206,9 @@ def winners(out, key: tuple[str, ...], tasks: int):
 
     from airflow_eo.driver.session import for_session
 
+    with functions_for(out) as F:  # the order rule reads the flag and the timestamp as columns of their own
+        out = out.withColumn(DELETE_COLUMN, F.col(f"{CHANGE_COLUMN}.{DELETE_COLUMN}")) \
+            .withColumn(TS_COLUMN, F.col(f"{CHANGE_COLUMN}.{TS_COLUMN}")).drop(CHANGE_COLUMN)
     schema = StructType([*out.schema.fields, StructField(CHANGES_COLUMN, LongType(), False)])
     with for_session(out):
         return out.repartition(max(1, tasks), *key).mapInArrow(_winner_selector(key), schema)
@@ -232,7 +246,7 @@ def rewrite_in_tasks(spark, location: TableLocation, storage_options, files: lis
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, keys.schema) as stream:
         stream.write_table(keys)
-    tasks = min(len(files), MAX_REWRITE_TASKS)
+    tasks = min(len(files), max(1, -(-sum(f.size for f in files) // REWRITE_TASK_BYTES)))
     with for_session(spark):
         plan = spark.range(0, len(files), 1, tasks).mapInArrow(
             _rewriter(location.uri, dict(storage_options) if storage_options else None, files, sink.getvalue(), key,
@@ -251,11 +265,12 @@ def _null_keys(changed: pa.Table, key: tuple[str, ...]):
 
 def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, target: str, stage, arrow_schema,
                tasks: int) -> MergedBatch:
-    """Steps 3-4 (module doc) for the transform's output ``out`` (with :data:`CHANGE_COLUMNS`):
+    """Steps 3-4 (module doc) for the transform's output ``out`` (with :data:`CHANGE_COLUMN`):
     ``stage(df, location, target, storage_options, arrow_schema, partition_by)`` writes the
     winners that upsert (:func:`airflow_eo.driver.writer.stage`); the rewritten copies go
     beside ``target`` (its ``-kept`` directory: they hold other batches' rows)."""
     key, plan = attempt.merge.key, attempt.plan
+    started = time.monotonic()
     chosen = winners(out, key, tasks)
     from pyspark import StorageLevel
 
@@ -283,10 +298,12 @@ def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, 
             named = {f.path for f in files}
             files += [TableFile(p, s, partition_values_of(p)) for p, s in {**whole, **mixed}.items() if p not in named]
             in_range = keys
-        log.info("batch %s: %d changed key(s); %d of %d table file(s) may hold them", plan.batch, keys.num_rows,
-                 len(files), len(snapshot))
+        log.info("batch %s: %d changed key(s) in %.2fs; %d of %d table file(s) may hold them", plan.batch,
+                 keys.num_rows, time.monotonic() - started, len(files), len(snapshot))
+        started = time.monotonic()
         rewrites = rewrite_in_tasks(chosen.sparkSession, location, storage_options, files,
                                     in_range, key, location.relative(target) + KEPT_SUFFIX, ranges)
+        log.info("batch %s: %d file(s) rewritten in %.2fs", plan.batch, len(rewrites), time.monotonic() - started)
         with functions_for(chosen) as F:
             upserts = chosen.where(~F.col(DELETE_COLUMN)).drop(*[c for c in INTERNAL if c in chosen.columns])
         staged = with_key_stats(location, stage(upserts, location, target, storage_options, arrow_schema,

@@ -3,8 +3,8 @@ and its numbers are sane. Real broker, real spark-submit (three of them), a real
 server, real Delta tables.
 
 Kept small (5,000 records, one repetition, no scaling or 10x memory run, a 200-commit
-planning table with a 5-commit tail, a 300-commit long log) so it fits a ~2 minute budget on
-an idle 2-core machine.
+planning table with a 5-commit tail, a 300-commit long log, 2,000 changes merged into 20,000
+rows) so it fits a ~3 minute budget on an idle 2-core machine.
 """
 
 import json
@@ -21,7 +21,8 @@ def test_benchmark_smoke(tmp_path):
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--long-log-commits", "300", "--cache-dir", str(tmp_path / "cache"),
            "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
-           "--maintenance-rows", "20000", "--out", str(out)]
+           "--maintenance-rows", "20000", "--merge-rows", "20000", "--merge-changes", "2000", "--merge-files", "10",
+           "--merge-spread-files", "4", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -55,3 +56,10 @@ def test_benchmark_smoke(tmp_path):
     assert maintenance["rows"] == 20000 and maintenance["files_after"] == 1
     assert maintenance["compaction"]["numFilesRemoved"] == 200 and maintenance["peak_rss_mb"] > 0
     assert maintenance["read_speedup"] > 0 and "read_after_compaction>=5x_faster" in report["targets"]
+    merge = report["merge"]  # 2,000 changes into 20,000 rows z-ordered into ~10 files, both distributions
+    for key in ("merge.recent_heavy.append", "merge.recent_heavy.merge", "merge.uniform.merge"):
+        assert 0 < times[key]["median"] < 600, key
+    recent, uniform = merge["distributions"]["recent_heavy"], merge["distributions"]["uniform"]
+    assert recent["inserted"] == 200 and recent["deleted"] > 0 and uniform["files_rewritten"] == uniform["files_before"]
+    assert recent["files_rewritten"] < recent["before_z_order"]["files_rewritten"]  # z-ordering narrowed it
+    assert "merge/append<=3x(recent_heavy)" in report["targets"]
