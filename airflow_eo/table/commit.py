@@ -30,8 +30,8 @@ batch counter, so two batches of one ingest always conflict. delta-rs does not r
 ``txn`` version that is already committed (delta-rs #2580, #3821): the compare is ours,
 made on the snapshot the commit is made from.
 
-A rule that removes files by what it read (``exact_snapshot``: the merge commits) cannot be
-rebased: deltalake 1.6 rebases a commit over a compaction that removed the same file
+A rule that removes files by what it read (``exact_snapshot``: the merge commits and the
+reprocess) cannot be rebased: deltalake 1.6 rebases a commit over a compaction that removed the same file
 without a conflict (its removes are ``dataChange=false``) and accepts a remove of a file
 that is no longer in the table (verified in ``tests/unit/table/test_merge_commit.py``), which
 would leave the compacted copy of a changed row beside its new version. Such a commit is
@@ -286,7 +286,7 @@ class ReprocessCommit:
     kind = CommitKind.REPROCESS
     creates_table = False
     table_properties = None
-    exact_snapshot = False
+    exact_snapshot = True  # it removes the files its snapshot holds: a compaction may replace them meanwhile
 
     def __init__(self, staged: StagedBatch, *, reprocess_from: int, requested_by: RunIdentity | None = None,
                  findings: BatchFindings | None = None):
