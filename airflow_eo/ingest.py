@@ -39,6 +39,7 @@ from airflow_eo.result import IngestResult, build_result, short_cause  # noqa: F
 from airflow_eo.runner import AttemptRunner, Submitter, verdict  # noqa: F401 - Submitter: re-exported
 from airflow_eo.status import lag_of
 from airflow_eo.table.commit import BatchCommit, StagedBatch, commit, commit_dead_letters_of
+from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.metadata import BatchFindings, CommitKind
 from airflow_eo.table.plan_log import PlanLog
@@ -138,6 +139,8 @@ class Ingestion:
             if plan.is_empty:
                 log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
                 return self.mirror(self.result(RunStatus.NOTHING_NEW, plan, None, ledger))
+            if plan.interval is not None and self.config.spec.merge.enabled:  # changes apply in time order
+                IntervalLedger(ledger, self.config.ingest_id).check_merge_order(plan.interval)
             # step 2: log the plan before any of it is read
             self.plans.record(plan)
         return self.mirror(self.execute(plan))

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from airflow_eo.attempt import KEY_COLUMNS, Attempt, AttemptKind
+from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.driver import cdc
 from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, select_winners
 from airflow_eo.driver.decode import functions_for
+from airflow_eo.driver.transforms import join_by_offset
 from airflow_eo.errors import ConfigError, MergeKeyError
 from airflow_eo.spec import CdcFormat
 from airflow_eo.table.files import StagedFile
@@ -178,13 +179,7 @@ def with_change_columns(out, view):
     from pyspark import StorageLevel
 
     view.persist(StorageLevel.MEMORY_AND_DISK)
-    with functions_for(out) as F:
-        flags = view.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], CHANGE_COLUMN)
-        condition = None
-        for c in KEY_COLUMNS:
-            match = F.col(c) == F.col(f"_k_{c}")
-            condition = match if condition is None else condition & match
-        return out.join(flags, on=condition, how="left").drop(*[f"_k_{c}" for c in KEY_COLUMNS])
+    return join_by_offset(out, view, (CHANGE_COLUMN,))
 
 
 def _winner_selector(key: tuple[str, ...]):

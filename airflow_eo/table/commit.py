@@ -457,7 +457,10 @@ class MergeCommit:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id)
 
     def check(self, ledger: Ledger) -> CommitCheck:
-        return _compare_offsets(self.plan, ledger)
+        state = _compare_offsets(self.plan, ledger)
+        if state is CommitCheck.READY and self.plan.interval is not None:
+            IntervalLedger(ledger, self.plan.ingest_id).check_merge_order(self.plan.interval)
+        return state
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, self.merge)

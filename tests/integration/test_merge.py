@@ -198,6 +198,40 @@ def test_only_the_newest_batch_is_reprocessed(broker, kafka_config, spark, tmp_p
     assert newest["operation"] == "reprocess" and newest["updated"] == 25 and newest["deleted"] == 0
 
 
+def test_interval_mode_merges_intervals_oldest_first(broker, kafka_config, spark, tmp_path, ingestion):
+    import time
+
+    from airflow_eo.planning import Interval
+
+    hour = 3_600_000
+    base = (int(time.time() * 1000) // hour - 5) * hour
+    bootstrap = kafka_config["bootstrap.servers"]
+    topic = new_topic(kafka_config, 3)
+    changes = ChangeProducer(kafka_config, topic)
+    changes.clock = base
+    changes.write(range(60))
+    changes.clock = base + hour
+    changes.write(range(0, 60, 2))
+    changes.delete(range(1, 60, 5))
+    changes.clock = base + 2 * hour
+    changes.write(range(3))
+    changes.clock = base + 3 * hour + 60_000  # closes the third hour in every partition
+    changes.write(range(3))
+    changes.flush()
+    uri = str(tmp_path / "t")
+    ing = merging(ingestion, uri, topic, kafka_config, InProcessSubmitter(spark), mode="interval")
+
+    def hour_of(i: int) -> Interval:
+        return Interval(base + i * hour, base + (i + 1) * hour)
+
+    assert ing.run(RunIdentity("h0"), hour_of(0)).inserted == 60
+    assert ing.run(RunIdentity("h2"), hour_of(2)).updated == 3
+    assert_model_holds(uri, INGEST, bootstrap, topic)
+    with pytest.raises(ConfigError, match="starts before the end of its committed intervals"):
+        ing.run(RunIdentity("h1"), hour_of(1))  # a backfill behind a later hour would undo its changes
+    assert_model_holds(uri, INGEST, bootstrap, topic)
+
+
 # -- Debezium ----------------------------------------------------------------------------------------
 ROW_DDL = "id INT, name STRING"
 DEBEZIUM_SQL = "SELECT id, name, op, ts_ms, topic, partition, offset FROM source"
