@@ -6,7 +6,9 @@ Spark Connect session whose server does the reading and writing). The plan was l
 the attempt recorded before it starts; this code only executes it:
 
 1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed);
-2. **decode** values, undecodable records to the dead-letter table (:mod:`airflow_eo.driver.decode`);
+2. **decode** keys and values (:mod:`airflow_eo.decoding` in the read step, JSON by
+   :mod:`airflow_eo.driver.decode`), undecodable records to the dead-letter table
+   (:mod:`airflow_eo.driver.dead_letters`);
 3. **transform** them into the table's columns (:mod:`airflow_eo.driver.transforms`);
 4. **stage** Parquet files into the attempt's own directory (:mod:`airflow_eo.driver.writer`);
 5. **compare-and-set commit** the files with the offsets in one Delta commit, then
@@ -32,10 +34,10 @@ import time
 import pyarrow as pa
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
+from airflow_eo.decoding.decoder import record_decoder
 from airflow_eo.driver import merge as merging
-from airflow_eo.driver.avro import avro_decoder
 from airflow_eo.driver.cdc import decoding_attempt
-from airflow_eo.driver.decode import DeadLetters
+from airflow_eo.driver.dead_letters import DeadLetters
 from airflow_eo.driver.dedup import deduplicate, with_key_column
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
@@ -80,12 +82,12 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     plan, storage_options = attempt.plan, secrets.storage_options
     location = staging.loc
     failpoint("before_read")
-    decoder = avro_decoder(attempt.decode, secrets.schema_registry)  # None unless keys or values are Avro
-    decoder = merging.null_values_pass(decoder, attempt)  # a merge: a null value is a tombstone, no dead letter
+    decoding = decoding_attempt(attempt)  # Debezium JSON: the envelope's DDL around the row's
+    # None unless keys or values are decoded or checked; registry reader schemas as the plan pinned them
+    decoder, reader_schemas = record_decoder(decoding.decode.columns, secrets.schema_registry, plan)
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
-    source = merging.before_decoding(source, attempt)
-    dead = DeadLetters.of(source, decoding_attempt(attempt), secrets)  # None unless decoding
+    dead = DeadLetters.of(source, decoding, secrets)  # None unless decoding
     merged = changes = None
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     planned_offsets = sum(r.size for r in plan.data_ranges)
@@ -102,7 +104,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                 source = dups.kept
                 if attempt.dedup.to_dead_letters:
                     dead.add(dups.duplicates)
-            if attempt.merge.enabled:  # tombstones back, change events unwrapped, delete flags
+            if attempt.merge.enabled:  # change events unwrapped, delete flags
                 source = changes = merging.change_view(source, attempt, dead)
             if dead is not None:
                 dead.stage(stage)  # undecodable records (and duplicates): staged beside the dead-letter table
@@ -160,7 +162,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
         log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, late["records"])
     # what the commit records beside the rows: the one builder the quiet-interval commit uses too
     findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
-                                dropped, LateRecords(**late) if late is not None else None)
+                                dropped, LateRecords(**late) if late is not None else None, reader_schemas)
     outcome = commit_staged(attempt, staging, batch, findings, storage_options, merged)
     log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
              time.monotonic() - staged)

@@ -4,8 +4,8 @@ After the read and the decoding, a merge batch takes these steps in the driver (
 :class:`airflow_eo.table.commit.MergeCommit`):
 
 1. **the change view** (:func:`change_view`): tombstones (null values) went through the
-   decoders untouched (:func:`before_decoding` / :func:`null_values_pass`: a null value is a
-   delete, not an undecodable record); Debezium events are unwrapped (:mod:`.cdc`); each
+   decoders untouched (in a merge a null value is a change, not an undecodable record:
+   :attr:`airflow_eo.spec.columns.ColumnSpec.tombstones`); Debezium events are unwrapped (:mod:`.cdc`); each
    record gets its delete flag (``delete_when``, evaluated here, before the transform) and
    its Kafka timestamp for the order rule, in one column, ``_airflow_eo_change``;
 2. the transform runs as for appends; it must produce the ``merge_key`` columns (for a
@@ -55,11 +55,9 @@ from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
 
-TOMBSTONE_COLUMN = "_airflow_eo_tombstone"  # the record's value was null before decoding
 # what the transform's output needs beside its own columns: struct<delete, ts> of the record
 CHANGE_COLUMN = "_airflow_eo_change"
-INTERNAL = (CHANGE_COLUMN, DELETE_COLUMN, TS_COLUMN, TOMBSTONE_COLUMN, CHANGES_COLUMN)
-EMPTY_OBJECT = bytearray(b"{}")  # what a tombstone's value is while JSON decoding runs
+INTERNAL = (CHANGE_COLUMN, DELETE_COLUMN, TS_COLUMN, CHANGES_COLUMN)
 # a rewrite task reads about this much of the table (at least one file): fewer, fuller tasks on
 # small tables, one task per file on large ones
 REWRITE_TASK_BYTES = 32 * 2**20
@@ -81,55 +79,11 @@ class MergedBatch:
 
 
 # -- 1. the change view -----------------------------------------------------------------------------
-class NullValuesPass:
-    """An Avro decoder (:class:`airflow_eo.driver.avro.AvroDecoder`) whose null values are no dead
-    letters: in a merge a null value is a tombstone (a delete, or a no-op after a Debezium delete)."""
-
-    def __init__(self, decoder, reason_column: str):
-        self.decoder, self.reason_column = decoder, reason_column
-
-    def schema(self, source):
-        return self.decoder.schema(source)
-
-    def __call__(self, batch):
-        import pyarrow.compute as pc
-
-        out = self.decoder(batch)
-        index = out.schema.get_field_index(self.reason_column)
-        reason = pc.if_else(pc.is_null(out.column("value")), pa.scalar(None, pa.string()), out.column(index))
-        return out.set_column(index, self.reason_column, reason)
-
-
-def null_values_pass(decoder, attempt: Attempt):
-    """The read step's decoder for ``attempt`` (None stays None)."""
-    if decoder is None or not attempt.merge.enabled:
-        return decoder
-    from airflow_eo.driver.avro import REASON_COLUMN
-
-    return NullValuesPass(decoder, REASON_COLUMN)
-
-
-def before_decoding(source, attempt: Attempt):
-    """Mark tombstones; while Spark's JSON decoding runs (which refuses null values) their value
-    is an empty object, put back to null by :func:`change_view`."""
-    if not attempt.merge.enabled:
-        return source
-    with functions_for(source) as F:
-        source = source.withColumn(TOMBSTONE_COLUMN, F.col("value").isNull())
-        if attempt.decode.enabled and attempt.decode.value_format != "avro":
-            source = source.withColumn("value", F.coalesce(F.col("value"), F.lit(EMPTY_OBJECT)))
-    return source
-
-
 def change_view(source, attempt: Attempt, dead=None):
     """The records as the transform sees them in a merge (module doc, step 1), with
     :data:`CHANGE_COLUMN` (the delete flag and the Kafka timestamp in ms); records that are no change
     events go to ``dead`` (dead letters)."""
     with functions_for(source) as F:
-        if TOMBSTONE_COLUMN in source.columns:
-            restored = [F.when(F.col(TOMBSTONE_COLUMN), F.lit(None)).otherwise(F.col(c)).alias(c)
-                        if c in ("value", cdc.DATA) else F.col(c) for c in source.columns if c != TOMBSTONE_COLUMN]
-            source = source.select(*restored)
         source = source.withColumn(TS_COLUMN, F.unix_millis(F.col("timestamp")))  # before a row field replaces it
         if attempt.merge.cdc_format is CdcFormat.DEBEZIUM:
             source, not_events = cdc.unwrap(source)

@@ -30,7 +30,9 @@ class IngestSpec:
     merge: MergeSpec = field(default_factory=MergeSpec)
 
     def __post_init__(self):
-        object.__setattr__(self, "decode", self.decode.with_default_subjects(self.source.topics))
+        decode = self.decode.with_default_subjects(self.source.topics)
+        object.__setattr__(self, "decode", replace(decode, tombstones=self.merge.enabled)
+                           if decode.tombstones != self.merge.enabled else decode)
         if self.dead_letters.table_uri and self.dead_letters.table_uri == self.table.table_uri:
             raise ConfigError("dead_letter_table_uri must be another path than table_uri")
         if self.decode.enabled and not self.dead_letters.table_uri:

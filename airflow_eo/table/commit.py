@@ -302,7 +302,7 @@ class ReprocessCommit:
         return _compare_reprocess_counter(self.plan, self.reprocess_from, ledger)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
-        check_schema(ledger, delta_schema_of(self.staged.arrow_schema))
+        check_schema(ledger, delta_schema_of(self.staged.arrow_schema), replacing=True)
         return ledger
 
     def actions(self, ledger: Ledger) -> list:

@@ -143,6 +143,18 @@ def test_merge_options_parse_and_the_delete_rule_follows_the_format():
     assert cdc.merge.cdc_format.value == "debezium" and cdc.merge.delete_rule == "op = 'd'"
     assert cdc.replace(delete_when="op = 'd' OR __deleted = 'true'").merge.delete_rule.startswith("op = 'd' OR")
     assert not IngestSpec.of(**BASE).merge.enabled
+    # in a merge a null value is a tombstone (a change), not a dead letter, whatever the value format
+    import pyarrow as pa
+
+    from airflow_eo.decoding.decoder import precheck
+
+    json_merge = IngestSpec.of(**BASE, write_mode="merge", merge_key="id", value_schema="id INT", max_value_bytes=5,
+                               dead_letter_table_uri="/d")
+    assert json_merge.decode.tombstones and not json_merge.decode.value.null_is_bad
+    assert precheck(pa.array([None, b"{}", b"toolong"]), json_merge.decode.value).to_pylist() == \
+        [None, None, "value of 7 bytes exceeds max_value_bytes=5"]
+    appended = json_merge.replace(write_mode="append", merge_key=None)
+    assert not appended.decode.tombstones and appended.decode.value.null_is_bad
     # an attempt written before merging existed has no merge group: it appends
     old = IngestSpec.of(**BASE).to_dict()
     del old["merge"]

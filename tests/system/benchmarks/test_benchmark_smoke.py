@@ -23,6 +23,7 @@ def test_benchmark_smoke(tmp_path):
            "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
            "--maintenance-rows", "20000", "--merge-rows", "20000", "--merge-changes", "2000", "--merge-files", "10",
            "--merge-spread-files", "4", "--out", str(out)]
+    cmd += ["--ui-tables", "3", "--ui-commits", "120"]  # the UI page's list: 3 tables of 120 commits
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -63,3 +64,6 @@ def test_benchmark_smoke(tmp_path):
     assert recent["inserted"] == 200 and recent["deleted"] > 0 and uniform["files_rewritten"] == uniform["files_before"]
     assert recent["files_rewritten"] < recent["before_z_order"]["files_rewritten"]  # z-ordering narrowed it
     assert "merge/append<=3x(recent_heavy)" in report["targets"]
+    for key in ("ui.list_first_view", "ui.list", "ui.table_page_first_view", "ui.table_page"):  # through Airflow's app
+        assert 0 < times[key]["min"] <= times[key]["max"] < 600, (key, times[key])
+    assert report["ui"]["tables"] == 3 and "ui_list_3x120<1s" in report["targets"]
