@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 
 from airflow_eo.attempt import KEY_COLUMNS, Attempt
+from airflow_eo.decoding.decoder import REASON_COLUMN
 from airflow_eo.errors import ConfigError
 from airflow_eo.spec import CdcFormat, IngestSpec
 
@@ -99,7 +100,8 @@ def _fields(data_type) -> list[str]:
 
 def unwrap(df):
     """The Debezium events of ``df`` (decoded, with ``data``) as rows, and the records that are
-    no change events: ``(events, not_events)``, the latter with the dead letters' ``reason``.
+    no change events: ``(events, not_events)``, the latter with their dead-letter reason
+    (:data:`~airflow_eo.decoding.decoder.REASON_COLUMN`).
 
     ``events`` has the Kafka columns (but ``value`` and ``data``), the row's fields, ``op`` and
     ``ts_ms``; no-op events (tombstones, ``t``, ``m``) are in neither."""
@@ -142,7 +144,7 @@ def _unwrap(df, F):
     events = df.where(known & op.isin(*[o for o, c in OPS.items() if c is not Change.NONE]))
     events = events.select(*[F.col(c) for c in kept], *columns, op.alias(OP), ts.alias(TS_MS))
     not_events = df.where(F.col("value").isNotNull() & ~F.coalesce(op.isin(*OPS), F.lit(False))).withColumn(
-        "reason", F.concat(F.lit("value is not a Debezium change event (op "),
+        REASON_COLUMN, F.concat(F.lit("value is not a Debezium change event (op "),
                            F.coalesce(F.concat(F.lit("'"), op, F.lit("'")), F.lit("missing")),
                            F.lit("; expected c, u, d, r, t or m)")))
     return events, not_events
