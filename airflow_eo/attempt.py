@@ -145,6 +145,7 @@ class Attempt:
     decode = property(lambda self: self.spec.decode)
     dead_letters = property(lambda self: self.spec.dead_letters)
     dedup = property(lambda self: self.spec.dedup)
+    merge = property(lambda self: self.spec.merge)
     spark = property(lambda self: self.spec.spark)
     schema_evolution = property(lambda self: self.spec.table.schema_evolution)
     table_properties = property(lambda self: self.spec.table.table_properties)

@@ -175,7 +175,8 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(f"table {status['table_uri']}  version {status['version']}  last batch {status['last_batch']}")
+    print(f"table {status['table_uri']}  version {status['version']}  last batch {status['last_batch']}"
+          f"{'  (merge by key)' if status.get('write_mode') == 'merge' else ''}")
     print(f"{'topic':<24}{'partition':>10}{'committed':>12}{'end':>12}{'lag':>10}")
     for p in status["partitions"]:
         print(f"{p['topic']:<24}{p['partition']:>10}{_n(p['committed']):>12}{_n(p['end']):>12}{_n(p['lag']):>10}")
@@ -198,8 +199,10 @@ def cmd_status(args) -> int:
     print("last batches:")
     for b in status["batches"]:
         late = f"  late {b['late']}" if b.get("late") else ""
+        merged = (f"  +{b['inserted']} ~{b['updated']} -{b['deleted']} rewrote {b['files_rewritten']} file(s)"
+                  if "inserted" in b else "")
         print(f"  batch {b['batch']:>5}  version {b['version']:>5}  rows {b['rows']:>9}  {b['operation']}  "
-              f"{', '.join(b['ranges'])}{late}")
+              f"{', '.join(b['ranges'])}{late}{merged}")
     return 0
 
 

@@ -76,6 +76,10 @@ class SparkJobError(RetryableError):
     """spark-submit ended without committing the batch."""
 
 
+class MergeKeyError(AirflowEoError):
+    """write_mode=merge: a record's merge key is null (the transform or the data must change)."""
+
+
 class IntervalNotClosedError(RetryableError):
     """A partition may still receive records of the interval (retry later, or wait for it)."""
 

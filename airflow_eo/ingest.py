@@ -40,6 +40,7 @@ from airflow_eo.result import IngestResult, build_result, short_cause  # noqa: F
 from airflow_eo.runner import AttemptRunner, Submitter, verdict  # noqa: F401 - Submitter: re-exported
 from airflow_eo.status import lag_of
 from airflow_eo.table.commit import BatchCommit, StagedBatch, commit, commit_dead_letters_of
+from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.metadata import BatchFindings, CommitKind
 from airflow_eo.table.plan_log import PlanLog
@@ -68,7 +69,7 @@ class Ingestion:
 
     def ledger(self) -> Ledger:
         ledger = Ledger.open(self.config.table_uri, self.config.storage_options)
-        ledger.check_writable(self.config.ingest_id, self.config.partition_by)
+        ledger.check_writable(self.config.ingest_id, self.config.partition_by, self.config.spec.merge)
         return ledger
 
     # -- step 1: plan -------------------------------------------------------------
@@ -128,9 +129,11 @@ class Ingestion:
         started = time.monotonic()
         result = self._run(run, interval).timed(started)
         if result.spark_started:
-            log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s",
+            log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s%s",
                      result.batch, result.status, result.rows, result.files, result.seconds,
-                     result.rows / result.seconds if result.seconds else 0, result.version)
+                     result.rows / result.seconds if result.seconds else 0, result.version,
+                     f"; merged: {result.inserted} inserted, {result.updated} updated, {result.deleted} deleted, "
+                     f"{result.files_rewritten} file(s) rewritten" if result.write_mode == "merge" else "")
         return result
 
     def _run(self, run: RunIdentity, interval: Interval | None) -> IngestResult:
@@ -149,6 +152,8 @@ class Ingestion:
             if plan.is_empty:
                 log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
                 return self.mirror(self.result(RunStatus.NOTHING_NEW, plan, None, ledger))
+            if plan.interval is not None and self.config.spec.merge.enabled:  # changes apply in time order
+                IntervalLedger(ledger, self.config.ingest_id).check_merge_order(plan.interval)
             # step 2: log the plan before any of it is read
             self.plans.record(plan)
         return self.mirror(self.execute(plan))

@@ -22,7 +22,10 @@ of its commit): the records decode as they did (:mod:`airflow_eo.decoding.reader
 new rows may lack columns schema evolution added since, which read as null there as before.
 
 Refused, with nothing changed: a run whose batch never committed (clear it without
-``reprocess`` to replay it), and ranges Kafka no longer fully holds. After a compaction the
+``reprocess`` to replay it), ranges Kafka no longer fully holds, and on a merge table
+(``write_mode="merge"``) any batch but the newest: later batches may have changed or deleted
+the keys it wrote, so replaying it would put older values over newer ones. The newest batch's
+reprocess removes the rows it wrote and merges it again (:class:`~airflow_eo.table.commit.MergeReprocessCommit`). After a compaction the
 batch's rows are found by its offset ranges, not its original files (the commit rewrites
 the files it shares with other batches).
 
@@ -47,6 +50,7 @@ from airflow_eo.offsets import OffsetRange
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
 from airflow_eo.runner import verdict
+from airflow_eo.table.commit import newest_only
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
@@ -137,6 +141,9 @@ class Reprocessor:
                 f"run {target!r} planned batch {plan.batch} but it never committed: clear the run "
                 "without reprocess to replay it; nothing was changed"
             )
+        last = ledger.last_batch(ingest_id)
+        if ledger.is_merge_table(ingest_id) and plan.batch != last:
+            raise ConfigError(newest_only(plan.batch, last, ledger.table_uri))
         if plan.reader_schemas is None:  # logged by an earlier version: the batch's commit may say what it read with
             record = ledger.find_batch(ingest_id, batch=plan.batch)
             if record is not None and record.meta.findings.reader_schemas:

@@ -34,6 +34,11 @@ class IngestResult:
     interval: dict | None = None  # interval mode: {"start_ms", "end_ms"} of the run's data interval
     late_records: int = 0  # interval mode: records of the batch whose timestamp is before the interval
     duplicates: int = 0  # dedup_key: records of the batch dropped as duplicates (their offsets are consumed)
+    write_mode: str = "append"  # merge: the batch upserted and deleted rows by key (the counts below)
+    inserted: int = 0  # merge: rows of new keys
+    updated: int = 0  # merge: rows replaced by their key's new row
+    deleted: int = 0  # merge: rows removed by their key's delete
+    files_rewritten: int = 0  # merge: table files replaced by copies without the changed keys' rows
 
     def to_dict(self) -> dict:
         return {**asdict(self), "status": RunStatus(self.status).value}  # plain strings in XCom and JSON
@@ -65,7 +70,15 @@ def build_result(status: RunStatus, plan: BatchPlan, record: BatchRecord | None,
         interval=asdict(plan.interval) if plan.interval else None,
         late_records=meta.late_records if meta else 0,
         duplicates=meta.duplicate_records if meta else 0,
+        **_merge_counts(meta.merge if meta else None),
     )
+
+
+def _merge_counts(merge) -> dict:
+    if merge is None:
+        return {}
+    return {"write_mode": "merge", "inserted": merge.inserted, "updated": merge.updated, "deleted": merge.deleted,
+            "files_rewritten": merge.files_rewritten}
 
 
 _EXIT_CODE = re.compile(r"(?:[Ee]rror code is|exit(?:ed with)? code)[: ]+(-?\d+)")

@@ -111,7 +111,11 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
         "attempts": blocking_attempts(ledger, staging_grace_seconds),
         "last_audit": {"audited_at": audit.audited_at, "through_version": audit.through_version,
                        "drift": audit.drift, "summary": audit.summary} if audit else None,
+        "write_mode": "merge" if ledger.is_merge_table(ingest_id) else "append",
         "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation.value,
                      "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size],
-                     "late": b.meta.late_records} for b in batches],
+                     "late": b.meta.late_records,
+                     **({"inserted": b.meta.merge.inserted, "updated": b.meta.merge.updated,
+                         "deleted": b.meta.merge.deleted, "files_rewritten": b.meta.merge.files_rewritten}
+                        if b.meta.merge else {})} for b in batches],
     }

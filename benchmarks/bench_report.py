@@ -96,6 +96,8 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         m = results["maintenance"]
         warm = {**warm, "read_after_compaction>=5x_faster": m["read_speedup"] >= 5,
                 "compaction_in_minutes(<=10)": m["seconds"] <= 600}
+    if "merge" in results:
+        warm = {**warm, **results["merge"]["targets"]}
     if "ui.list" in med:  # the target: the list of 50 tables x 10,000 commits in under 1 s
         ui = results.get("ui", {})
         warm = {**warm, f"ui_list_{ui.get('tables')}x{ui.get('commits')}<1s": med["ui.list"] < 1.0}
@@ -132,5 +134,12 @@ def print_table(report: dict) -> None:
         print(f"  maintenance: read of {m['rows']:,} rows in {m['files']:,} files {statistics.median(m['read_before_seconds']):.2f}s, "
               f"after compaction {statistics.median(m['read_after_seconds']):.3f}s ({m['read_speedup']:.1f}x); "
               f"compaction {m['seconds']:.1f}s, peak RSS {m['peak_rss_mb']:.0f} MB")
+    if "merge" in report:
+        m = report["merge"]
+        for key, value in m["ratios"].items():
+            print(f"  {key:42} {value:,.3f}")
+        for distribution, found in m["distributions"].items():
+            print(f"  merge {distribution}: {found['files_rewritten']} of {found['files_before']} files rewritten; "
+                  f"{found['inserted']:,} inserted, {found['updated']:,} updated, {found['deleted']:,} deleted")
     print("\ntargets: " + ", ".join(f"{k}: {'met' if v else ('n/a' if v is None else 'MISSED')}"
                                     for k, v in report["targets"].items()))

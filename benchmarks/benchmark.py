@@ -22,7 +22,10 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * the audit (``bench_audit``): auditing the table against ingesting it on the same Spark path,
   and the audit's peak memory at 1x and ``--audit-multiplier`` x the records;
 * the UI page (``bench_ui``): the table list of 50 tables of 10,000 commits each through
-  Airflow's API app, its first view and the views after it.
+  Airflow's API app, its first view and the views after it;
+* merge by key (``bench_merge``): 100,000 changes (10 % deletes) merged into a 10M-row table
+  against the same batch appended, recent-heavy and uniform keys, files rewritten after
+  ``maintain --z-order``.
 
 Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
 
@@ -55,6 +58,7 @@ import bench_decode  # noqa: E402
 import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
 import bench_audit  # noqa: E402
+import bench_merge  # noqa: E402
 import bench_warm  # noqa: E402
 import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
@@ -65,6 +69,7 @@ from airflow_eo.submit.connect_server import ConnectServer  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
+PARTS = ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui", "audit", "merge"]
 
 
 def say(message: str) -> None:
@@ -102,13 +107,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ui-tables", type=int, default=50, help="tables of the UI page's list")
     p.add_argument("--ui-commits", type=int, default=10_000, help="commits of each of them")
     p.add_argument("--audit-multiplier", type=int, default=4, help="the audit's memory check: table size multiple")
-    p.add_argument("--only", choices=["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui",
-                                      "audit"],
+    p.add_argument("--only", choices=PARTS,
                    action="append",
                    help="run only these parts (repeatable; default: all)")
     p.add_argument("--dedup-rows", type=int, default=10_000_000, help="rows of the table dedup checks against")
     p.add_argument("--dedup-files", type=int, default=100)
     p.add_argument("--dedup-batch", type=int, default=200_000, help="records of the measured batch")
+    p.add_argument("--merge-rows", type=int, default=10_000_000, help="rows of the table the merge batch changes")
+    p.add_argument("--merge-changes", type=int, default=100_000, help="records of the measured merge batch")
+    p.add_argument("--merge-delete-share", type=float, default=0.1)
+    p.add_argument("--merge-files", type=int, default=100, help="files of the merge table after z-ordering")
+    p.add_argument("--merge-spread-files", type=int, default=20, help="files the merge table is built in")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -391,6 +400,22 @@ class Bench:
     def audit(self) -> None:
         self.results["audit"] = bench_audit.run(self, say)
 
+    # -- merge by key: a batch merged against the same batch appended (bench_merge) ------------
+    def merge(self) -> None:
+        from airflow_eo.driver.session import build_session
+
+        a = self.args
+        classic_process()  # as in decode: classic Spark after the warm part's Connect client
+        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
+        spark = build_session("airflow-eo bench merge", {"spark.master": a.master, "spark.ui.enabled": "false",
+                                                         "spark.ui.showConsoleProgress": "false"})
+        try:
+            found = bench_merge.run(a, self.work, self.kafka_config, spark, say, self.record, interleaved)
+            self.results["merge"] = {**found, **bench_merge.ratios_and_targets(found, self.times)}
+        finally:
+            spark.stop()
+            self.stop_broker()
+
 
 def machine() -> dict:
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
@@ -403,8 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, work)
     started = time.monotonic()
     try:
-        for part in args.only or ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui",
-                                  "audit"]:
+        for part in args.only or PARTS:
             getattr(bench, part)()
     finally:
         bench.stop_broker()

@@ -40,6 +40,7 @@ from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKi
 from airflow_eo.compat import observation_pending
 from airflow_eo.decoding.decoder import REASON_COLUMN
 from airflow_eo.driver.decode import functions_for
+from airflow_eo.driver.transforms import join_by_offset
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import parse_duration
 from airflow_eo.planning import BatchPlan, read_slices
@@ -311,13 +312,7 @@ def with_key_column(out, dups: Deduplicated):
         return out
     log.info("the transform leaves out %s, so it is joined back by offset (one more shuffle; select it "
              "in the transform to save that)", DEDUP_COLUMN)
-    with functions_for(out) as F:
-        keys = dups.keys.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], F.col(DEDUP_COLUMN))
-        condition = None
-        for c in KEY_COLUMNS:
-            match = F.col(c) == F.col(f"_k_{c}")
-            condition = match if condition is None else condition & match
-        return out.join(keys, on=condition, how="left").drop(*[f"_k_{c}" for c in KEY_COLUMNS])
+    return join_by_offset(out, dups.keys, (DEDUP_COLUMN,))
 
 
 def _first_line(exc: Exception) -> str:

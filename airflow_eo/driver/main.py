@@ -35,6 +35,8 @@ import pyarrow as pa
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.decoding.decoder import record_decoder
+from airflow_eo.driver import merge as merging
+from airflow_eo.driver.cdc import decoding_attempt
 from airflow_eo.driver.dead_letters import DeadLetters
 from airflow_eo.driver.dedup import deduplicate, with_key_column
 from airflow_eo.driver.lateness import late_records
@@ -46,9 +48,10 @@ from airflow_eo.driver.writer import stage
 from airflow_eo.errors import error_line
 from airflow_eo.faults import failpoint
 from airflow_eo.spec import add_arguments, options_from_args
+from airflow_eo.planning import read_slices
 from airflow_eo.table.commit import (
-    ALREADY_COMMITTED, COMMITTED, BatchCommit, CommitOutcome, ReprocessCommit, StagedBatch, commit,
-    commit_dead_letters_of,
+    ALREADY_COMMITTED, COMMITTED, BatchCommit, CommitOutcome, FileSwap, MergeCommit, MergeReprocessCommit,
+    ReprocessCommit, StagedBatch, commit, commit_dead_letters_of,
 )
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, LateRecords
@@ -79,11 +82,13 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     plan, storage_options = attempt.plan, secrets.storage_options
     location = staging.loc
     failpoint("before_read")
+    decoding = decoding_attempt(attempt)  # Debezium JSON: the envelope's DDL around the row's
     # None unless keys or values are decoded or checked; registry reader schemas as the plan pinned them
-    decoder, reader_schemas = record_decoder(attempt.decode.columns, secrets.schema_registry, plan)
+    decoder, reader_schemas = record_decoder(decoding.decode.columns, secrets.schema_registry, plan)
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
-    dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
+    dead = DeadLetters.of(source, decoding, secrets)  # None unless decoding
+    merged = changes = None
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     planned_offsets = sum(r.size for r in plan.data_ranges)
     with Progress(spark, plan.batch, planned_offsets):  # Spark itself is at WARN
@@ -99,6 +104,8 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                 source = dups.kept
                 if attempt.dedup.to_dead_letters:
                     dead.add(dups.duplicates)
+            if attempt.merge.enabled:  # change events unwrapped, delete flags
+                source = changes = merging.change_view(source, attempt, dead)
             if dead is not None:
                 dead.stage(stage)  # undecodable records (and duplicates): staged beside the dead-letter table
             out = apply_transform(attempt.transform, source, view, attempt.partition_by)
@@ -106,28 +113,46 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
                 out = with_key_column(out, dups)
             from airflow_eo.compat import arrow_schema_of
 
-            arrow_schema = arrow_schema_of(out.schema)
+            if attempt.merge.enabled:
+                merging.check_output(out, attempt.merge.key)
+                out = merging.with_change_columns(out, changes)
+            arrow_schema = arrow_schema_of(out.drop(*merging.INTERNAL).schema if attempt.merge.enabled else out.schema)
             planned = time.monotonic()
-            files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
-                          attempt.partition_by)
+            if attempt.merge.enabled:  # one row per key: winners, the table files that held their keys
+                tasks = len(read_slices(plan.data_ranges, attempt.spark.max_offsets_per_task))
+                merged = merging.merge_into(out, attempt, location, storage_options, staging.attempt_path(plan),
+                                            stage, arrow_schema, tasks)
+                files = list(merged.files)
+            else:
+                files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
+                              attempt.partition_by)
             dropped = dups.dropped(planned_offsets) if dups is not None else None
             late = None
             if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
                 # before the dead letters' cached rows are released: without a timestamp column
                 # the count reads the batch again
                 in_files = pa.schema([f for f in arrow_schema if f.name not in attempt.partition_by])
+                if merged is not None:  # the files hold one row per key: count over the records
+                    in_files = pa.schema([])
                 late = late_records(files, location, in_files, plan.interval.start_ms,
                                     source if dups is None else dups.unobserved)
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
+            if changes is not None:
+                changes.unpersist()
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
-    rows = staging.rows_per_partition(files)
+    rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files)
     staged = time.monotonic()
     # phase timings: where a run's time goes (README "Performance")
     log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
              "in %.2fs", plan.batch, planned - started, sum(rows.values()), len(files), staged - planned)
+    if merged is not None:
+        info = merged.info
+        log.info("batch %s: merge by %s: %d change(s) → %d inserted, %d updated, %d deleted; %d table file(s) "
+                 "rewritten (%d rows copied)", plan.batch, list(info.key), info.changes, info.inserted, info.updated,
+                 info.deleted, info.files_rewritten, info.rows_rewritten)
     failpoint("after_stage")
     failpoint("before_commit")
     batch = StagedBatch(plan, tuple(files), rows, arrow_schema, attempt.partition_by)
@@ -138,7 +163,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     # what the commit records beside the rows: the one builder the quiet-interval commit uses too
     findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
                                 dropped, LateRecords(**late) if late is not None else None, reader_schemas)
-    outcome = commit_staged(attempt, staging, batch, findings, storage_options)
+    outcome = commit_staged(attempt, staging, batch, findings, storage_options, merged)
     log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
              time.monotonic() - staged)
     failpoint("after_commit")
@@ -148,11 +173,23 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
 
 
 def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, findings: BatchFindings,
-                  storage_options: dict | None) -> CommitOutcome:
+                  storage_options: dict | None, merged: merging.MergedBatch | None = None) -> CommitOutcome:
     """Step 5: the compare-and-set commit of what ``attempt`` staged (its dead letters follow
     it), then its marker says whether it committed."""
     uri = staging.loc.uri
-    if attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
+    if merged is not None:  # a merge: the files that held the batch's keys swapped in the same commit
+        swap = FileSwap(merged.rewrites, merged.keys, attempt.merge.key, merged.snapshot_files)
+        if attempt.kind is AttemptKind.REPROCESS:
+            rule = MergeReprocessCommit(batch, swap=swap, info=merged.info, merge=attempt.merge,
+                                        reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
+                                        findings=findings)
+        else:
+            rule = MergeCommit(batch, swap=swap, info=merged.info, merge=attempt.merge, findings=findings,
+                               schema_evolution=attempt.schema_evolution, table_properties=attempt.table_properties)
+        outcome = commit(rule, uri, storage_options)
+        if findings.dead_letters is not None and attempt.kind is AttemptKind.INGEST:
+            commit_dead_letters_of(Ledger.open(uri, storage_options), batch.plan.ingest_id, storage_options)
+    elif attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
         outcome = commit(ReprocessCommit(batch, reprocess_from=attempt.reprocess_from,
                                          requested_by=attempt.requested_by, findings=findings), uri, storage_options)
     else:

@@ -81,5 +81,19 @@ def apply_transform(transform: Transform, df, view: str = SOURCE_VIEW, partition
     return out
 
 
+def join_by_offset(out, extra, columns: tuple[str, ...]):
+    """``out`` with ``columns`` of ``extra`` (a DataFrame with the key columns too), matched by
+    source offset: for a column the transform left out (a left join, one more shuffle)."""
+    from airflow_eo.driver.decode import functions_for
+
+    with functions_for(out) as F:
+        right = extra.select(*[F.col(c).alias(f"_k_{c}") for c in KEY_COLUMNS], *[F.col(c) for c in columns])
+        condition = None
+        for c in KEY_COLUMNS:
+            match = F.col(c) == F.col(f"_k_{c}")
+            condition = match if condition is None else condition & match
+        return out.join(right, on=condition, how="left").drop(*[f"_k_{c}" for c in KEY_COLUMNS])
+
+
 def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]

@@ -318,9 +318,11 @@ class KafkaToDeltaOperator(BaseOperator):
             raise_for_airflow(self.log, exc)
         self.summary = summary = result.to_dict()
         self.lineage_source = replace(self.lineage_source, columns=self.committed_columns(config))
-        self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s",
+        self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s%s",
                       summary["status"], summary["batch"], summary["version"], summary["rows"],
-                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]))
+                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]),
+                      ", merged: {inserted} inserted, {updated} updated, {deleted} deleted, {files_rewritten} "
+                      "file(s) rewritten".format(**summary) if summary.get("write_mode") == "merge" else "")
         self.log.info("Delta batch: %s", summary_link(summary))
         emit_run_metrics(summary)
         if RunStatus(summary["status"]).wrote_commit and "outlet_events" in context:

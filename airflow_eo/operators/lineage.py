@@ -53,6 +53,7 @@ class AirflowEoBatchRunFacet(RunFacet):
     batch: int | None = None
     version: int | None = None
     ranges: list = attr.field(factory=list)  # [{"topic", "partition", "start", "end"}]
+    merge: dict | None = None  # write_mode=merge: {"inserted", "updated", "deleted", "files_rewritten"}
 
     @staticmethod
     def _get_schema() -> str:
@@ -90,7 +91,9 @@ def ingest_lineage(summary: dict | None, source: LineageSource) -> OperatorLinea
     if summary:
         run_facets["airflow_eo"] = AirflowEoBatchRunFacet(
             ingest_id=source.ingest_id, status=summary["status"], batch=summary.get("batch"),
-            version=summary.get("version"), ranges=list(summary.get("ranges") or []))
+            version=summary.get("version"), ranges=list(summary.get("ranges") or []),
+            merge={k: summary.get(k, 0) for k in ("inserted", "updated", "deleted", "files_rewritten")}
+            if summary.get("write_mode") == "merge" else None)
     inputs = [kafka_dataset(source.bootstrap_servers, t) for t in source.topics] if source.bootstrap_servers else []
     return OperatorLineage(inputs=inputs, outputs=[table_dataset(source.table_uri, list(source.columns), summary)],
                            run_facets=run_facets)

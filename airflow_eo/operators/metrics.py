@@ -12,6 +12,10 @@ metric                                  kind     value
 ``dead_letters``                        counter  records sent to the dead-letter table
 ``late_records``                        counter  interval mode: records that arrived after their interval
 ``dropped_duplicates``                  counter  dedup_key: records dropped as duplicates of a stored key
+``rows_inserted``                       counter  write_mode=merge: rows of new keys
+``rows_updated``                        counter  write_mode=merge: rows replaced by their key's new row
+``rows_deleted``                        counter  write_mode=merge: rows removed by their key's delete
+``files_rewritten``                     counter  write_mode=merge: table files replaced by copies without changed keys
 ``batch_duration``                      timer    the run's wall time, planning to verified commit
 ``lag``                                 gauge    offsets Kafka holds beyond the table (all partitions)
 ``runs``                                counter  one per run, tagged with its ``status``
@@ -55,6 +59,10 @@ def emit_run_metrics(summary: dict) -> None:
             each("incr", "dropped_duplicates", int(summary["duplicates"]))
         if summary.get("interval"):
             each("incr", "late_records", int(summary.get("late_records") or 0))
+        if summary.get("write_mode") == "merge":
+            for metric, key in (("rows_inserted", "inserted"), ("rows_updated", "updated"),
+                                ("rows_deleted", "deleted"), ("files_rewritten", "files_rewritten")):
+                each("incr", metric, int(summary.get(key) or 0))
     if summary.get("seconds"):
         each("timing", "batch_duration", timedelta(seconds=float(summary["seconds"])))
     if summary.get("lag"):

@@ -1,7 +1,7 @@
 """The ingest spec: every user-facing option as one typed field, parsed and validated once.
 
 An :class:`IngestSpec` composes small frozen sub-specs (table, source, planning, transform,
-decoding, dead letters, dedup, Spark). Each option is a dataclass field whose metadata (an
+decoding, dead letters, dedup, Spark, merge). Each option is a dataclass field whose metadata (an
 :class:`Option`) carries its one name, one-line help, CLI flag, whether the operator templates
 it, and how a raw value (a CLI string, a rendered template, a JSON value) becomes the typed
 one. The operator's keyword arguments, the ``airflow-eo ingest`` flags, the standalone
@@ -26,11 +26,13 @@ from airflow_eo.spec.ingest import (
     templated_options,
 )
 from airflow_eo.spec.options import (
-    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, KEY_COLUMNS, TXN_RETENTION, Cli, Mode, Option,
-    check_partition_by, check_table_properties, normalize_table_uri, validate_ingest_id,
+    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, INTERNAL_PREFIX, KEY_COLUMNS, TXN_RETENTION,
+    CdcFormat, Cli, Mode, Option, WriteMode, check_partition_by, check_table_properties, normalize_table_uri,
+    validate_ingest_id,
 )
 from airflow_eo.spec.parts import (
-    FORMATS, DeadLetterSpec, DecodeSpec, DedupSpec, PlanningSpec, SourceSpec, SparkSettings, TableSpec, Transform,
+    FORMATS, DeadLetterSpec, DecodeSpec, DedupSpec, MergeSpec, PlanningSpec, SourceSpec, SparkSettings, TableSpec,
+    Transform,
 )
 from airflow_eo.spec.surfaces import (
     add_arguments, operator_param_docs, operator_signature, options_from_args, options_table,
@@ -39,8 +41,9 @@ from airflow_eo.spec.surfaces import (
 __all__ = [
     "GROUPS", "OPTIONS", "SETTINGS", "IngestSpec", "all_options", "default_of", "dump_option", "option_of",
     "parse_option", "required", "templated_options", "DEFAULT_GRACE_SECONDS", "DEFAULT_MAX_OFFSETS_PER_TASK", "FROM_EARLIEST",
-    "KEY_COLUMNS", "TXN_RETENTION", "Cli", "Mode", "Option", "check_partition_by", "check_table_properties",
-    "normalize_table_uri", "validate_ingest_id", "FORMATS", "DeadLetterSpec", "DecodeSpec", "DedupSpec",
+    "KEY_COLUMNS", "INTERNAL_PREFIX", "TXN_RETENTION", "CdcFormat", "Cli", "Mode", "Option", "WriteMode",
+    "check_partition_by", "check_table_properties", "normalize_table_uri", "validate_ingest_id", "FORMATS",
+    "DeadLetterSpec", "DecodeSpec", "DedupSpec", "MergeSpec",
     "PlanningSpec", "SourceSpec", "SparkSettings", "TableSpec", "Transform", "add_arguments", "operator_param_docs", "operator_signature",
     "options_from_args", "options_table",
 ]

@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_eo.errors import ConfigError
@@ -88,10 +88,12 @@ def version_of(value: Any) -> int | None:
 
 @dataclass(frozen=True, kw_only=True)
 class ColumnSpec:
-    """What every kind of column has: which Kafka column, and the size above which a value is a dead letter."""
+    """What every kind of column has: which Kafka column, the size above which a value is a dead
+    letter, and whether a null value is a tombstone (``write_mode="merge"``: a delete) instead."""
 
     source: Source
     max_bytes: int | None = None
+    tombstones: bool = field(default=False, repr=False)
 
     @property
     def target(self) -> str:
@@ -105,9 +107,9 @@ class ColumnSpec:
 
     @property
     def null_is_bad(self) -> bool:
-        """A null value (a tombstone) is a dead letter when values are decoded or size-checked;
-        a record without a key never is."""
-        return self.source is Source.VALUE and (self.decodes or self.max_bytes is not None)
+        """A null value (a tombstone) is a dead letter when values are decoded or size-checked,
+        unless tombstones are changes (a merge); a record without a key never is."""
+        return self.source is Source.VALUE and not self.tombstones and (self.decodes or self.max_bytes is not None)
 
     @property
     def checked(self) -> bool:
@@ -178,22 +180,24 @@ class RegistryAvro(ColumnSpec):
 
 
 def column_of(source: Source, format: Format, *, ddl: str | None = None, schema: str | None = None,
-              subject: str | None = None, version: int | None = None, max_bytes: int | None = None) -> ColumnSpec:
+              subject: str | None = None, version: int | None = None, max_bytes: int | None = None,
+              tombstones: bool = False) -> ColumnSpec:
     """The spec of one column from its options (refusing the combinations that cannot work)."""
     if format is Format.RAW:
-        return RawColumn(source=source, max_bytes=max_bytes)
+        return RawColumn(source=source, max_bytes=max_bytes, tombstones=tombstones)
     if format is Format.JSON:
         if ddl:
-            return JsonColumn(source=source, ddl=ddl, max_bytes=max_bytes)
+            return JsonColumn(source=source, ddl=ddl, max_bytes=max_bytes, tombstones=tombstones)
         if source is Source.KEY:
             raise ConfigError("key_format='json' needs key_schema (Spark DDL, e.g. 'id STRING')")
-        return RawColumn(source=source, max_bytes=max_bytes)  # JSON values without a DDL are kept as bytes
+        # JSON values without a DDL are kept as bytes
+        return RawColumn(source=source, max_bytes=max_bytes, tombstones=tombstones)
     if ddl and source is Source.VALUE:
         raise ConfigError(f"value_schema is the Spark DDL of JSON values: with value_format={format!r} leave it "
                           "unset (Avro: avro_schema or a Schema Registry)")
     if schema:
-        return InlineAvro(source=source, schema=schema, max_bytes=max_bytes)
-    return RegistryAvro(source=source, subject=subject, version=version, max_bytes=max_bytes)
+        return InlineAvro(source=source, schema=schema, max_bytes=max_bytes, tombstones=tombstones)
+    return RegistryAvro(source=source, subject=subject, version=version, max_bytes=max_bytes, tombstones=tombstones)
 
 
 def require_registry(columns: tuple[ColumnSpec, ...], has_registry: bool) -> None:

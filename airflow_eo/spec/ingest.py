@@ -9,8 +9,9 @@ from typing import Any, Mapping
 
 from airflow_eo.errors import ConfigError
 from airflow_eo.spec.options import Option
+from airflow_eo.spec.options import CdcFormat
 from airflow_eo.spec.parts import (
-    DeadLetterSpec, DecodeSpec, DedupSpec, PlanningSpec, SourceSpec, SparkSettings, TableSpec, Transform,
+    DeadLetterSpec, DecodeSpec, DedupSpec, MergeSpec, PlanningSpec, SourceSpec, SparkSettings, TableSpec, Transform,
 )
 
 
@@ -26,9 +27,12 @@ class IngestSpec:
     dead_letters: DeadLetterSpec = field(default_factory=DeadLetterSpec)
     dedup: DedupSpec = field(default_factory=DedupSpec)
     spark: SparkSettings = field(default_factory=SparkSettings)
+    merge: MergeSpec = field(default_factory=MergeSpec)
 
     def __post_init__(self):
-        object.__setattr__(self, "decode", self.decode.with_default_subjects(self.source.topics))
+        decode = self.decode.with_default_subjects(self.source.topics)
+        object.__setattr__(self, "decode", replace(decode, tombstones=self.merge.enabled)
+                           if decode.tombstones != self.merge.enabled else decode)
         if self.dead_letters.table_uri and self.dead_letters.table_uri == self.table.table_uri:
             raise ConfigError("dead_letter_table_uri must be another path than table_uri")
         if self.decode.enabled and not self.dead_letters.table_uri:
@@ -37,6 +41,22 @@ class IngestSpec:
                 "undecodable records go (a Delta table path other than the main table)")
         if self.dedup.to_dead_letters and not self.dead_letters.table_uri:
             raise ConfigError("duplicates_to_dead_letters needs a dead_letter_table_uri: set where dropped duplicates go")
+        self._check_merge()
+
+    def _check_merge(self) -> None:
+        """The rules between merging and the other sub-specs."""
+        merge, decode = self.merge, self.decode
+        if merge.enabled and self.dedup.enabled:
+            raise ConfigError("dedup_key and merge_key do not go together: a merge keeps one row per merge_key "
+                              "already (a key's last change wins, repeats included); drop dedup_key")
+        if merge.cdc_format is CdcFormat.DEBEZIUM:
+            if decode.value_format == "raw":
+                raise ConfigError("cdc_format='debezium' needs decoded values: value_format='json' with value_schema "
+                                  "(the row's Spark DDL) or value_format='avro'")
+            if decode.value_format == "json" and not decode.value_schema:
+                raise ConfigError("cdc_format='debezium' with JSON values needs value_schema: the Spark DDL of the "
+                                  "row Debezium's before/after carry, e.g. 'id INT, name STRING' (the envelope "
+                                  "around it, with or without the schema/payload wrapper, is understood)")
 
     @classmethod
     def of(cls, **options: Any) -> "IngestSpec":
@@ -68,6 +88,7 @@ class IngestSpec:
     def replace(self, **options: Any) -> "IngestSpec":
         """This spec with some options changed (raw values, parsed and validated like :meth:`of`)."""
         groups: dict[str, Any] = {}
+        changed: dict[str, dict[str, Any]] = {}  # a sub-spec's fields change together: its rules see them all
         for name, value in options.items():
             if name in GROUPS and isinstance(value, GROUPS[name]):
                 groups[name] = value
@@ -75,8 +96,9 @@ class IngestSpec:
             if name not in OPTIONS and name not in SETTINGS:
                 raise ConfigError(f"unknown ingest option {name}: the options are {', '.join(OPTIONS)}")
             group, field_name = OPTIONS.get(name) or SETTINGS[name]
-            typed = parse_option(name, value) if name in OPTIONS else value
-            groups[group] = replace(groups.get(group, getattr(self, group)), **{field_name: typed})
+            changed.setdefault(group, {})[field_name] = parse_option(name, value) if name in OPTIONS else value
+        for group, values in changed.items():
+            groups[group] = replace(groups.get(group, getattr(self, group)), **values)
         return replace(self, **groups)
 
     # -- one generic to/from dict (the attempt's JSON) ---------------------------------------------
@@ -102,7 +124,8 @@ class IngestSpec:
 
 
 GROUPS: dict[str, type] = {"table": TableSpec, "source": SourceSpec, "planning": PlanningSpec, "transform": Transform,
-          "decode": DecodeSpec, "dead_letters": DeadLetterSpec, "dedup": DedupSpec, "spark": SparkSettings}
+          "decode": DecodeSpec, "dead_letters": DeadLetterSpec, "dedup": DedupSpec, "spark": SparkSettings,
+          "merge": MergeSpec}
 
 
 def _options_of(kind: type) -> list[tuple[Any, Option]]:

@@ -21,6 +21,7 @@ from airflow_eo.spec.columns import LATEST, Format, format_of
 
 # The columns that key every row to its source record: every file keeps them (with statistics)
 KEY_COLUMNS = ("topic", "partition", "offset")
+INTERNAL_PREFIX = "_airflow_eo_"  # columns airflow-eo adds while it works on a batch (never in a table)
 DEFAULT_MAX_OFFSETS_PER_TASK = 1_000_000
 # Staged files of an attempt whose marker is older than this (and whose process is gone) are orphans
 DEFAULT_GRACE_SECONDS = 24 * 3600
@@ -56,6 +57,47 @@ class Mode(str, enum.Enum):
         except ValueError:
             raise ConfigError(f"mode={value!r} is not a planning mode: use 'offsets' (everything new since the last "
                               "commit, the default) or 'interval' (the records of the run's data interval)") from None
+
+
+class WriteMode(str, enum.Enum):
+    """How a batch lands in the table (:mod:`airflow_eo.driver.merge`)."""
+
+    APPEND = "append"  # every record a row, keyed by source offset
+    MERGE = "merge"  # one row per merge key: a record upserts or deletes its key's row
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    __str__ = str.__str__
+
+    @classmethod
+    def parse(cls, value: Any) -> "WriteMode":
+        try:
+            return cls(value or cls.APPEND)
+        except ValueError:
+            raise ConfigError(f"write_mode={value!r} is not a write mode: use 'append' (every record a row, the "
+                              "default) or 'merge' (one row per merge_key: upserts and deletes)") from None
+
+
+class CdcFormat(str, enum.Enum):
+    """The envelope change events arrive in (:mod:`airflow_eo.driver.cdc`)."""
+
+    DEBEZIUM = "debezium"
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    __str__ = str.__str__
+
+    @classmethod
+    def parse(cls, value: Any) -> "CdcFormat | None":
+        if value in (None, ""):
+            return None
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ConfigError(f"cdc_format={value!r} is not supported: use 'debezium' (or leave it unset for "
+                              "values that are rows themselves)") from None
 
 
 @dataclass(frozen=True)
@@ -195,6 +237,29 @@ def dump_starting_position(position: StartingPosition) -> Any:
 
 def enum_value(value: enum.Enum) -> str:
     return value.value
+
+
+def optional_enum_value(value: enum.Enum | None) -> str | None:
+    return None if value is None else value.value
+
+
+def merge_key_of(value: Any) -> tuple[str, ...]:
+    """``merge_key``: column names, or comma-separated text (``--merge-key id,tenant``)."""
+    items = [value] if isinstance(value, str) else list(value or ())
+    names = tuple(c.strip() for item in items for c in (item.split(",") if isinstance(item, str) else [item]))
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"merge_key {list(names)!r}: give column names of the transform's output, e.g. "
+                              "['id'] or --merge-key id,tenant")
+        if name in KEY_COLUMNS:
+            raise ConfigError(f"merge_key: {name!r} is a provenance column (topic, partition, offset), which the "
+                              "table keeps for the record that last wrote each row; key by a column of the data, "
+                              "e.g. id")
+        if name.startswith(INTERNAL_PREFIX):
+            raise ConfigError(f"merge_key: {name!r} is a name airflow-eo uses itself; key by a column of the data")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"merge_key {list(names)!r} names a column twice")
+    return names
 
 
 def schema_version_of(value: Any) -> str:

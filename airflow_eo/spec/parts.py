@@ -13,10 +13,11 @@ from airflow_eo.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
 from airflow_eo.planning import OnDataLoss, StartingPosition
 from airflow_eo.spec.columns import FORMATS, LATEST, ColumnSpec, Format, Source, column_of, format_of, version_of
 from airflow_eo.spec.options import (
-    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, TXN_RETENTION, Cli, Mode, check_partition_by,
-    check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer, key_format_of,
-    normalize_table_uri, number, option, optional_table_uri, schema_version_of, starting_position, switch,
-    table_properties_of, text, topic_list, validate_ingest_id, value_format_of,
+    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, TXN_RETENTION, CdcFormat, Cli, Mode, WriteMode,
+    check_partition_by, check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer,
+    key_format_of, merge_key_of, normalize_table_uri, number, option, optional_enum_value, optional_table_uri,
+    schema_version_of, starting_position, switch, table_properties_of, text, topic_list, validate_ingest_id,
+    value_format_of,
 )
 
 
@@ -148,6 +149,9 @@ class DecodeSpec:
                                      "<first topic>-key)", None, templated=True, parse=text)
     key_schema_version: str = option("key_schema_version", "version of the keys' reader schema: latest or a number",
                                      LATEST, templated=True, parse=schema_version_of)
+    # no option: set by the spec for write_mode="merge", where a null value (a tombstone) is a
+    # change (a delete, or a Debezium no-op), not an undecodable record
+    tombstones: bool = False
 
     def __post_init__(self):
         for name, default in (("value_format", Format.JSON), ("key_format", Format.RAW)):
@@ -164,7 +168,7 @@ class DecodeSpec:
         """How the value is decoded."""
         return column_of(Source.VALUE, self.value_format, ddl=self.value_schema, schema=self.avro_schema,
                          subject=self.value_subject, version=_version(self.value_schema_version, Source.VALUE),
-                         max_bytes=self.max_value_bytes)
+                         max_bytes=self.max_value_bytes, tombstones=self.tombstones)
 
     @cached_property
     def key(self) -> ColumnSpec:
@@ -252,6 +256,70 @@ class DedupSpec:
         if horizon:
             parse_duration(horizon)
         return None
+
+
+# the delete rules when delete_when is not given: a tombstone; a Debezium delete event
+TOMBSTONE_RULE = "value IS NULL"
+DEBEZIUM_DELETE_RULE = "op = 'd'"
+
+
+@dataclass(frozen=True)
+class MergeSpec:
+    """How a batch lands (:mod:`airflow_eo.driver.merge`): appended, every record a row keyed by
+    source offset, or merged: one row per ``key`` (columns of the transform's output), a batch's
+    last change of a key replacing or deleting its row. ``delete_when`` (Spark SQL over the source
+    view, evaluated before the transform) says which records delete; ``cdc_format`` unwraps change
+    events (Debezium) into the row they carry.
+
+    >>> MergeSpec(WriteMode.MERGE, ("id",)).delete_rule
+    'value IS NULL'
+    >>> MergeSpec(WriteMode.MERGE, ("id",), cdc_format=CdcFormat.DEBEZIUM).delete_rule
+    "op = 'd'"
+    """
+
+    write_mode: WriteMode = option(
+        "write_mode", "append: every record a row, keyed by source offset; merge: one row per merge_key, "
+        "records upsert or delete their key's row (the last change wins)", WriteMode.APPEND,
+        choices=tuple(m.value for m in WriteMode), templated=True, parse=WriteMode.parse, dump=enum_value)
+    key: tuple[str, ...] = option(
+        "merge_key", "write_mode=merge: the key columns of the transform's output (comma-separated or a "
+        "list); each key has at most one row", (), metavar="COLUMN[,COLUMN]", templated=True, parse=merge_key_of,
+        dump=list)
+    delete_when: str | None = option(
+        "delete_when", f"write_mode=merge: Spark SQL boolean over the source columns (before the transform) that "
+        f"makes a record delete its key's row (default {TOMBSTONE_RULE}; with cdc_format=debezium "
+        f"{DEBEZIUM_DELETE_RULE})", None, metavar="EXPR", templated=True, parse=text)
+    cdc_format: CdcFormat | None = option(
+        "cdc_format", "values are change events: debezium (JSON with or without the schema/payload wrapper, or "
+        "Avro); the transform sees the row's fields plus op and ts_ms", None,
+        choices=tuple(c.value for c in CdcFormat), templated=True, parse=CdcFormat.parse, dump=optional_enum_value)
+
+    def __post_init__(self):
+        object.__setattr__(self, "write_mode", WriteMode.parse(self.write_mode))
+        object.__setattr__(self, "cdc_format", CdcFormat.parse(self.cdc_format))
+        if self.delete_when is not None and not str(self.delete_when).strip():
+            object.__setattr__(self, "delete_when", None)
+        if self.enabled and not self.key:
+            raise ConfigError("write_mode='merge' needs merge_key: the key columns of the transform's output, "
+                              "e.g. merge_key=['id'] (CLI --merge-key id)")
+        if not self.enabled:
+            given = [name for name, value in (("merge_key", self.key), ("delete_when", self.delete_when),
+                                              ("cdc_format", self.cdc_format)) if value]
+            if given:
+                raise ConfigError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with "
+                                  "write_mode='merge' (one row per key): set write_mode='merge', or leave "
+                                  f"{'it' if len(given) == 1 else 'them'} unset to append every record")
+
+    @property
+    def enabled(self) -> bool:
+        return self.write_mode is WriteMode.MERGE
+
+    @property
+    def delete_rule(self) -> str:
+        """The Spark SQL condition under which a record deletes its key's row."""
+        if self.delete_when:
+            return self.delete_when
+        return DEBEZIUM_DELETE_RULE if self.cdc_format is CdcFormat.DEBEZIUM else TOMBSTONE_RULE
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,13 @@ what is set:
   adds the new ones and moves the counter on by one; offsets do not move;
 * ``DEAD_LETTERS`` (the dead-letter table, after the main commit decided): the dead-letter
   table's ``dlq`` counter must be below the batch; the commit adds the batch's dead
-  letters and sets the counter to it, so a replay never writes them twice.
+  letters and sets the counter to it, so a replay never writes them twice;
+* a **merge** batch (``write_mode="merge"``, :class:`MergeCommit`) compares the offsets like
+  ``BATCH`` and also the files: every file it rewrote (it held a key the batch changes) must
+  still be in the snapshot, and no file added since the batch chose them may hold one of its
+  keys; the commit removes the rewritten files and adds their copies and the batch's rows,
+  with the offsets. Its reprocess (:class:`MergeReprocessCommit`, the newest batch only)
+  compares the reprocess counter instead.
 
 Readers see a commit whole or not at all. What deltalake's conflict detection adds
 (verified in ``tests/unit/table/test_commit.py::test_deltalake_conflict_detection_on_txn_app_ids``):
@@ -23,6 +29,16 @@ land. Every batch of one ingest writes the ``txn`` of every partition it planned
 batch counter, so two batches of one ingest always conflict. delta-rs does not refuse a
 ``txn`` version that is already committed (delta-rs #2580, #3821): the compare is ours,
 made on the snapshot the commit is made from.
+
+A rule that removes files by what it read (``exact_snapshot``: the merge commits and the
+reprocess) cannot be rebased: deltalake 1.6 rebases a commit over a compaction that removed the same file
+without a conflict (its removes are ``dataChange=false``) and accepts a remove of a file
+that is no longer in the table (verified in ``tests/unit/table/test_merge_commit.py``), which
+would leave the compacted copy of a changed row beside its new version. Such a commit is
+made with ``max_commit_retries=0`` (it lands only on the very snapshot it was compared on)
+and, when the table moved, compared again on the new snapshot, a few times, before it gives
+up with a retryable conflict. (The other order, a compaction committing after a merge that
+removed one of its files, is refused by deltalake itself: the merge's removes are data changes.)
 
 Example::
 
@@ -44,13 +60,17 @@ from deltalake.transaction import (
     AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions,
 )
 
-from airflow_eo.errors import CommitConflictError, TableError
+from airflow_eo.errors import CommitConflictError, ConfigError, TableError
 from airflow_eo.faults import failpoint
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity, describe_mismatch
 from airflow_eo.table.intervals import IntervalLedger
-from airflow_eo.table.ledger import Ledger, batch_app_id, dlq_app_id, partition_app_id, reprocess_app_id
-from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, ReprocessInfo
+from airflow_eo.spec import MergeSpec
+from airflow_eo.table.ledger import (
+    Ledger, batch_app_id, dlq_app_id, merge_app_id, merge_mark, partition_app_id, reprocess_app_id,
+)
+from airflow_eo.table.merge import Rewrite, candidate_files
+from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, MergeInfo, ReprocessInfo
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
 from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of, rewrite_without
@@ -61,7 +81,10 @@ log = logging.getLogger(__name__)
 COMMITTED = RunStatus.COMMITTED
 ALREADY_COMMITTED = RunStatus.ALREADY_COMMITTED
 __all__ = ["ALREADY_COMMITTED", "COMMITTED", "BatchCommit", "CommitKind", "CommitOutcome", "DeadLetterCommit",
-           "ReprocessCommit", "StagedBatch", "commit", "commit_dead_letters_of", "ensure_table"]
+           "FileSwap", "MergeCommit", "MergeReprocessCommit", "ReprocessCommit", "StagedBatch", "commit",
+           "commit_dead_letters_of", "ensure_table"]
+# An exact-snapshot rule compares again on a moved table this many times before it gives up.
+EXACT_COMMIT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -109,6 +132,7 @@ class CommitRule(Protocol):
     staged: StagedBatch
     creates_table: bool
     table_properties: dict[str, str] | None
+    exact_snapshot: bool  # commit only on the snapshot compared (no rebase by deltalake)
 
     def open(self, table_uri: str, storage_options) -> Ledger: ...
     def check(self, ledger: Ledger) -> CommitCheck: ...
@@ -120,11 +144,78 @@ class CommitRule(Protocol):
     def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome: ...
 
 
+def _compare_offsets(plan: BatchPlan, ledger: Ledger) -> CommitCheck:
+    """``BATCH``'s compare: the table's offsets are at the plan's starts (or it is committed)."""
+    state = ledger.state_of(plan)
+    if state is CommitCheck.CONFLICT and plan.interval is not None:
+        raise CommitConflictError(
+            f"batch {plan.batch} (interval {plan.interval}) of {plan.ingest_id} was planned "
+            f"from a table state that changed (last batch now {ledger.last_batch(plan.ingest_id)}): "
+            "another run committed in between. Nothing was committed; run again to plan from the table")
+    if state is CommitCheck.CONFLICT:
+        committed = ledger.committed_offsets(plan.ingest_id, plan.starts)
+        raise CommitConflictError(
+            f"batch {plan.batch} of {plan.ingest_id} was planned from offsets the table no longer "
+            f"has ({describe_mismatch(plan, committed)}; last batch in table "
+            f"{ledger.last_batch(plan.ingest_id)}): another run committed in between. Nothing was "
+            "committed; run again to plan from the table's current offsets"
+        )
+    return state
+
+
+def _evolve_schema(rule: "BatchCommit | MergeCommit", ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+    """The batch's columns against the table's: refused, or (schema evolution) new ones added in a
+    commit of their own, after which the offsets are compared again on the new snapshot."""
+    if rule.staged.arrow_schema is None:  # boundaries only (an interval without records): no columns
+        return ledger
+    schema = delta_schema_of(rule.staged.arrow_schema)
+    new_columns = check_schema(ledger, schema, rule.schema_evolution)
+    if not new_columns:
+        return ledger
+    add_columns(ledger, schema, new_columns, rule.plan)
+    ledger = rule.open(table_uri, storage_options)
+    rule.check(ledger)
+    return ledger
+
+
+def _offset_transactions(plan: BatchPlan, ledger: Ledger) -> list[Transaction]:
+    """``BATCH``'s set: the offsets at the plan's ends (interval mode: its interval and
+    boundaries) and the batch counter."""
+    if plan.interval is not None:  # interval mode: the interval, its boundaries, high-water offsets
+        txns = IntervalLedger(ledger, plan.ingest_id).transactions(plan)
+    else:
+        txns = [Transaction(partition_app_id(plan.ingest_id, r.tp), r.end) for r in plan.ranges]
+    return [*txns, Transaction(batch_app_id(plan.ingest_id), plan.batch)]
+
+
+def _batch_lost_race(plan: BatchPlan, exc: Exception) -> CommitConflictError:
+    return CommitConflictError(
+        f"batch {plan.batch} of {plan.ingest_id} lost a race with another commit "
+        f"({exc.__class__.__name__}: {exc}); nothing of this batch was committed and its files stay "
+        "invisible. Run again: the next run plans from the new offsets"
+    )
+
+
+def _verify_batch(staged: StagedBatch, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
+    """Re-read the log: the plan's batch is in the table, and the commit is this attempt's."""
+    plan = staged.plan
+    ledger = Ledger.open(table_uri, storage_options)
+    if ledger.state_of(plan) is not CommitCheck.ALREADY_COMMITTED:
+        raise CommitConflictError(
+            f"after committing batch {plan.batch} the table's offsets are "
+            f"{ledger.committed_offsets(plan.ingest_id, plan.ends)}, not the plan's ends "
+            f"{plan.ends}: another writer changed the table. Inspect it with `airflow-eo status`"
+        )
+    record = ledger.find_batch(plan.ingest_id, attempt_id=plan.attempt_id, since_version=(read_version or -1) + 1)
+    return _outcome(staged, COMMITTED, record.version if record else ledger.version)
+
+
 class BatchCommit:
     """``BATCH``: compare the offsets, set them to the plan's ends."""
 
     kind = CommitKind.BATCH
     creates_table = True
+    exact_snapshot = False
 
     def __init__(self, staged: StagedBatch, *, findings: BatchFindings | None = None, schema_evolution: bool = False,
                  table_properties: dict[str, str] | None = None):
@@ -136,68 +227,57 @@ class BatchCommit:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id)
 
     def check(self, ledger: Ledger) -> CommitCheck:
-        state = ledger.state_of(self.plan)
-        if state is CommitCheck.CONFLICT and self.plan.interval is not None:
-            raise CommitConflictError(
-                f"batch {self.plan.batch} (interval {self.plan.interval}) of {self.plan.ingest_id} was planned "
-                f"from a table state that changed (last batch now {ledger.last_batch(self.plan.ingest_id)}): "
-                "another run committed in between. Nothing was committed; run again to plan from the table")
-        if state is CommitCheck.CONFLICT:
-            plan = self.plan
-            committed = ledger.committed_offsets(plan.ingest_id, plan.starts)
-            raise CommitConflictError(
-                f"batch {plan.batch} of {plan.ingest_id} was planned from offsets the table no longer "
-                f"has ({describe_mismatch(plan, committed)}; last batch in table "
-                f"{ledger.last_batch(plan.ingest_id)}): another run committed in between. Nothing was "
-                "committed; run again to plan from the table's current offsets"
-            )
-        return state
+        return _compare_offsets(self.plan, ledger)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         ledger.check_writable(self.plan.ingest_id, self.staged.partition_by)  # a table made since planning
-        if self.staged.arrow_schema is None:  # boundaries only (an interval without records): no columns
-            return ledger
-        schema = delta_schema_of(self.staged.arrow_schema)
-        new_columns = check_schema(ledger, schema, self.schema_evolution)
-        if not new_columns:
-            return ledger
-        add_columns(ledger, schema, new_columns, self.plan)
-        ledger = self.open(table_uri, storage_options)
-        self.check(ledger)  # the offsets are compared again on the snapshot the data commit uses
-        return ledger
+        return _evolve_schema(self, ledger, table_uri, storage_options)
 
     def actions(self, ledger: Ledger) -> list:
         return add_actions(self.staged.files)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
-        if self.plan.interval is not None:  # interval mode: the interval, its boundaries, high-water offsets
-            txns = IntervalLedger(ledger, self.plan.ingest_id).transactions(self.plan)
-        else:
-            txns = [Transaction(partition_app_id(self.plan.ingest_id, r.tp), r.end) for r in self.plan.ranges]
-        return [*txns, Transaction(batch_app_id(self.plan.ingest_id), self.plan.batch)]
+        return _offset_transactions(self.plan, ledger)
 
     def metadata(self) -> BatchMetadata:
         return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings)
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
-        return CommitConflictError(
-            f"batch {self.plan.batch} of {self.plan.ingest_id} lost a race with another commit "
-            f"({exc.__class__.__name__}: {exc}); nothing of this batch was committed and its files stay "
-            "invisible. Run again: the next run plans from the new offsets"
-        )
+        return _batch_lost_race(self.plan, exc)
 
     def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
-        """Re-read the log: the plan's batch is in the table, and the commit is this attempt's."""
-        ledger = Ledger.open(table_uri, storage_options)
-        if ledger.state_of(self.plan) is not CommitCheck.ALREADY_COMMITTED:
-            raise CommitConflictError(
-                f"after committing batch {self.plan.batch} the table's offsets are "
-                f"{ledger.committed_offsets(self.plan.ingest_id, self.plan.ends)}, not the plan's ends "
-                f"{self.plan.ends}: another writer changed the table. Inspect it with `airflow-eo status`"
-            )
-        record = ledger.find_batch(self.plan.ingest_id, attempt_id=self.plan.attempt_id,
-                                   since_version=(read_version or -1) + 1)
-        return _outcome(self.staged, COMMITTED, record.version if record else ledger.version)
+        return _verify_batch(self.staged, table_uri, storage_options, read_version)
+
+
+def _compare_reprocess_counter(plan: BatchPlan, reprocess_from: int, ledger: Ledger) -> CommitCheck:
+    """``REPROCESS``'s compare: the batch's reprocess counter is where the request found it."""
+    counter = ledger.reprocess_count(plan.ingest_id, plan.batch)
+    if counter == reprocess_from:
+        return CommitCheck.READY
+    if counter == reprocess_from + 1 and ledger.find_batch(plan.ingest_id, attempt_id=plan.attempt_id):
+        return CommitCheck.ALREADY_COMMITTED
+    raise CommitConflictError(
+        f"batch {plan.batch} was reprocessed by another run meanwhile (reprocess counter {counter}, "
+        f"expected {reprocess_from}); this reprocess committed nothing. Its rows are already "
+        "replaced: check the table history before reprocessing again"
+    )
+
+
+def _reprocess_lost_race(plan: BatchPlan, exc: Exception) -> CommitConflictError:
+    return CommitConflictError(
+        f"the reprocess of batch {plan.batch} lost a race with another commit ({exc}); the "
+        "batch's rows are unchanged. Retry the task"
+    )
+
+
+def _verify_reprocess(staged: StagedBatch, table_uri: str, storage_options, removed: int) -> CommitOutcome:
+    plan = staged.plan
+    ledger = Ledger.open(table_uri, storage_options)
+    record = ledger.find_batch(plan.ingest_id, attempt_id=plan.attempt_id)
+    version = record.version if record else ledger.version
+    log.info("reprocessed batch %s: removed %d files, added %d, version %s", plan.batch, removed,
+             len(staged.files), version)
+    return _outcome(staged, COMMITTED, version)
 
 
 class ReprocessCommit:
@@ -206,6 +286,7 @@ class ReprocessCommit:
     kind = CommitKind.REPROCESS
     creates_table = False
     table_properties = None
+    exact_snapshot = True  # it removes the files its snapshot holds: a compaction may replace them meanwhile
 
     def __init__(self, staged: StagedBatch, *, reprocess_from: int, requested_by: RunIdentity | None = None,
                  findings: BatchFindings | None = None):
@@ -218,17 +299,7 @@ class ReprocessCommit:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id)
 
     def check(self, ledger: Ledger) -> CommitCheck:
-        counter = ledger.reprocess_count(self.plan.ingest_id, self.plan.batch)
-        if counter == self.reprocess_from:
-            return CommitCheck.READY
-        if counter == self.reprocess_from + 1 and ledger.find_batch(self.plan.ingest_id,
-                                                                    attempt_id=self.plan.attempt_id):
-            return CommitCheck.ALREADY_COMMITTED
-        raise CommitConflictError(
-            f"batch {self.plan.batch} was reprocessed by another run meanwhile (reprocess counter {counter}, "
-            f"expected {self.reprocess_from}); this reprocess committed nothing. Its rows are already "
-            "replaced: check the table history before reprocessing again"
-        )
+        return _compare_reprocess_counter(self.plan, self.reprocess_from, ledger)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         check_schema(ledger, delta_schema_of(self.staged.arrow_schema), replacing=True)
@@ -262,18 +333,10 @@ class ReprocessCommit:
                                                              self.requested_by))
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
-        return CommitConflictError(
-            f"the reprocess of batch {self.plan.batch} lost a race with another commit ({exc}); the "
-            "batch's rows are unchanged. Retry the task"
-        )
+        return _reprocess_lost_race(self.plan, exc)
 
     def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
-        ledger = Ledger.open(table_uri, storage_options)
-        record = ledger.find_batch(self.plan.ingest_id, attempt_id=self.plan.attempt_id)
-        version = record.version if record else ledger.version
-        log.info("reprocessed batch %s: removed %d files, added %d, version %s", self.plan.batch, self.removed,
-                 len(self.staged.files), version)
-        return _outcome(self.staged, COMMITTED, version)
+        return _verify_reprocess(self.staged, table_uri, storage_options, self.removed)
 
 
 class DeadLetterCommit:
@@ -282,6 +345,7 @@ class DeadLetterCommit:
     kind = CommitKind.DEAD_LETTERS
     creates_table = False
     table_properties = None
+    exact_snapshot = False
 
     def __init__(self, staged: StagedBatch):
         self.staged, self.plan = staged, staged.plan
@@ -330,6 +394,155 @@ class DeadLetterCommit:
         return _outcome(self.staged, COMMITTED, Ledger.open(table_uri, storage_options).version)
 
 
+@dataclass(frozen=True)
+class FileSwap:
+    """The files a merge commit swaps, and what it compares them with on the commit's snapshot:
+    ``rewrites`` (files read from ``snapshot_files`` that held a changed key, and their copies)
+    and every changed ``key`` (columns ``key`` and ``DELETE_COLUMN``)."""
+
+    rewrites: tuple[Rewrite, ...]
+    keys: pa.Table
+    key: tuple[str, ...]
+    snapshot_files: frozenset[str]
+
+    def check(self, ledger: Ledger, plan: BatchPlan) -> None:
+        """Refuse (retryably) a snapshot that moved under the batch: a file it rewrites is gone
+        (a compaction or another batch replaced it), or a file added since it chose its files
+        may hold one of its keys (a compaction's output, a reprocess of the batch before)."""
+        files = ledger.file_paths()
+        gone = sorted(r.removed.path for r in self.rewrites if r.removed.path not in files)
+        if gone:
+            raise CommitConflictError(
+                f"batch {plan.batch} of {plan.ingest_id} rewrote {len(gone)} table file(s) that another commit "
+                f"removed meanwhile (e.g. {gone[0]}: a compaction?); nothing was committed. Run again: the retry "
+                "reads the table as it is now")
+        added = files - self.snapshot_files
+        if added and self.keys.num_rows and ledger.table is not None:
+            actions = pa.table(ledger.table.get_add_actions(flatten=True))
+            mask = pa.array([p in added for p in actions["path"].to_pylist()])
+            suspects, _ = candidate_files(actions.filter(mask), self.keys, self.key, tuple(ledger.partition_columns))
+            if suspects:
+                raise CommitConflictError(
+                    f"batch {plan.batch} of {plan.ingest_id}: {len(suspects)} file(s) added since it read the table "
+                    f"may hold keys it changes (e.g. {suspects[0].path}: a compaction or a reprocess committed "
+                    "meanwhile); nothing was committed. Run again: the retry reads the table as it is now")
+
+    def actions(self, files) -> list:
+        now_ms = int(time.time() * 1000)
+        removes = [RemoveAction(r.removed.path, True, now_ms, r.removed.size, dict(r.removed.partition_values))
+                   for r in self.rewrites]
+        return [*removes, *add_actions(files), *add_actions(r.copy for r in self.rewrites if r.copy)]
+
+    @property
+    def copies(self) -> int:
+        return sum(1 for r in self.rewrites if r.copy)
+
+
+class MergeCommit:
+    """A merge batch (``write_mode="merge"``): compare the offsets like ``BATCH`` and the files the
+    batch rewrote (:meth:`FileSwap.check`); swap them, add the batch's rows, set the offsets."""
+
+    kind = CommitKind.BATCH  # on disk a batch like any other: older readers see its offsets and rows
+    creates_table = True
+    exact_snapshot = True
+
+    def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
+                 findings: BatchFindings | None = None, schema_evolution: bool = False,
+                 table_properties: dict[str, str] | None = None):
+        self.staged, self.plan, self.swap, self.info, self.merge = staged, staged.plan, swap, info, merge
+        self.findings = findings or BatchFindings()
+        self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
+
+    def open(self, table_uri: str, storage_options) -> Ledger:
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
+
+    def check(self, ledger: Ledger) -> CommitCheck:
+        state = _compare_offsets(self.plan, ledger)
+        if state is CommitCheck.READY and self.plan.interval is not None:
+            IntervalLedger(ledger, self.plan.ingest_id).check_merge_order(self.plan.interval)
+        return state
+
+    def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, self.merge)
+        ledger = _evolve_schema(self, ledger, table_uri, storage_options)
+        self.swap.check(ledger, self.plan)
+        return ledger
+
+    def actions(self, ledger: Ledger) -> list:
+        return self.swap.actions(self.staged.files)
+
+    def transactions(self, ledger: Ledger) -> list[Transaction]:
+        return [*_offset_transactions(self.plan, ledger),
+                Transaction(merge_app_id(self.plan.ingest_id), merge_mark(self.merge.key))]
+
+    def metadata(self) -> BatchMetadata:
+        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings,
+                                merge=self.info)
+
+    def lost_race(self, exc: Exception) -> CommitConflictError:
+        return _batch_lost_race(self.plan, exc)
+
+    def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
+        return _verify_batch(self.staged, table_uri, storage_options, read_version)
+
+
+class MergeReprocessCommit:
+    """The reprocess of a merge table's newest batch: compare its reprocess counter (and that no
+    batch came after it), swap the files that held its keys or its rows, add its new rows."""
+
+    kind = CommitKind.REPROCESS
+    creates_table = False
+    table_properties = None
+    exact_snapshot = True
+
+    def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
+                 reprocess_from: int, requested_by: RunIdentity | None = None, findings: BatchFindings | None = None):
+        self.staged, self.plan, self.swap, self.info, self.merge = staged, staged.plan, swap, info, merge
+        self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
+        self.findings = findings or BatchFindings()
+
+    def open(self, table_uri: str, storage_options) -> Ledger:
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
+
+    def check(self, ledger: Ledger) -> CommitCheck:
+        state = _compare_reprocess_counter(self.plan, self.reprocess_from, ledger)
+        last = ledger.last_batch(self.plan.ingest_id)
+        if state is CommitCheck.READY and last != self.plan.batch:
+            raise ConfigError(newest_only(self.plan.batch, last, ledger.table_uri))
+        return state
+
+    def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        ledger.check_write_mode(self.plan.ingest_id, self.merge)
+        check_schema(ledger, delta_schema_of(self.staged.arrow_schema))
+        self.swap.check(ledger, self.plan)
+        return ledger
+
+    def actions(self, ledger: Ledger) -> list:
+        return self.swap.actions(self.staged.files)
+
+    def transactions(self, ledger: Ledger) -> list[Transaction]:
+        return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
+
+    def metadata(self) -> BatchMetadata:
+        info = ReprocessInfo(self.reprocess_from, len(self.swap.rewrites), self.swap.copies, self.requested_by)
+        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition,
+                                self.findings, info, merge=self.info)
+
+    def lost_race(self, exc: Exception) -> CommitConflictError:
+        return _reprocess_lost_race(self.plan, exc)
+
+    def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
+        return _verify_reprocess(self.staged, table_uri, storage_options, len(self.swap.rewrites))
+
+
+def newest_only(batch: int, last: int, table_uri: str) -> str:
+    """Why a merge table's batch other than the newest is not reprocessed (one line)."""
+    return (f"reprocess of batch {batch} refused: {table_uri} is a merge table and its newest batch is {last}; later "
+            "batches may have changed or deleted the keys batch "
+            f"{batch} wrote, and replaying it would put older values over newer ones (only the newest batch can be "
+            "reprocessed); nothing was changed")
+
+
 def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None) -> CommitOutcome:
     """Commit ``rule.staged`` to the table if the table is where the attempt found it (see module doc).
 
@@ -337,37 +550,45 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
     :class:`CommitConflictError` when another run moved the table.
     """
     staged = rule.staged
-    ledger = rule.open(table_uri, storage_options)
-    if rule.check(ledger) is CommitCheck.ALREADY_COMMITTED:
-        log.info("batch %s was committed before (%s): committing nothing", staged.plan.batch, rule.kind.value)
-        return _outcome(staged, ALREADY_COMMITTED, ledger.version)
-    ledger = rule.prepare(ledger, table_uri, storage_options)
-    actions = rule.actions(ledger)  # before the metadata, which counts what they remove
-    properties = CommitProperties(custom_metadata={METADATA_KEY: rule.metadata().to_json()},
-                                  app_transactions=rule.transactions(ledger))
-    read_version = ledger.version
-    failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
-    try:
-        if ledger.table is None and rule.creates_table:
-            create_table_with_add_actions(ledger.table_uri, delta_schema_of(staged.arrow_schema),
-                                          actions, mode="error", partition_by=list(staged.partition_by) or None,
-                                          storage_options=storage_options,
-                                          configuration=rule.table_properties or None,
-                                          commit_properties=properties)
-        else:
-            ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
-                                                  commit_properties=properties)
-    except (CommitFailedError, DeltaError) as exc:
-        if not (isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()):
-            raise TableError(f"committing batch {staged.plan.batch} to {ledger.table_uri} failed: {exc}. Nothing "
-                             "was committed; fix the cause and retry the run") from exc
-        # Lost a race (or the table appeared meanwhile): decide from the table, not the error.
-        if rule.check(rule.open(table_uri, storage_options)) is CommitCheck.ALREADY_COMMITTED:
-            return _outcome(staged, ALREADY_COMMITTED, Ledger.open(table_uri, storage_options).version)
-        raise rule.lost_race(exc) from exc
-    outcome = rule.verify(table_uri, storage_options, read_version)
-    log.info("committed batch %s (%s) as table version %s", staged.plan.batch, rule.kind.value, outcome.version)
-    return outcome
+    attempts = EXACT_COMMIT_ATTEMPTS if rule.exact_snapshot else 1
+    for attempt in range(1, attempts + 1):
+        ledger = rule.open(table_uri, storage_options)
+        if rule.check(ledger) is CommitCheck.ALREADY_COMMITTED:
+            log.info("batch %s was committed before (%s): committing nothing", staged.plan.batch, rule.kind.value)
+            return _outcome(staged, ALREADY_COMMITTED, ledger.version)
+        ledger = rule.prepare(ledger, table_uri, storage_options)
+        actions = rule.actions(ledger)  # before the metadata, which counts what they remove
+        properties = CommitProperties(custom_metadata={METADATA_KEY: rule.metadata().to_json()},
+                                      app_transactions=rule.transactions(ledger),
+                                      max_commit_retries=0 if rule.exact_snapshot else None)
+        read_version = ledger.version
+        failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
+        try:
+            if ledger.table is None and rule.creates_table:
+                create_table_with_add_actions(ledger.table_uri, delta_schema_of(staged.arrow_schema),
+                                              actions, mode="error", partition_by=list(staged.partition_by) or None,
+                                              storage_options=storage_options,
+                                              configuration=rule.table_properties or None,
+                                              commit_properties=properties)
+            else:
+                ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
+                                                      commit_properties=properties)
+        except (CommitFailedError, DeltaError) as exc:
+            if not (isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()):
+                raise TableError(f"committing batch {staged.plan.batch} to {ledger.table_uri} failed: {exc}. Nothing "
+                                 "was committed; fix the cause and retry the run") from exc
+            # Lost a race (or the table appeared meanwhile): decide from the table, not the error.
+            if rule.check(rule.open(table_uri, storage_options)) is CommitCheck.ALREADY_COMMITTED:
+                return _outcome(staged, ALREADY_COMMITTED, Ledger.open(table_uri, storage_options).version)
+            if attempt < attempts:
+                log.info("batch %s: the table moved while it committed (%s); comparing again on the new snapshot",
+                         staged.plan.batch, exc.__class__.__name__)
+                continue
+            raise rule.lost_race(exc) from exc
+        outcome = rule.verify(table_uri, storage_options, read_version)
+        log.info("committed batch %s (%s) as table version %s", staged.plan.batch, rule.kind.value, outcome.version)
+        return outcome
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict | None = None) -> RunStatus | None:

@@ -73,6 +73,17 @@ class IntervalLedger:
             self._committed = found
         return self._committed
 
+    def check_merge_order(self, interval: Interval) -> None:
+        """A merge table (write_mode="merge") takes its intervals in time order: a batch's changes
+        replace the table's rows, so an interval committed after a later one would put older
+        values over newer ones."""
+        span = self.span()
+        if span is not None and interval.start_ms < span[1]:
+            raise ConfigError(
+                f"interval {interval} of {self.ledger.table_uri} starts before the end of its committed intervals "
+                f"({Interval(*span)}): a merge table applies changes in time order, so its intervals commit oldest "
+                "first; backfill the missing intervals in order (or into a new table); nothing was changed")
+
     def span(self) -> tuple[int, int] | None:
         """(earliest start, latest end) of the committed intervals; None before the first."""
         low, high = self._txn(span_app_id(self.ingest_id, "min-start")), self._txn(span_app_id(self.ingest_id, "max-end"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -29,6 +30,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from airflow_eo.attempt import TXN_RETENTION
+from airflow_eo.spec import MergeSpec
 from airflow_eo.errors import ConfigError, TableError
 from airflow_eo.intervals import interval_state
 from airflow_eo.planning import (
@@ -57,6 +59,20 @@ def reprocess_app_id(ingest_id: str, batch: int) -> str:
 
 def dlq_app_id(ingest_id: str) -> str:
     return f"{APP_PREFIX}:{ingest_id}:dlq"
+
+
+def merge_app_id(ingest_id: str) -> str:
+    """write_mode=merge: marks the table as merged by key; its version is :func:`merge_mark` of the key."""
+    return f"{APP_PREFIX}:{ingest_id}:merge"
+
+
+def merge_mark(key: tuple[str, ...]) -> int:
+    """The ``txn`` version that marks a merge table and names its key (a fingerprint, never 0).
+
+    >>> merge_mark(("id",)) == merge_mark(("id",)) != merge_mark(("id", "tenant"))
+    True
+    """
+    return zlib.crc32("\x1f".join(key).encode()) + 1
 
 
 def interval_app_id(ingest_id: str, batch: int, side: str) -> str:
@@ -245,14 +261,46 @@ class Ledger:
         """The columns the table is partitioned by (none for a table not created yet)."""
         return list(self.table.metadata().partition_columns) if self.table is not None else []
 
-    def check_writable(self, ingest_id: str, partition_by: Iterable[str] | None = None) -> None:
+    def check_writable(self, ingest_id: str, partition_by: Iterable[str] | None = None,
+                       merge: MergeSpec | None = None) -> None:
         """What ingestion checks before it plans and again when it commits: the table is this
         ingest's (:meth:`check_owner`), keeps its offsets (:meth:`check_txn_retention`) and, when
-        ``partition_by`` is given, is partitioned so."""
+        ``partition_by`` is given, is partitioned so; when ``merge`` is given, the table is
+        written the same way (:meth:`check_write_mode`)."""
         self.check_owner(ingest_id)
         self.check_txn_retention()
         if partition_by is not None and self.table is not None:
             check_table_partitioning(self.partition_columns, partition_by, self.table_uri)
+        if merge is not None:
+            self.check_write_mode(ingest_id, merge)
+
+    def is_merge_table(self, ingest_id: str) -> bool:
+        return self.table is not None and self.table.transaction_version(merge_app_id(ingest_id)) is not None
+
+    def check_write_mode(self, ingest_id: str, merge: MergeSpec) -> None:
+        """A table keeps the write mode (and merge key) its first batch had: appended batches
+        are events keyed by offset, a merge table holds one row per key, and neither can be
+        turned into the other (the first merge batch marks the table: :func:`merge_app_id`)."""
+        if self.table is None or self.table.transaction_version(batch_app_id(ingest_id)) is None:
+            return  # a new table (or not this ingest's: check_owner says so)
+        mark = self.table.transaction_version(merge_app_id(ingest_id))
+        if mark is None and merge.enabled:
+            raise ConfigError(
+                f"{self.table_uri} holds appended batches of ingest {ingest_id} (write_mode='append'): a merge "
+                "table keeps one row per key from its first batch on, so write_mode='merge' needs a new table; give "
+                "another table_uri (or keep write_mode='append'); nothing was changed")
+        if mark is not None and not merge.enabled:
+            raise ConfigError(
+                f"{self.table_uri} is a merge table of ingest {ingest_id} (one row per key): appending records to "
+                "it would break that; keep write_mode='merge' with its merge_key, or append to another table; "
+                "nothing was changed")
+        if mark is not None and mark != merge_mark(merge.key):
+            recorded = next((b.meta.merge for b in self.batches(ingest_id) if b.meta.merge is not None), None)
+            was = f" (it is {list(recorded.key)})" if recorded else ""
+            raise ConfigError(
+                f"merge_key {list(merge.key)} is not the key {self.table_uri} was merged by{was}: a table keeps its "
+                "key, since each key has one row; give the table's merge_key, or merge into a new table; nothing "
+                "was changed")
 
     def committed_offsets(
         self, ingest_id: str, partitions: Iterable[TopicPartition]

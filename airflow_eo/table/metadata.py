@@ -110,6 +110,39 @@ class ReprocessInfo:
 
 
 @dataclass(frozen=True)
+class MergeInfo:
+    """write_mode=merge: what a batch did to the table's rows, counted by key, and to its files.
+
+    ``changes``: the batch's records that took part in the merge (after dead letters and
+    no-op events); ``inserted`` + ``updated`` rows were written, ``deleted`` rows removed
+    (a delete of a key the table does not hold counts nowhere); ``files_rewritten``: table
+    files the commit removed because they held a changed key, replaced by copies without
+    those rows (``rows_rewritten`` rows copied). The commit's ``operation`` stays what it
+    was (``ingest`` / ``reprocess``), so readers that know nothing of merging read the
+    batch and its offsets as before and ignore this record.
+
+    >>> MergeInfo(("id",), changes=5, inserted=2, updated=1, deleted=1).to_dict()["deleted"]
+    1
+    """
+
+    key: tuple[str, ...]
+    changes: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    files_rewritten: int = 0
+    rows_rewritten: int = 0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "key": list(self.key)}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "MergeInfo":
+        values = _known(cls, raw)
+        return cls(**{**values, "key": tuple(values.get("key") or ())})
+
+
+@dataclass(frozen=True)
 class BatchFindings:
     """What an attempt found beyond its rows: dead letters, dropped duplicates, late records, and
     the registry reader schemas its records were decoded with (so a reprocess reads with them too)."""
@@ -153,18 +186,19 @@ class BatchMetadata:
     findings: BatchFindings = field(default_factory=BatchFindings)
     reprocess: ReprocessInfo | None = None
     added_columns: tuple[str, ...] = ()  # ADD_COLUMNS
+    merge: MergeInfo | None = None  # write_mode=merge
 
     @classmethod
     def of(cls, kind: CommitKind, plan: BatchPlan, files: Iterable[StagedFile] = (),
            rows_per_partition: dict[str, int] | None = None, findings: BatchFindings | None = None,
-           reprocess: ReprocessInfo | None = None) -> "BatchMetadata":
+           reprocess: ReprocessInfo | None = None, merge: MergeInfo | None = None) -> "BatchMetadata":
         """The metadata of ``plan``'s commit of ``files`` (the one builder of it)."""
         files, rows = tuple(files), dict(rows_per_partition or {})
         return cls(
             ingest_id=plan.ingest_id, batch=plan.batch, operation=kind, files=len(files),
             bytes=sum(f.size for f in files), attempt_id=plan.attempt_id, run=plan.run, planned_at=plan.planned_at,
             ranges=tuple(plan.ranges), rows=sum(rows.values()), rows_per_partition=rows, skipped=tuple(plan.skipped),
-            findings=findings or BatchFindings(), reprocess=reprocess,
+            findings=findings or BatchFindings(), reprocess=reprocess, merge=merge,
         )
 
     @property
@@ -207,6 +241,8 @@ class BatchMetadata:
             out["reader_schemas"] = [asdict(r) for r in found.reader_schemas]
         if self.reprocess is not None:
             out["reprocess"] = self.reprocess.to_dict()
+        if self.merge is not None:
+            out["merge"] = self.merge.to_dict()
         return out
 
     def to_json(self) -> str:
@@ -233,6 +269,7 @@ class BatchMetadata:
             ),
             reprocess=ReprocessInfo.from_dict(meta["reprocess"]) if meta.get("reprocess") else None,
             added_columns=tuple(meta.get("added", ())),
+            merge=MergeInfo.from_dict(meta["merge"]) if meta.get("merge") else None,
         )
 
     @classmethod

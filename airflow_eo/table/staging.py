@@ -336,13 +336,13 @@ def file_stats(meta: pq.FileMetaData) -> dict:
     for column in KEY_COLUMNS:
         if column not in names:
             continue
-        bounds = _bounds(meta, names.index(column))
+        bounds = column_bounds(meta, names.index(column))
         if bounds is None or bounds[0] is None:
             return {"numRecords": meta.num_rows}
         stats["minValues"][column], stats["maxValues"][column], stats["nullCount"][column] = bounds
     if TIMESTAMP_COLUMN in names:
         idx = names.index(TIMESTAMP_COLUMN)
-        bounds = _bounds(meta, idx) if meta.schema.column(idx).logical_type.type == "TIMESTAMP" else None
+        bounds = column_bounds(meta, idx) if meta.schema.column(idx).logical_type.type == "TIMESTAMP" else None
         if bounds is not None and getattr(bounds[0], "tzinfo", None) is not None:  # UTC-adjusted, not NTZ
             low, high, nulls = bounds
             # as delta-rs writes them: ISO-8601 UTC truncated to the millisecond (exact for
@@ -353,7 +353,7 @@ def file_stats(meta: pq.FileMetaData) -> dict:
     return stats
 
 
-def _bounds(meta: pq.FileMetaData, idx: int):
+def column_bounds(meta: pq.FileMetaData, idx: int):
     """(min, max, null count) of column ``idx`` over the row groups; None without statistics.
     A column that is all nulls has (None, None, n)."""
     lows, highs, nulls = [], [], 0

@@ -253,3 +253,38 @@ def test_the_oldest_commit_metadata_reads_with_nothing_recorded():
                                      '"ranges": [], "rows": 4, "rows_per_partition": {"orders[0]": 4}}')
     assert (oldest.operation, oldest.files, oldest.bytes, oldest.dead_letter_records, oldest.run_key) == \
         (CommitKind.BATCH, 0, 0, 0, "k")
+
+
+def test_a_merge_result_reports_its_counts_in_the_summary_metrics_and_lineage(monkeypatch):
+    from types import SimpleNamespace
+
+    from airflow_eo.operators import lineage, metrics
+    from airflow_eo.planning import BatchPlan
+    from airflow_eo.result import build_result
+    from airflow_eo.table.ledger import BatchRecord
+    from airflow_eo.table.metadata import MergeInfo
+
+    meta = BatchMetadata("orders_raw", 2, files=1, bytes=10, rows=5,
+                         merge=MergeInfo(("id",), changes=9, inserted=3, updated=2, deleted=4, files_rewritten=1))
+    plan = BatchPlan("orders_raw", 2, (), RunIdentity("r"))
+    summary = build_result(RunStatus.COMMITTED, plan, BatchRecord(7, None, meta), table_uri="/t", lag={}).to_dict()
+    assert {k: summary[k] for k in ("write_mode", "rows", "inserted", "updated", "deleted", "files_rewritten")} == \
+        {"write_mode": "merge", "rows": 5, "inserted": 3, "updated": 2, "deleted": 4, "files_rewritten": 1}
+    appended = build_result(RunStatus.COMMITTED, plan, BatchRecord(7, None, replace(meta, merge=None)),
+                            table_uri="/t", lag={}).to_dict()
+    assert appended["write_mode"] == "append" and appended["deleted"] == 0
+    emitted: dict[str, object] = {}
+
+    class Stats:
+        def __getattr__(self, kind):
+            return lambda name, value, tags=None: emitted.setdefault(name, value)
+
+    monkeypatch.setattr(metrics, "_stats", Stats)
+    metrics.emit_run_metrics(summary)
+    assert [emitted[f"airflow_eo.{m}"] for m in ("rows_inserted", "rows_updated", "rows_deleted",
+                                                "files_rewritten")] == [3, 2, 4, 1]
+    source = SimpleNamespace(table_uri="/t", ingest_id="orders_raw", topics=("orders",), bootstrap_servers=None,
+                             columns=())
+    facet = lineage.ingest_lineage(summary, source).run_facets["airflow_eo"]
+    assert facet.merge == {"inserted": 3, "updated": 2, "deleted": 4, "files_rewritten": 1}
+    assert lineage.ingest_lineage(appended, source).run_facets["airflow_eo"].merge is None

@@ -116,11 +116,49 @@ def test_replace_parses_and_checks_again():
     ({"transform_sql": "SELECT 1", "transform": "m:f"}, "not both"),
     ({"max_dead_letter_fraction": 2}, "between 0 and 1"),
     ({"max_record_per_run": 5}, "unknown ingest option"),
+    ({"write_mode": "upsert"}, "write_mode='upsert' is not a write mode"),
+    ({"write_mode": "merge"}, "write_mode='merge' needs merge_key"),
+    ({"merge_key": "id"}, "merge_key applies only with write_mode='merge'"),
+    ({"delete_when": "value IS NULL", "cdc_format": "debezium"}, "delete_when, cdc_format apply only with"),
+    ({"write_mode": "merge", "merge_key": "id,offset"}, "'offset' is a provenance column"),
+    ({"write_mode": "merge", "merge_key": "id,id"}, "names a column twice"),
+    ({"write_mode": "merge", "merge_key": "id", "dedup_key": "key"}, "dedup_key and merge_key do not go together"),
+    ({"write_mode": "merge", "merge_key": "id", "cdc_format": "maxwell"}, "cdc_format='maxwell' is not supported"),
+    ({"write_mode": "merge", "merge_key": "id", "cdc_format": "debezium"}, "needs value_schema"),
+    ({"write_mode": "merge", "merge_key": "id", "cdc_format": "debezium", "value_format": "raw"}, "needs decoded"),
 ])
 def test_bad_options_fail_with_one_line_naming_them(options, message):
     with pytest.raises(ConfigError, match=message) as failure:
         IngestSpec.of(**{**BASE, **options})
     assert "\n" not in str(failure.value)
+
+
+def test_merge_options_parse_and_the_delete_rule_follows_the_format():
+    spec = IngestSpec.of(**BASE, write_mode="merge", merge_key="id, tenant", delete_when="  ")
+    assert spec.merge.enabled and spec.merge.key == ("id", "tenant") and spec.merge.delete_when is None
+    assert spec.merge.delete_rule == "value IS NULL"
+    assert IngestSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    cdc = IngestSpec.of(**BASE, write_mode="merge", merge_key=["id"], cdc_format="Debezium", value_format="avro",
+                        dead_letter_table_uri="/d")
+    assert cdc.merge.cdc_format.value == "debezium" and cdc.merge.delete_rule == "op = 'd'"
+    assert cdc.replace(delete_when="op = 'd' OR __deleted = 'true'").merge.delete_rule.startswith("op = 'd' OR")
+    assert not IngestSpec.of(**BASE).merge.enabled
+    # in a merge a null value is a tombstone (a change), not a dead letter, whatever the value format
+    import pyarrow as pa
+
+    from airflow_eo.decoding.decoder import precheck
+
+    json_merge = IngestSpec.of(**BASE, write_mode="merge", merge_key="id", value_schema="id INT", max_value_bytes=5,
+                               dead_letter_table_uri="/d")
+    assert json_merge.decode.tombstones and not json_merge.decode.value.null_is_bad
+    assert precheck(pa.array([None, b"{}", b"toolong"]), json_merge.decode.value).to_pylist() == \
+        [None, None, "value of 7 bytes exceeds max_value_bytes=5"]
+    appended = json_merge.replace(write_mode="append", merge_key=None)
+    assert not appended.decode.tombstones and appended.decode.value.null_is_bad
+    # an attempt written before merging existed has no merge group: it appends
+    old = IngestSpec.of(**BASE).to_dict()
+    del old["merge"]
+    assert IngestSpec.from_dict(old) == IngestSpec.of(**BASE)
 
 
 def test_a_required_option_missing_names_its_flag():

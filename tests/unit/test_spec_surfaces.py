@@ -75,6 +75,20 @@ def test_existing_invocations_keep_their_flags():
     assert set(job_before) <= set(flags_of(job_parser()).values())
 
 
+def test_the_merge_flags_are_spelled_as_the_issue_fixed_them():
+    actions = {max(a.option_strings, key=len): a for a in ingest_parser()._actions if a.option_strings}
+    shown = {flag: f"{flag} {'{' + ','.join(a.choices) + '}' if a.choices else a.metavar}"
+             for flag, a in actions.items() if flag in ("--write-mode", "--merge-key", "--delete-when", "--cdc-format")}
+    assert shown == {"--write-mode": "--write-mode {append,merge}", "--merge-key": "--merge-key COLUMN[,COLUMN]",
+                     "--delete-when": "--delete-when EXPR", "--cdc-format": "--cdc-format {debezium}"}
+    args = cli.parser().parse_args(["ingest", "--table", "/t", "--ingest-id", "i", "--topics", "t", "--write-mode", "merge",
+                                    "--merge-key", "id,tenant", "--delete-when", "value IS NULL",
+                                    "--cdc-format", "debezium"])
+    given = options_from_args(args, lambda path: path)
+    assert given == {"table_uri": "/t", "ingest_id": "i", "topics": "t", "write_mode": "merge", "merge_key": "id,tenant",
+                     "delete_when": "value IS NULL", "cdc_format": "debezium"}
+
+
 @pytest.fixture(scope="module")
 def operator_class():
     from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator

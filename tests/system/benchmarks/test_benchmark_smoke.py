@@ -3,8 +3,8 @@ and its numbers are sane. Real broker, real spark-submit (three of them), a real
 server, real Delta tables.
 
 Kept small (5,000 records, one repetition, no scaling or 10x memory run, a 200-commit
-planning table with a 5-commit tail, a 300-commit long log) so it fits a ~2 minute budget on
-an idle 2-core machine.
+planning table with a 5-commit tail, a 300-commit long log, 2,000 changes merged into 20,000
+rows) so it fits a ~3 minute budget on an idle 2-core machine.
 """
 
 import json
@@ -21,7 +21,9 @@ def test_benchmark_smoke(tmp_path):
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--long-log-commits", "300", "--cache-dir", str(tmp_path / "cache"),
            "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
-           "--maintenance-rows", "20000", "--audit-multiplier", "2", "--out", str(out)]
+           "--maintenance-rows", "20000", "--audit-multiplier", "2",
+           "--merge-rows", "20000", "--merge-changes", "2000", "--merge-files", "10",
+           "--merge-spread-files", "4", "--out", str(out)]
     cmd += ["--ui-tables", "3", "--ui-commits", "120"]  # the UI page's list: 3 tables of 120 commits
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -61,6 +63,13 @@ def test_benchmark_smoke(tmp_path):
             "audit.connect.audit", "audit.connect_spark.audit", "audit.raw_single_consumer"} <= set(times)
     assert audit["ratios"]["connect_audit_over_ingest"] > 0 and set(audit["memory"]) == {"in_process", "local_spark"}
     assert audit["memory"]["in_process"]["x2"]["records"] == 10000 and audit["memory_growth"]["in_process"] > 0
+    merge = report["merge"]  # 2,000 changes into 20,000 rows z-ordered into ~10 files, both distributions
+    for key in ("merge.recent_heavy.append", "merge.recent_heavy.merge", "merge.uniform.merge"):
+        assert 0 < times[key]["median"] < 600, key
+    recent, uniform = merge["distributions"]["recent_heavy"], merge["distributions"]["uniform"]
+    assert recent["inserted"] == 200 and recent["deleted"] > 0 and uniform["files_rewritten"] == uniform["files_before"]
+    assert recent["files_rewritten"] < recent["before_z_order"]["files_rewritten"]  # z-ordering narrowed it
+    assert "merge/append<=3x(recent_heavy)" in report["targets"]
     for key in ("ui.list_first_view", "ui.list", "ui.table_page_first_view", "ui.table_page"):  # through Airflow's app
         assert 0 < times[key]["min"] <= times[key]["max"] < 600, (key, times[key])
     assert report["ui"]["tables"] == 3 and "ui_list_3x120<1s" in report["targets"]

@@ -127,6 +127,28 @@ def test_a_reprocess_replaces_one_batchs_rows_and_leaves_the_offsets(tmp_path):
         commit(ReprocessCommit(stage(uri, batch_plan(1, 0, 10, attempt_id="r2")), reprocess_from=0), uri)
 
 
+def test_a_compaction_racing_a_reprocess_leaves_each_row_once(tmp_path, monkeypatch):
+    """The reprocess removes the batch's files by what its snapshot holds: a compaction landing
+    in between (which deltalake would rebase the reprocess over without a conflict) makes it
+    compare again on the compacted snapshot and rewrite the compacted file instead."""
+    uri = str(tmp_path / "t")
+    commit(BatchCommit(stage(uri, batch_plan(1, 0, 10))), uri)
+    commit(BatchCommit(stage(uri, batch_plan(2, 10, 15, run=RUN2))), uri)
+    redo = stage(uri, batch_plan(1, 0, 10, attempt_id="r1"), body="NEW", files=1)
+    compacted = []
+
+    def compaction_in_the_window(name):
+        if name == "during_commit" and not compacted:
+            compacted.append(DeltaTable(uri).optimize.compact())
+
+    monkeypatch.setattr("airflow_eo.table.commit.failpoint", compaction_in_the_window)
+    assert commit(ReprocessCommit(redo, reprocess_from=0), uri).status == COMMITTED
+    assert compacted[0]["numFilesRemoved"] == 4
+    offsets = [o for path in DeltaTable(uri).file_uris() for o in pq.read_table(path)["offset"].to_pylist()]
+    assert sorted(offsets) == list(range(15))
+    assert rows(uri) == {**{o: f"NEW{o}" for o in range(10)}, **{o: f"v{o}" for o in range(10, 15)}}
+
+
 def test_dead_letters_land_once_per_batch(tmp_path):
     dlq = str(tmp_path / "dlq")
     ensure_table(dlq, SCHEMA)  # created when a batch first stages dead letters
