@@ -43,13 +43,17 @@ class FindingKind(str, enum.Enum):
     SKIPPED = "skipped"  # a gap recorded by on_data_loss="skip"
     DEAD_LETTERED = "dead_lettered"  # offsets found in the dead-letter table
     DEDUPLICATED = "deduplicated"  # offsets missing from the table within the batch's recorded dropped duplicates
+    ROW_COUNT = "row_count"  # merge mode: the table's rows differ from what its merge commits recorded
 
     def __str__(self) -> str:
         return self.value
 
 
 DRIFT = frozenset({FindingKind.LOST, FindingKind.DUPLICATED, FindingKind.STRAY, FindingKind.OVERLAP,
-                   FindingKind.GAP, FindingKind.TXN_MISMATCH})
+                   FindingKind.GAP, FindingKind.TXN_MISMATCH, FindingKind.ROW_COUNT})
+
+# where a finding about the whole table (not one partition) is filed
+WHOLE_TABLE = TopicPartition("(table)", -1)
 
 
 @dataclass(frozen=True)
@@ -440,6 +444,39 @@ def account_batches(results: Sequence[PartitionResult], batches: Mapping[int, Ba
                 findings.append(Finding(FindingKind.LOST, res.tp, n, res.missing[batch], batch=batch,
                                         detail=f"delivered by Kafka, in neither the table nor the dead letters{why}"))
     return findings
+
+
+@dataclass(frozen=True)
+class MergeCounts:
+    """What one merge commit recorded of the rows it wrote: ``inserted`` keys the table did not
+    hold, ``deleted`` rows it removed (deletes, and a reprocess's replaced rows); the commit's
+    updates replace a row by a row."""
+
+    batch: int
+    version: int
+    inserted: int
+    deleted: int
+
+
+def check_merge_counts(commits: Sequence[MergeCounts], table_rows: int, complete: bool) -> list[Finding]:
+    """Merge mode: the table holds one row per key, so its rows are the rows its merge commits
+    inserted minus those they deleted. ``complete``: the log still holds every commit from the
+    first batch on (else the sum cannot be made and nothing is claimed).
+
+    >>> check_merge_counts([MergeCounts(1, 0, 5, 0), MergeCounts(2, 1, 2, 3)], 4, True)
+    []
+    >>> [f.count for f in check_merge_counts([MergeCounts(1, 0, 5, 0)], 7, True)]
+    [2]
+    """
+    if not commits or not complete:
+        return []
+    expected = sum(c.inserted - c.deleted for c in commits)
+    if expected == table_rows:
+        return []
+    return [Finding(FindingKind.ROW_COUNT, WHOLE_TABLE, abs(table_rows - expected), batch=commits[-1].batch,
+                    detail=f"the table holds {table_rows} rows, its merge commits (batches {commits[0].batch}.."
+                           f"{commits[-1].batch}) inserted minus deleted {expected}: rows were written or removed "
+                           "outside airflow-eo")]
 
 
 @dataclass(frozen=True)

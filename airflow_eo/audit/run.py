@@ -36,8 +36,8 @@ from airflow_eo.attempt import Secrets
 from airflow_eo.audit import SLICE_OFFSETS
 from airflow_eo.audit.coordinates import FileIndex, table_files
 from airflow_eo.audit.findings import (
-    AuditReport, BatchRanges, Finding, PartitionResult, PartitionScope, SliceResult, account_batches, check_tiling,
-    merge_slices, plan_slices, unverifiable,
+    AuditReport, BatchRanges, Finding, MergeCounts, PartitionResult, PartitionScope, SliceResult, account_batches,
+    check_merge_counts, check_tiling, merge_slices, plan_slices, unverifiable,
 )
 from airflow_eo.audit.slices import InProcessSlices, SliceRunner, SliceTask
 from airflow_eo.errors import ConfigError, KafkaUnavailableError, TableError
@@ -49,7 +49,7 @@ from airflow_eo.table.metadata import CommitKind
 
 log = logging.getLogger(__name__)
 
-APPEND = "append"
+APPEND, MERGE = "append", "merge"
 
 
 class Selection(str, enum.Enum):
@@ -89,8 +89,28 @@ def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
 
 
 def write_mode_of(meta) -> str:
-    """How a batch wrote its rows; metadata written before write modes existed says nothing: append."""
-    return str(getattr(meta, "write_mode", None) or APPEND)
+    """How a batch wrote its rows: a merge commit records what it merged (``merge``); metadata
+    written before write modes existed says nothing: append."""
+    return MERGE if getattr(meta, "merge", None) is not None else APPEND
+
+
+def merge_counts(ledger: Ledger, ingest_id: str) -> tuple[list[MergeCounts], bool]:
+    """Every merge commit the log holds, oldest first, and whether they start at the first batch
+    (log cleanup drops old commit details: then the table's rows cannot be summed from them)."""
+    records = [(r, r.meta.merge) for r in ledger.batches(ingest_id, limit=None)
+               if r.operation in (CommitKind.BATCH, CommitKind.REPROCESS)]
+    merged = [(r, m) for r, m in records if m is not None]
+    oldest = merged[-1][0] if merged else None
+    commits = [MergeCounts(r.batch, r.version, m.inserted, m.deleted) for r, m in reversed(merged)]
+    return commits, oldest is not None and oldest.batch == 1 and oldest.operation is CommitKind.BATCH
+
+
+def table_rows(ledger: Ledger) -> int:
+    """The table's rows from its files' statistics (no data is read)."""
+    table = ledger.table
+    assert table is not None
+    actions = table.get_add_actions(flatten=True)
+    return int(sum(n for n in actions.column("num_records").to_pylist() if n is not None))
 
 
 def rows_keep_offsets(batches: list[BatchRanges]) -> bool:
@@ -191,9 +211,13 @@ def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditR
     notes = []
     if rows_keep_offsets(batches):
         results, engine, rows_read = compare_rows(request, ledger, batches, scopes, spark)
-    else:  # merge mode: rows do not keep every offset (see rows_keep_offsets); the recorded counts of
-        # merge commits are compared here once merge commits record them
-        notes.append("rows written in merge mode are not compared offset by offset: the committed ranges are checked")
+    else:  # merge mode: rows do not keep every offset (see rows_keep_offsets): the ranges' tiling and the
+        # table's rows against what its merge commits recorded
+        commits, complete = merge_counts(ledger, request.ingest_id)
+        findings.extend(check_merge_counts(commits, table_rows(ledger), complete))
+        notes.append("rows written in merge mode are not compared offset by offset: the committed ranges are checked"
+                     + (", and the table's rows against the rows its merge commits inserted and deleted" if complete
+                        else "; the log no longer holds every merge commit, so the rows are not counted"))
         results = [PartitionResult(tp, tuple(unverifiable(scope))) for tp, scope in sorted(scopes.items())]
         engine, rows_read = InProcessSlices.engine, 0
     by_batch = {b.batch: b for b in batches}
