@@ -32,9 +32,7 @@ import time
 import pyarrow as pa
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
-from airflow_eo.driver.avro import avro_decoder
-from airflow_eo.driver.decode import DeadLetters
-from airflow_eo.driver.dedup import deduplicate, with_key_column
+from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
@@ -77,12 +75,56 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     plan, storage_options = attempt.plan, secrets.storage_options
     location = staging.loc
     failpoint("before_read")
+    planned_offsets = sum(r.size for r in plan.data_ranges)
+    direct = DirectStage.of(attempt)  # identity or a projection of the Kafka columns: the read tasks write
+    if direct is not None:
+        dead = dropped = late = None
+        arrow_schema = direct.arrow_schema
+        with Progress(spark, plan.batch, planned_offsets):
+            planned = time.monotonic()
+            files, rows = direct.stage(spark, attempt, secrets, location, staging.attempt_path(plan))
+        if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
+            late = late_records(files, location, arrow_schema, plan.interval.start_ms, None)
+    else:
+        files, rows, arrow_schema, dead, dropped, late, planned = _stage_with_spark(
+            spark, attempt, secrets, staging, planned_offsets)
+    staged = time.monotonic()
+    # phase timings: where a run's time goes (README "Performance")
+    log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
+             "in %.2fs", plan.batch, planned - started, sum(rows.values()), len(files), staged - planned)
+    failpoint("after_stage")
+    failpoint("before_commit")
+    batch = StagedBatch(plan, tuple(files), rows, arrow_schema, attempt.partition_by)
+    if dropped is not None:
+        log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, dropped, attempt.dedup.key)
+    if late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
+        log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, late["records"])
+    # what the commit records beside the rows: the one builder the quiet-interval commit uses too
+    findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
+                                dropped, LateRecords(**late) if late is not None else None)
+    outcome = commit_staged(attempt, staging, batch, findings, storage_options)
+    log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
+             time.monotonic() - staged)
+    failpoint("after_commit")
+    if outcome.status == ALREADY_COMMITTED:
+        log.info("batch %s was already committed by an earlier attempt", plan.batch)
+    return outcome
+
+
+def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea, planned_offsets: int):
+    """Steps 1-4 through Spark: read, decode, transform, stage (Spark's Parquet writer, or the
+    tasks' on object stores)."""
+    # imported here: the registry client they import is ~0.2 s of every warm command that needs none
+    from airflow_eo.driver.avro import avro_decoder
+    from airflow_eo.driver.decode import DeadLetters
+    from airflow_eo.driver.dedup import deduplicate, with_key_column
+
+    plan, storage_options, location = attempt.plan, secrets.storage_options, staging.loc
     decoder = avro_decoder(attempt.decode, secrets.schema_registry)  # None unless keys or values are Avro
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
     dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
-    planned_offsets = sum(r.size for r in plan.data_ranges)
     with Progress(spark, plan.batch, planned_offsets):  # Spark itself is at WARN
         try:
             if dead is not None:
@@ -121,27 +163,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
     rows = staging.rows_per_partition(files)
-    staged = time.monotonic()
-    # phase timings: where a run's time goes (README "Performance")
-    log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
-             "in %.2fs", plan.batch, planned - started, sum(rows.values()), len(files), staged - planned)
-    failpoint("after_stage")
-    failpoint("before_commit")
-    batch = StagedBatch(plan, tuple(files), rows, arrow_schema, attempt.partition_by)
-    if dropped is not None:
-        log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, dropped, attempt.dedup.key)
-    if late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
-        log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, late["records"])
-    # what the commit records beside the rows: the one builder the quiet-interval commit uses too
-    findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
-                                dropped, LateRecords(**late) if late is not None else None)
-    outcome = commit_staged(attempt, staging, batch, findings, storage_options)
-    log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
-             time.monotonic() - staged)
-    failpoint("after_commit")
-    if outcome.status == ALREADY_COMMITTED:
-        log.info("batch %s was already committed by an earlier attempt", plan.batch)
-    return outcome
+    return files, rows, arrow_schema, dead, dropped, late, planned
 
 
 def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, findings: BatchFindings,

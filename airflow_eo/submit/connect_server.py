@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from airflow_eo import __version__
-from airflow_eo.attempt import SPARK_DEFAULTS, Env
+from airflow_eo.attempt import SPARK_DEFAULTS, SPARK_WORKER_DEFAULTS, Env
 from airflow_eo.errors import ConfigError, SparkUnavailableError
 from airflow_eo.submit.spark_submit import spark_submit_binary
 from airflow_eo.table.liveness import ProcessId, ProcessState
@@ -151,7 +151,7 @@ class ConnectServer:
         with open(log4j, "w") as f:
             f.write(_LOG4J.format(level=self.log_level.lower()))
         conf = {
-            **SPARK_DEFAULTS, "spark.connect.grpc.binding.port": str(self.port),
+            **SPARK_DEFAULTS, **SPARK_WORKER_DEFAULTS, "spark.connect.grpc.binding.port": str(self.port),
             "spark.connect.grpc.binding.address": "127.0.0.1", "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false",
             "spark.sql.warehouse.dir": os.path.join(self._dir, "warehouse"),

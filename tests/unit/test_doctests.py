@@ -11,7 +11,7 @@ import pytest
 PURE_MODULES = [
     "airflow_eo.planning", "airflow_eo.intervals", "airflow_eo.offsets", "airflow_eo.errors", "airflow_eo.attempt",
     "airflow_eo.spec", "airflow_eo.config", "airflow_eo.avro_schema", "airflow_eo.table.metadata",
-    "airflow_eo.table.partitioning", "airflow_eo.table.storage",
+    "airflow_eo.table.partitioning", "airflow_eo.table.storage", "airflow_eo.driver.source", "airflow_eo.driver.direct",
 ]
 
 
