@@ -105,3 +105,35 @@ class DirectStage:
         with for_session(spark):
             written = task_frame(spark, tasks).mapInArrow(read_and_write, WRITTEN_SCHEMA)
         return staged_from_reports(location, target, written.collect())
+
+
+def warm_up(spark, directory: str, tasks: int, rounds: int = 3) -> None:
+    """Run what a direct batch runs, without Kafka, ``rounds`` times on ``tasks`` tasks at once:
+    the session's Python workers forked with the reader and writer imported, pyarrow's Parquet
+    writer and the footer stats used, the JVM's code for these jobs compiled. Writes a few rows
+    per task under ``directory`` (the caller removes it). What a new Spark Connect server does
+    before it serves (:mod:`airflow_eo.submit.connect_server`), so its first batch runs as fast
+    as the later ones."""
+    import time
+
+    from airflow_eo.driver.session import for_session
+
+    schema = KAFKA_SCHEMA
+    for n in range(rounds):
+        write = task_writer(directory, None, f"{directory}/round-{n}", schema)
+        stamp = time.time_ns() // 1000
+
+        def read_and_write(batches, write=write, stamp=stamp):
+            from airflow_eo.driver.reader import read_ranges
+
+            for batch in batches:
+                for i in batch.column(0).to_pylist():
+                    list(read_ranges({}, ()))  # nothing to read: the import and the call path
+                    rows = pa.RecordBatch.from_pylist(
+                        [{"topic": "warm-up", "partition": i, "offset": o, "timestamp": stamp, "timestampType": 0,
+                          "key": None, "value": b"v", "headers": None} for o in range(100)], schema=schema)
+                    yield from write(iter([rows]))
+
+        with for_session(spark):
+            written = task_frame(spark, [()] * tasks).mapInArrow(read_and_write, WRITTEN_SCHEMA)
+        written.collect()

@@ -141,13 +141,13 @@ class ConnectSubmitter:
         with _clients_lock:
             spark = _clients.get(self.url)
             if spark is None or client_closed(spark):
-                spark = _clients[self.url] = self._attach()
+                spark = _clients[self.url] = self.attach()
         for key, value in self.conf.items():
             spark.conf.set(key, value)
         return spark
 
-    def _attach(self):
-        """A client attached to the shared session, which gives up within seconds when the
+    def attach(self):
+        """A new client attached to the shared session, which gives up within seconds when the
         server is gone (pyspark's default retries for up to 10 minutes; a task retry is the
         better place to wait for a server that went away)."""
         from pyspark.sql import SparkSession
