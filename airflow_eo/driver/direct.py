@@ -91,21 +91,32 @@ class DirectStage:
               target: str) -> tuple[list[StagedFile], dict[str, int]]:
         """Run the read tasks, each writing its files under ``target``; the staged files and the
         rows per Kafka partition, from what the successful tasks reported."""
-        from airflow_eo.driver.session import for_session
+        return read_and_stage(spark, attempt.plan.data_ranges, dict(secrets.kafka_config),
+                              attempt.spark.max_offsets_per_task, location, target, secrets.storage_options,
+                              self.columns, attempt.partition_by)
 
-        tasks = read_tasks(attempt.plan.data_ranges, attempt.spark.max_offsets_per_task)
-        read = task_reader(tasks, dict(secrets.kafka_config))
-        write = task_writer(location.uri, secrets.storage_options, target, self.arrow_schema, attempt.partition_by)
-        columns = None if self.columns == tuple(KAFKA_SCHEMA.names) else list(self.columns)
 
-        def read_and_write(batches):
-            records = read(batches)
-            yield from write(records if columns is None else (b.select(columns) for b in records))
+def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int, location: TableLocation,
+                   target: str, storage_options: dict | None = None, columns: tuple[str, ...] = tuple(KAFKA_SCHEMA.names),
+                   partition_by: tuple[str, ...] = ()) -> tuple[list[StagedFile], dict[str, int]]:
+    """Read ``ranges`` and write their ``columns`` as Parquet under ``target`` in the same Spark
+    tasks; the staged files and the rows per Kafka partition (no ledger, no commit: the
+    benchmark's at-least-once side calls this too)."""
+    from airflow_eo.driver.session import for_session
 
-        with for_session(spark):
-            written = task_frame(spark, tasks).mapInArrow(read_and_write, WRITTEN_SCHEMA)
-        return staged_from_reports(location, target, written.collect())
+    tasks = read_tasks(ranges, max_offsets_per_task)
+    read = task_reader(tasks, dict(kafka_config))
+    schema = pa.schema([KAFKA_SCHEMA.field(c) for c in columns])
+    write = task_writer(location.uri, storage_options, target, schema, partition_by)
+    selected = None if tuple(columns) == tuple(KAFKA_SCHEMA.names) else list(columns)
 
+    def read_and_write(batches):
+        records = read(batches)
+        yield from write(records if selected is None else (b.select(selected) for b in records))
+
+    with for_session(spark):
+        written = task_frame(spark, tasks).mapInArrow(read_and_write, WRITTEN_SCHEMA)
+    return staged_from_reports(location, target, written.collect())
 
 def warm_up(spark, directory: str, tasks: int, rounds: int = 3) -> None:
     """Run what a direct batch runs, without Kafka, ``rounds`` times on ``tasks`` tasks at once:
