@@ -354,9 +354,14 @@ def rows(results: dict) -> list[dict]:
 def warnings(results: dict, load: Load) -> list[str]:
     """Why these figures may not stand for an idle machine."""
     out = []
-    for step in load.busy_steps():
-        out.append(f"busy machine: other work used {step['other_cores']:.2f} cores during {step['step']} "
-                   f"(load average {step['load_1min_before']:.2f} before it)")
+    busy = load.busy_steps()
+    if busy:
+        worst = max(busy, key=lambda s: s["other_cores"])
+        cores = [s["other_cores"] for s in busy]
+        out.append(f"busy machine: other work used more than {BUSY_CORES} cores during {len(busy)} of "
+                   f"{len(load.steps)} timed steps (median {statistics.median(cores):.2f}, up to {worst['other_cores']:.2f} "
+                   f"during {worst['step']}; load average {worst['load_1min_before']:.2f} before it of "
+                   f"{os.cpu_count()} cores): re-measure on an idle machine")
     for part in ("warm_paths", "cold_paths"):
         for key, summary in results.get(part, {}).items():
             if isinstance(summary, dict) and "raw_min" in summary and summary["raw_max"] > RAW_SPREAD * summary["raw_min"]:

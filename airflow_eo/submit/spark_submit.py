@@ -100,6 +100,7 @@ def spark_submit_binary() -> str:
 
 
 _JOB_ERROR = re.compile(r"airflow_eo\.errors\.(\w+): (.*)")
+_JOB_LINE = re.compile(r" INFO airflow_eo\.[\w.]+: (.*)")  # the driver's log format (driver/main.py)
 
 
 def job_failure(code: int | None, output: list[str]) -> Exception:
@@ -140,7 +141,11 @@ class LocalSparkSubmit:
             tail: list[str] = []
             for line in self.process.stdout:
                 tail = (tail + [line.rstrip()])[-40:]
-                log.debug("spark: %s", line.rstrip())
+                ours = _JOB_LINE.search(line)
+                if ours:  # the job's own lines (read, stage, commit timings) belong in this log too
+                    log.info("spark job: %s", ours.group(1))
+                else:
+                    log.debug("spark: %s", line.rstrip())
             code = self.process.wait(self.timeout)
         finally:
             remove_scratch(attempt.attempt_id)
