@@ -99,6 +99,7 @@ def _ingestion(args, interval=None):
         from airflow_eo.submit.connect import ConnectSubmitter
 
         submitter = ConnectSubmitter(args.remote, conf=conf)
+        submitter.prepare()  # the client's imports and channel while the batch is planned
     else:
         submitter = LocalSparkSubmit(master=args.master, conf=conf)
     _stop_spark_on_sigterm(submitter)

@@ -134,10 +134,32 @@ class ConnectSubmitter:
         self._lock = threading.Lock()
         self._session = None
         self._tag: str | None = None
+        self._preparing: threading.Thread | None = None
         self.submissions = 0
+
+    def prepare(self) -> None:
+        """Start attaching this process's client in the background (pyspark's Connect client
+        imports ~0.5 s of modules, then opens the channel and sets the session's conf), while the
+        caller plans the batch; :meth:`session` waits for it. A failure here is left to
+        :meth:`session` to raise. For a command that exits after one run, not for a task process
+        that may fork (a thread inside an import or a gRPC call does not survive a fork)."""
+        def attach() -> None:
+            try:
+                check_version(self._session_now(), self.url)
+            except Exception:  # session() and submit() try again and raise what they find
+                pass
+
+        if self._preparing is None:
+            self._preparing = threading.Thread(target=attach, name="airflow-eo-connect-attach")
+            self._preparing.start()
 
     def session(self):
         """This process's client of the shared session on the server (made once, then reused)."""
+        if self._preparing is not None:
+            self._preparing.join()
+        return self._session_now()
+
+    def _session_now(self):
         with _clients_lock:
             spark = _clients.get(self.url)
             if spark is None or client_closed(spark):
