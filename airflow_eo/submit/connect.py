@@ -50,6 +50,16 @@ def detach(spark) -> None:
     close_client_once(spark)
 
 
+def close_clients() -> None:
+    """Close this process's clients (their pending release calls are sent); the server-side
+    shared session stays for the next batch."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for spark in clients:
+        detach(spark)
+
+
 def server_version(spark) -> str:
     """The airflow-eo version of the server's Python workers (the ones that read Kafka)."""
     declared = spark.conf.get(VERSION_CONF, None)
