@@ -337,9 +337,9 @@ def rows(results: dict) -> list[dict]:
         _ratio_row(f"cold, {n} records: raw / whole command", cold.get("full_1m"), 0.15, 0.25),
         None if not warm.get("scale") else _row(
             f"warm, {warm['scale']['records']:,} records: time per million / {n}'s", "<= 1.1x (server memory flat)", "",
-            f"{warm['scale']['per_million_ratio']:.2f}x ({warm['scale']['seconds']:.1f} s vs "
+            f"{warm['scale']['per_million_ratio']:.2f}x ({warm['scale']['seconds']:.1f} s vs steady "
             f"{warm['scale']['seconds_1m']:.2f} s); server peak PSS {warm['scale']['peak_pss_mb']:.0f} MB vs "
-            f"{warm['scale']['peak_pss_mb_1m']:.0f} MB", "",
+            f"{warm['scale']['peak_pss_mb_1m']:.0f} MB for {n} on the same broker", "",
             warm["scale"]["per_million_ratio"] <= 1.1
             and warm["scale"]["peak_pss_mb"] <= 1.25 * warm["scale"]["peak_pss_mb_1m"]),
         _seconds_row("unreachable broker, until the error", cold.get("unreachable_seconds"), 10.0, 5.0),
