@@ -34,7 +34,7 @@ import pyarrow as pa
 from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets, Transform
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
-from airflow_eo.driver.writer import WRITTEN_SCHEMA, staged_from_reports, task_writer
+from airflow_eo.driver.writer import staged_from_reports, task_writer, written_struct
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation
 
@@ -115,7 +115,7 @@ def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int,
         yield from write(records if selected is None else (b.select(selected) for b in records))
 
     with for_session(spark):
-        written = task_frame(spark, tasks).mapInArrow(read_and_write, WRITTEN_SCHEMA)
+        written = task_frame(spark, tasks).mapInArrow(read_and_write, written_struct())
     return staged_from_reports(location, target, written.collect())
 
 def warm_up(spark, directory: str, tasks: int, rounds: int = 3) -> None:
@@ -146,5 +146,5 @@ def warm_up(spark, directory: str, tasks: int, rounds: int = 3) -> None:
                     yield from write(iter([rows]))
 
         with for_session(spark):
-            written = task_frame(spark, [()] * tasks).mapInArrow(read_and_write, WRITTEN_SCHEMA)
+            written = task_frame(spark, [()] * tasks).mapInArrow(read_and_write, written_struct())
         written.collect()

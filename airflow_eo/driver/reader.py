@@ -59,10 +59,6 @@ KAFKA_SCHEMA = pa.schema([
     ("value", pa.binary()),
     ("headers", HEADERS_TYPE),
 ])
-SPARK_KAFKA_SCHEMA = (
-    "topic string, partition int, offset long, timestamp timestamp, timestampType int, "
-    "key binary, value binary, headers array<struct<key: string, value: binary>>"
-)
 
 
 def spark_kafka_struct():

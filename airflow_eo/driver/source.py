@@ -84,12 +84,12 @@ def read_with_map_in_arrow(spark, ranges: Iterable[OffsetRange], kafka_config: d
                            decoder=None):
     """The records of ``ranges`` through ``mapInArrow``: one Spark task per :func:`read_tasks` entry.
     The client config travels inside the pickled task function, never as a plan option or a column."""
-    from airflow_eo.driver.reader import SPARK_KAFKA_SCHEMA, spark_kafka_struct
-
+    from airflow_eo.driver.reader import spark_kafka_struct
     from airflow_eo.driver.session import for_session
 
     tasks = read_tasks(ranges, max_offsets_per_task)
-    schema = SPARK_KAFKA_SCHEMA if decoder is None else decoder.schema(spark_kafka_struct())
+    # a StructType, not a DDL string: no SQL parser for the plan (its first use costs a cold job ~1 s)
+    schema = spark_kafka_struct() if decoder is None else decoder.schema(spark_kafka_struct())
     with for_session(spark):
         return task_frame(spark, tasks).mapInArrow(task_reader(tasks, dict(kafka_config), decoder), schema)
 

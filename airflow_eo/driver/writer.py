@@ -37,7 +37,16 @@ from airflow_eo.table.partitioning import format_value, partition_dir, partition
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation, is_local
 
-WRITTEN_SCHEMA = "path string, size long, mtime long, rows long, stats string, partition_rows string"
+WRITTEN_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()), ("mtime", pa.int64()), ("rows", pa.int64()),
+                            ("stats", pa.string()), ("partition_rows", pa.string())])
+
+
+def written_struct():
+    """:data:`WRITTEN_SCHEMA` as a Spark ``StructType``: a plan declares it without Spark's SQL
+    parser, whose first use costs a cold spark-submit job about a second (a DDL string would)."""
+    from airflow_eo.compat import spark_schema_of
+
+    return spark_schema_of(WRITTEN_SCHEMA)
 # Rows buffered into one Parquet row group: a row group per Arrow batch (10,000 records) would make
 # files of many small row groups, which compress worse and read slower; Spark writes 128 MB ones.
 ROW_GROUP_BYTES = 64 * 2**20
@@ -145,7 +154,7 @@ def task_writer(table_uri: str, storage_options: dict | None, target: str, arrow
         if open_files:
             entries = list(open_files.values())
             infos = [location.fs.get_file_info(e.path) for e in entries]
-            yield pa.RecordBatch.from_pydict({
+            yield pa.RecordBatch.from_pydict(schema=WRITTEN_SCHEMA, mapping={
                 "path": [e.path for e in entries],
                 "size": [i.size for i in infos],
                 "mtime": [int(i.mtime.timestamp() * 1000) if i.mtime else int(time.time() * 1000) for i in infos],
@@ -192,7 +201,7 @@ def stage_with_arrow(df, location: TableLocation, target: str, storage_options: 
 
     with for_session(df):  # only the plan is built under the mark; running it needs none
         plan = df.mapInArrow(task_writer(location.uri, storage_options, target, arrow_schema, partition_by),
-                             WRITTEN_SCHEMA)
+                             written_struct())
     return staged_from_reports(location, target, plan.collect())[0]
 
 
