@@ -120,7 +120,8 @@ class ConnectServer:
                  authenticate: bool = False, warm: bool = True):
         """``authenticate``: clients must send the token in ``token_file`` (created with a new random
         token, mode 0600, when it does not exist; default: ``token`` in the scratch directory).
-        ``warm``: :meth:`start` returns once a batch would run at full speed (:meth:`warm_up`)."""
+        ``warm``: :meth:`start` returns once a batch would run at full speed (:meth:`warm_up`; local
+        masters only: on a cluster the executors' hosts would keep the warm-up's files)."""
         self.port = port or free_port()
         self.master = master
         self.conf = dict(conf or {})
@@ -191,7 +192,7 @@ class ConnectServer:
                 raise SparkUnavailableError(f"the Spark Connect server exited with code {self.process.returncode} "
                                             f"before it served (see {self.log_file or 'its output'})")
             if self._serves():
-                if self.warm:
+                if self.warm and self.master.startswith("local"):  # a cluster's executors write elsewhere
                     self.warm_up()
                 return self
             time.sleep(0.5)
