@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.planning import BatchPlan
 from airflow_eo.spec import IngestSpec
+from airflow_eo.spec.columns import InlineAvro, require_registry
 
 
 @dataclass(frozen=True, init=False)
@@ -49,11 +50,12 @@ class IngestConfig:
                                   credentials.schema_registry if schema_registry is None else schema_registry)
         object.__setattr__(self, "spec", spec)
         object.__setattr__(self, "credentials", credentials)
-        spec.decode.check_registry(credentials.schema_registry is not None)
-        for inline in filter(None, (spec.decode.avro_schema, spec.decode.key_avro_schema)):
-            from airflow_eo.avro_schema import check_schema
+        require_registry(spec.decode.columns, credentials.schema_registry is not None)
+        for column in spec.decode.columns:
+            if isinstance(column, InlineAvro):  # parsed and mapped to column types now, not on Spark
+                from airflow_eo.decoding.avro_types import check_schema
 
-            check_schema(inline)
+                check_schema(column.schema)
 
     def __getattr__(self, name: str) -> Any:
         """An option of the spec by its name (``config.partition_by``), typed."""

@@ -26,6 +26,12 @@ class AirflowEoError(Exception):
     retryable = False
 
 
+class RetryableError(AirflowEoError):
+    """An error that running again can fix (the operator lets Airflow retry it)."""
+
+    retryable = True
+
+
 class ConfigError(AirflowEoError):
     """A parameter, connection or starting position is malformed."""
 
@@ -38,58 +44,44 @@ class OffsetsAheadError(AirflowEoError):
     """The table has committed offsets beyond what Kafka holds (topic recreated or truncated)."""
 
 
-class CommitConflictError(AirflowEoError):
+class CommitConflictError(RetryableError):
     """The table's committed offsets moved while this batch was running (a racing run)."""
-
-    retryable = True
 
 
 class TableError(AirflowEoError):
     """The table path is not usable for this ingest (not Delta, other owner, bad schema)."""
 
 
-class KafkaUnavailableError(AirflowEoError):
+class KafkaUnavailableError(RetryableError):
     """The broker could not be reached or a topic does not exist."""
 
-    retryable = True
 
-
-class ReadIncompleteError(AirflowEoError):
+class ReadIncompleteError(RetryableError):
     """A Spark task could not read its whole planned range; nothing is committed."""
-
-    retryable = True
 
 
 class DeadLetterThresholdError(AirflowEoError):
     """More records could not be decoded than the dead-letter threshold allows."""
 
 
-class SchemaRegistryUnavailableError(AirflowEoError):
+class SchemaRegistryUnavailableError(RetryableError):
     """The Schema Registry could not be reached or answered with a server error."""
-
-    retryable = True
 
 
 class IncompatibleSchemaError(AirflowEoError):
     """Records were written with a schema that cannot be read as the table's reader schema."""
 
 
-class SparkJobError(AirflowEoError):
+class SparkJobError(RetryableError):
     """spark-submit ended without committing the batch."""
 
-    retryable = True
 
-
-class IntervalNotClosedError(AirflowEoError):
+class IntervalNotClosedError(RetryableError):
     """A partition may still receive records of the interval (retry later, or wait for it)."""
 
-    retryable = True
 
-
-class SparkUnavailableError(AirflowEoError):
+class SparkUnavailableError(RetryableError):
     """The Spark Connect server could not be reached, or went away mid-batch (retryable)."""
-
-    retryable = True
 
 
 # An error raised in a Spark task reaches the driver wrapped (Py4JJavaError, PythonException)

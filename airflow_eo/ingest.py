@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from airflow_eo.attempt import Attempt
 from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
+from airflow_eo.decoding.reader_schemas import pin
 from airflow_eo.errors import AirflowEoError, ConfigError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.intervals import CommittedInterval
@@ -80,7 +81,19 @@ class Ingestion:
                 "needs the run's data interval (interval_start and interval_end)" if interval is None else
                 "plans by offsets: an interval is given only with mode='interval'") + "; nothing was committed")
         planner = IntervalPlanner(self.config, interval) if interval is not None else OffsetPlanner(self.config)
-        return planner.plan(run, ledger or self.ledger(), self.kafka())
+        plan = planner.plan(run, ledger or self.ledger(), self.kafka())
+        if isinstance(plan, BatchPlan) and not plan.is_empty:  # to be logged and run (even an empty batch has columns)
+            plan = self.pin_reader_schemas(plan)
+        return plan
+
+    def pin_reader_schemas(self, plan: BatchPlan) -> BatchPlan:
+        """``plan`` with the registry reader schema versions its batch decodes with, resolved now
+        (a choice like its end offsets: logged with it, so every replay decodes alike)."""
+        pinned = pin(self.config.decode.columns, self.config.schema_registry)
+        for schema in pinned:
+            log.info("batch %s: the %s reader schema is %s (asked for: %s)", plan.batch, schema.column, schema,
+                     schema.requested)
+        return replace(plan, reader_schemas=pinned)
 
     def wait_for_turn(self, timeout: float, run_key: str | None = None, poll: float = 2.0) -> float:
         """Wait (up to ``timeout`` s) while another attempt on this table is running: runs of one

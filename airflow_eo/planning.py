@@ -30,6 +30,37 @@ from airflow_eo.offsets import (  # noqa: F401 - the planning core's vocabulary,
     EARLIEST, LATEST, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
 )
 
+
+@dataclass(frozen=True)
+class ReaderSchema:
+    """A reader schema resolved when a batch was planned: the Schema Registry subject version the
+    batch's ``column`` (``value`` or ``key``) is decoded with, and the version the spec asked for
+    (``latest`` or a number). Logged with the plan, so every replay decodes with the same one.
+
+        >>> str(ReaderSchema("value", "orders-value", 3, 17))
+        'orders-value version 3 (schema id 17)'
+    """
+
+    column: str
+    subject: str
+    version: int
+    schema_id: int
+    requested: str = "latest"
+
+    def __str__(self) -> str:
+        return f"{self.subject} version {self.version} (schema id {self.schema_id})"
+
+    @classmethod
+    def from_dict(cls, raw: Mapping) -> "ReaderSchema":
+        return cls(str(raw["column"]), str(raw["subject"]), int(raw["version"]), int(raw["schema_id"]),
+                   str(raw.get("requested", "latest")))
+
+
+def reader_schemas_of(raw: "Iterable[Mapping] | None") -> "tuple[ReaderSchema, ...] | None":
+    """Reader schemas as JSON wrote them (a list of objects), or None where none were recorded."""
+    return None if raw is None else tuple(ReaderSchema.from_dict(r) for r in raw)
+
+
 class OnDataLoss(str, enum.Enum):
     FAIL = "fail"
     SKIP = "skip"
@@ -55,6 +86,9 @@ class BatchPlan:
     # whose end boundary was fixed at their end offset because they stayed idle past the grace
     interval: Interval | None = None
     closed_idle: tuple[TopicPartition, ...] = ()
+    # the registry reader schemas the batch decodes with, resolved when it was planned; None: not
+    # recorded (a plan an earlier version logged, or one that reads nothing)
+    reader_schemas: tuple[ReaderSchema, ...] | None = None
 
     @property
     def starts(self) -> dict[TopicPartition, int]:
@@ -105,6 +139,7 @@ class BatchPlan:
             attempt_id=raw.get("attempt_id", ""),
             interval=Interval(**raw["interval"]) if raw.get("interval") else None,
             closed_idle=tuple(TopicPartition(**t) for t in raw.get("closed_idle", ())),
+            reader_schemas=reader_schemas_of(raw.get("reader_schemas")),
         )
 
 

@@ -45,4 +45,22 @@ def provider_info() -> dict:
             {"integration-name": "airflow-eo", "python-modules": ["airflow_eo.triggers.kafka_backlog"]},
         ],
         "extra-links": ["airflow_eo.operators.kafka_to_delta.DeltaBatchLink"],
+        # the UI page is a plugin of its own entry point (airflow.plugins), not listed under
+        # "plugins" here: Airflow would load it twice and report the second as an error
+        "config": {
+            "airflow_eo": {
+                "description": "airflow-eo's page in the Airflow UI (Browse > Exactly-once tables).",
+                "options": {
+                    "ui_enabled": {
+                        "description": "Serve the page and show its navigation entry (API server restart to apply).",
+                        "version_added": "0.1.0", "type": "boolean", "example": "False", "default": "True",
+                    },
+                    "ui_storage_conn_id": {
+                        "description": "An aws connection the page reads object-store tables with "
+                                       "(empty: deltalake's defaults, e.g. the API server's instance role).",
+                        "version_added": "0.1.0", "type": "string", "example": "aws_tables", "default": "",
+                    },
+                },
+            },
+        },
     }

@@ -17,6 +17,10 @@ on one batch cannot both land.
 The loop side lives here; the commit is :func:`airflow_eo.table.commit.commit` with kind
 ``REPROCESS``, run by the attempt's driver.
 
+Registry reader schemas are those of the batch's plan (or, for a plan an earlier version logged,
+of its commit): the records decode as they did (:mod:`airflow_eo.decoding.reader_schemas`); the
+new rows may lack columns schema evolution added since, which read as null there as before.
+
 Refused, with nothing changed: a run whose batch never committed (clear it without
 ``reprocess`` to replay it), and ranges Kafka no longer fully holds. After a compaction the
 batch's rows are found by its offset ranges, not its original files (the commit rewrites
@@ -133,6 +137,10 @@ class Reprocessor:
                 f"run {target!r} planned batch {plan.batch} but it never committed: clear the run "
                 "without reprocess to replay it; nothing was changed"
             )
+        if plan.reader_schemas is None:  # logged by an earlier version: the batch's commit may say what it read with
+            record = ledger.find_batch(ingest_id, batch=plan.batch)
+            if record is not None and record.meta.findings.reader_schemas:
+                plan = replace(plan, reader_schemas=record.meta.findings.reader_schemas)
         return plan
 
     def _check_kafka(self, plan: BatchPlan) -> None:

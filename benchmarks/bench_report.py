@@ -74,6 +74,9 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         m = results["maintenance"]
         warm = {**warm, "read_after_compaction>=5x_faster": m["read_speedup"] >= 5,
                 "compaction_in_minutes(<=10)": m["seconds"] <= 600}
+    if "ui.list" in med:  # the target: the list of 50 tables x 10,000 commits in under 1 s
+        ui = results.get("ui", {})
+        warm = {**warm, f"ui_list_{ui.get('tables')}x{ui.get('commits')}<1s": med["ui.list"] < 1.0}
     if "decode_avro_rate_over_json_rate" in r:
         warm = {**warm, "decode_avro_rate/json_rate>=0.8": r["decode_avro_rate_over_json_rate"] >= 0.8}
     if "eo_over_alo" not in r:

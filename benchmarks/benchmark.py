@@ -20,7 +20,9 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * dedup by key (``bench_dedup``): one batch with ``dedup_key`` and a one-day horizon against the
   same batch without, into copies of a 10M-row table;
 * maintenance (``bench_maintenance``): reading a table of 10k small batch files before and
-  after ``maintain``'s compaction, and the compaction's wall time and peak memory.
+  after ``maintain``'s compaction, and the compaction's wall time and peak memory;
+* the UI page (``bench_ui``): the table list of 50 tables of 10,000 commits each through
+  Airflow's API app, its first view and the views after it.
 
 Prints the paths' table (raw time beside each ratio, warnings when the machine was busy), then
 medians and min-max of everything, and writes the same as JSON (``--out``)::
@@ -55,6 +57,7 @@ import bench_decode  # noqa: E402
 import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
 import bench_paths  # noqa: E402
+import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.driver.session import classic_process  # noqa: E402
@@ -63,7 +66,7 @@ from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
 # The parts, in the order a full run takes them: each a method of Bench (a new part is a method and a name here)
-PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance"]
+PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui"]
 
 
 def say(message: str) -> None:
@@ -98,6 +101,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-records", type=int, default=1_000_000, help="records of the Avro/JSON decode run")
     p.add_argument("--maintenance-files", type=int, default=10_000, help="small files of the maintenance table")
     p.add_argument("--maintenance-rows", type=int, default=1_000_000, help="rows of the maintenance table")
+    p.add_argument("--ui-tables", type=int, default=50, help="tables of the UI page's list")
+    p.add_argument("--ui-commits", type=int, default=10_000, help="commits of each of them")
     p.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable; default: all)")
     p.add_argument("--warm-scale", type=int, default=10,
                    help="the warm path's large batch, a multiple of --records (time per million, server memory); 0 skips")
@@ -454,6 +459,16 @@ class Bench:
         a = self.args
         self.results["maintenance"] = bench_maintenance.run(self.work, a.maintenance_files, a.maintenance_rows,
                                                             a.repetitions, say)
+
+    # -- the UI page: the table list of --ui-tables tables of --ui-commits commits -----------
+    def ui(self) -> None:
+        a = self.args
+        out = bench_ui.run(self.work, a.cache_dir, a.ui_tables, a.ui_commits, a.repetitions, say)
+        for key in ("list", "table_page"):
+            self.record(f"ui.{key}_first_view", out[f"{key}_first_view_seconds"])
+            for seconds in out[f"{key}_seconds"]:
+                self.record(f"ui.{key}", seconds)
+        self.results["ui"] = {k: out[k] for k in ("tables", "commits", "log_files")}
 
 
 def machine() -> dict:

@@ -114,7 +114,10 @@ def read_table(table_uri: str, columns: list[str] | None = None) -> pa.Table:
         return pa.table({c: [] for c in (columns or ["topic", "partition", "offset"])})
     if dt.metadata().partition_columns:  # the partition values are in the log, not the files
         return dt.to_pyarrow_table(columns=columns)
-    return pads.dataset(files, format="parquet").to_table(columns=columns)
+    dataset = pads.dataset(files, format="parquet")
+    # files written before schema evolution added a column (or a reprocess without it) lack it: null there
+    schema = pa.unify_schemas([fragment.physical_schema for fragment in dataset.get_fragments()])
+    return pads.dataset(files, format="parquet", schema=schema).to_table(columns=columns)
 
 
 def keys_of(table: pa.Table) -> list[tuple[str, int, int]]:

@@ -38,6 +38,7 @@ from functools import cached_property
 
 from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, DedupSpec
 from airflow_eo.compat import observation_pending
+from airflow_eo.decoding.decoder import REASON_COLUMN
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import parse_duration
@@ -52,7 +53,6 @@ DEDUP_COLUMN = "_dedup_key"
 # (seen: not yet there right after it); without them the duplicates are counted again.
 OBSERVED_WAIT = 2.0
 REASON = "duplicate key"
-REASON_COLUMN = "reason"
 ORDER = ("offset", "partition", "topic")  # which copy of a key survives within a batch
 _FIRST = "_airflow_eo_first"
 
@@ -88,8 +88,9 @@ class Deduplicated:
 
     @cached_property
     def duplicates(self):
-        """The dropped records: the source columns, :data:`DEDUP_COLUMN` and ``reason`` =
-        ``'duplicate key'`` (built when asked for: the write of ``kept`` does not need it)."""
+        """The dropped records: the source columns, :data:`DEDUP_COLUMN` and their dead-letter reason
+        ``'duplicate key'`` in :data:`~airflow_eo.decoding.decoder.REASON_COLUMN` (built when asked
+        for: the write of ``kept`` does not need it)."""
         with functions_for(self.ranked) as F:
             dropped = self.ranked.where(~F.col(_FIRST))
             if self.known is not None:  # a semi join: a key stored twice matches once

@@ -6,7 +6,9 @@ Spark Connect session whose server does the reading and writing). The plan was l
 the attempt recorded before it starts; this code only executes it:
 
 1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed);
-2. **decode** values, undecodable records to the dead-letter table (:mod:`airflow_eo.driver.decode`);
+2. **decode** keys and values (:mod:`airflow_eo.decoding` in the read step, JSON by
+   :mod:`airflow_eo.driver.decode`), undecodable records to the dead-letter table
+   (:mod:`airflow_eo.driver.dead_letters`);
 3. **transform** them into the table's columns (:mod:`airflow_eo.driver.transforms`);
 4. **stage** Parquet files into the attempt's own directory (:mod:`airflow_eo.driver.writer`);
 5. **compare-and-set commit** the files with the offsets in one Delta commit, then
@@ -79,14 +81,14 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     direct = DirectStage.of(attempt)  # identity or a projection of the Kafka columns: the read tasks write
     if direct is not None:
         dead = dropped = late = None
-        arrow_schema = direct.arrow_schema
+        arrow_schema, reader_schemas = direct.arrow_schema, ()
         with Progress(spark, plan.batch, planned_offsets):
             planned = time.monotonic()
             files, rows = direct.stage(spark, attempt, secrets, location, staging.attempt_path(plan))
         if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
             late = late_records(files, location, arrow_schema, plan.interval.start_ms, None)
     else:
-        files, rows, arrow_schema, dead, dropped, late, planned = _stage_with_spark(
+        files, rows, arrow_schema, dead, dropped, late, planned, reader_schemas = _stage_with_spark(
             spark, attempt, secrets, staging, planned_offsets)
     staged = time.monotonic()
     # phase timings: where a run's time goes (README "Performance")
@@ -101,7 +103,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
         log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, late["records"])
     # what the commit records beside the rows: the one builder the quiet-interval commit uses too
     findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
-                                dropped, LateRecords(**late) if late is not None else None)
+                                dropped, LateRecords(**late) if late is not None else None, reader_schemas)
     outcome = commit_staged(attempt, staging, batch, findings, storage_options)
     log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
              time.monotonic() - staged)
@@ -115,12 +117,13 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
     """Steps 1-4 through Spark: read, decode, transform, stage (Spark's Parquet writer, or the
     tasks' on object stores)."""
     # imported here: the registry client they import is ~0.2 s of every warm command that needs none
-    from airflow_eo.driver.avro import avro_decoder
-    from airflow_eo.driver.decode import DeadLetters
+    from airflow_eo.decoding.decoder import record_decoder
+    from airflow_eo.driver.dead_letters import DeadLetters
     from airflow_eo.driver.dedup import deduplicate, with_key_column
 
     plan, storage_options, location = attempt.plan, secrets.storage_options, staging.loc
-    decoder = avro_decoder(attempt.decode, secrets.schema_registry)  # None unless keys or values are Avro
+    # None unless keys or values are decoded or checked; registry reader schemas as the plan pinned them
+    decoder, reader_schemas = record_decoder(attempt.decode.columns, secrets.schema_registry, plan)
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
     dead = DeadLetters.of(source, attempt, secrets)  # None unless decoding
@@ -163,7 +166,7 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
     rows = staging.rows_per_partition(files)
-    return files, rows, arrow_schema, dead, dropped, late, planned
+    return files, rows, arrow_schema, dead, dropped, late, planned, reader_schemas
 
 
 def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, findings: BatchFindings,

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import parse_duration
 from airflow_eo.planning import StartingPosition
+from airflow_eo.spec.columns import LATEST, Format, format_of
 
 # The columns that key every row to its source record: every file keeps them (with statistics)
 KEY_COLUMNS = ("topic", "partition", "offset")
@@ -197,15 +198,15 @@ def enum_value(value: enum.Enum) -> str:
 
 
 def schema_version_of(value: Any) -> str:
-    return "latest" if value in (None, "") else str(value)
+    return LATEST if value in (None, "") else str(value)
 
 
-def value_format_of(value: Any) -> str:
-    return str(value) if value else "json"
+def value_format_of(value: Any) -> Format:
+    return format_of(value, Format.JSON)
 
 
-def key_format_of(value: Any) -> str:
-    return str(value) if value else "raw"
+def key_format_of(value: Any) -> Format:
+    return format_of(value, Format.RAW)
 
 
 def horizon_text(value: Any) -> str | None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
 from airflow_eo.planning import OnDataLoss, StartingPosition
+from airflow_eo.spec.columns import FORMATS, LATEST, ColumnSpec, Format, Source, column_of, format_of, version_of
 from airflow_eo.spec.options import (
     DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, TXN_RETENTION, Cli, Mode, check_partition_by,
     check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer, key_format_of,
@@ -104,83 +106,95 @@ class Transform:
         return "sql" if self.sql else ("callable " + self.callable if self.callable else "identity")
 
 
-FORMATS = ("json", "avro", "raw")
-
-
 @dataclass(frozen=True)
 class DecodeSpec:
-    """How keys and values are decoded before the transform (:mod:`airflow_eo.driver.decode`).
+    """How keys and values are decoded before the transform: the options users set, and the one
+    typed spec per column built from them (:attr:`value`, :attr:`key`: :mod:`airflow_eo.spec.columns`).
 
     ``value_format``: ``json`` (with ``value_schema``, Spark DDL, parsed into the column
     ``data``), ``avro`` (Confluent wire format through the Schema Registry, reader schema
     ``value_subject`` at ``value_schema_version``; or plain Avro of the inline ``avro_schema``)
     or ``raw`` (bytes as they are). ``key_format`` the same for the key, into ``key_data``
-    (``key_schema`` for JSON, ``key_avro_schema`` / ``key_subject`` for Avro). Records that do
-    not decode, or values larger than ``max_value_bytes``, become dead letters.
+    (``key_schema`` for JSON, ``key_avro_schema`` / ``key_subject`` / ``key_schema_version`` for
+    Avro). Records that do not decode, or values larger than ``max_value_bytes``, become dead letters.
 
-    >>> DecodeSpec(value_format="avro", avro_schema='"long"').enabled
-    True
+    >>> spec = DecodeSpec(value_format="avro", avro_schema='"long"', key_format="json", key_schema="id STRING")
+    >>> spec.enabled, type(spec.value).__name__, type(spec.key).__name__, spec.key.target
+    (True, 'InlineAvro', 'JsonColumn', 'key_data')
     """
 
     value_schema: str | None = option("value_schema", "Spark DDL of JSON values, e.g. 'id INT, name STRING': "
                                       "decoded into column `data`, undecodable records become dead letters",
                                       None, templated=True, parse=text)
-    value_format: str = option("value_format", "json (with value_schema), avro (a registry or avro_schema) or "
-                               "raw bytes", "json", choices=FORMATS, templated=True, parse=value_format_of)
+    value_format: Format = option("value_format", "json (with value_schema), avro (a registry or avro_schema) or "
+                                  "raw bytes", Format.JSON, choices=FORMATS, templated=True, parse=value_format_of,
+                                  dump=enum_value)
     max_value_bytes: int | None = option("max_value_bytes", "values larger than this become dead letters", None,
                                          parse=integer)
     avro_schema: str | None = option("avro_schema", "inline Avro schema (JSON) of plain Avro values, instead of "
                                      "a registry", None, templated=True, from_file=True, parse=text)
     value_subject: str | None = option("value_subject", "registry subject of the values' reader schema (default "
                                        "<first topic>-value)", None, templated=True, parse=text)
-    value_schema_version: str = option("value_schema_version", "version of the reader schema: latest or a "
-                                       "number", "latest", templated=True, parse=schema_version_of)
-    key_format: str = option("key_format", "decode the key too, into column `key_data`: raw, json (with "
-                             "key_schema) or avro", "raw", choices=FORMATS, templated=True, parse=key_format_of)
+    value_schema_version: str = option("value_schema_version", "version of the values' reader schema: latest "
+                                       "(resolved when a batch is planned; its retries and reprocesses keep it) or a "
+                                       "number", LATEST, templated=True, parse=schema_version_of)
+    key_format: Format = option("key_format", "decode the key too, into column `key_data`: raw, json (with "
+                                "key_schema) or avro", Format.RAW, choices=FORMATS, templated=True,
+                                parse=key_format_of, dump=enum_value)
     key_schema: str | None = option("key_schema", "Spark DDL of JSON keys", None, templated=True, parse=text)
     key_avro_schema: str | None = option("key_avro_schema", "inline Avro schema (JSON) of plain Avro keys", None,
                                          templated=True, from_file=True, parse=text)
     key_subject: str | None = option("key_subject", "registry subject of the keys' reader schema (default "
                                      "<first topic>-key)", None, templated=True, parse=text)
-
-    FORMATS = FORMATS
+    key_schema_version: str = option("key_schema_version", "version of the keys' reader schema: latest or a number",
+                                     LATEST, templated=True, parse=schema_version_of)
 
     def __post_init__(self):
-        for name in ("value_format", "key_format"):
-            if getattr(self, name) not in FORMATS:
-                raise ConfigError(f"{name} {getattr(self, name)!r} is not supported: use one of {', '.join(FORMATS)}")
-        if self.value_format != "json" and self.value_schema:
-            raise ConfigError("value_schema is the Spark DDL of JSON values: with value_format="
-                              f"{self.value_format!r} leave it unset (Avro: avro_schema or a Schema Registry)")
-        if self.key_format == "json" and not self.key_schema:
-            raise ConfigError("key_format='json' needs key_schema (Spark DDL, e.g. 'id STRING')")
-        if str(self.value_schema_version) != "latest" and not str(self.value_schema_version).isdigit():
-            raise ConfigError(f"value_schema_version {self.value_schema_version!r} is not 'latest' or a number")
+        for name, default in (("value_format", Format.JSON), ("key_format", Format.RAW)):
+            if not isinstance(getattr(self, name), Format):  # built in code with text
+                try:
+                    object.__setattr__(self, name, format_of(getattr(self, name), default))
+                except ValueError:
+                    raise ConfigError(f"{name} {getattr(self, name)!r} is not supported: use one of "
+                                      f"{', '.join(FORMATS)}") from None
+        self.columns  # noqa: B018 - built (and so checked) once, here
+
+    @cached_property
+    def value(self) -> ColumnSpec:
+        """How the value is decoded."""
+        return column_of(Source.VALUE, self.value_format, ddl=self.value_schema, schema=self.avro_schema,
+                         subject=self.value_subject, version=_version(self.value_schema_version, Source.VALUE),
+                         max_bytes=self.max_value_bytes)
+
+    @cached_property
+    def key(self) -> ColumnSpec:
+        """How the key is decoded (never size-checked: ``max_value_bytes`` is about values)."""
+        return column_of(Source.KEY, self.key_format, ddl=self.key_schema, schema=self.key_avro_schema,
+                         subject=self.key_subject, version=_version(self.key_schema_version, Source.KEY))
 
     @property
-    def avro_value_by_registry(self) -> bool:
-        return self.value_format == "avro" and not self.avro_schema
-
-    @property
-    def avro_key_by_registry(self) -> bool:
-        return self.key_format == "avro" and not self.key_avro_schema
+    def columns(self) -> tuple[ColumnSpec, ...]:
+        """The value's spec and the key's, in the order their dead-letter reasons count."""
+        return (self.value, self.key)
 
     def with_default_subjects(self, topics: tuple[str, ...]) -> "DecodeSpec":
         """Avro read through a registry defaults to ``<first topic>-value`` / ``-key`` (Confluent's
         TopicNameStrategy); without one, no subject."""
-        value, key = self.avro_value_by_registry, self.avro_key_by_registry
+        value, key = self.value.needs_registry, self.key.needs_registry
         return replace(self, value_subject=(self.value_subject or f"{topics[0]}-value") if value else None,
                        key_subject=(self.key_subject or f"{topics[0]}-key") if key else None)
 
-    def check_registry(self, has_registry: bool) -> None:
-        if (self.avro_value_by_registry or self.avro_key_by_registry) and not has_registry:
-            raise ConfigError("Avro without an inline schema needs a Schema Registry: set schema_registry_conn_id "
-                              "(CLI --schema-registry URL), or avro_schema / key_avro_schema")
-
     @property
     def enabled(self) -> bool:
-        return bool(self.value_schema or self.max_value_bytes or self.value_format == "avro"
-                    or self.key_format != "raw")
+        """Whether anything is decoded or checked (then undecodable records need a dead-letter table)."""
+        return any(c.decodes or c.checked for c in self.columns)
+
+
+def _version(value: str, source: Source) -> int | None:
+    try:
+        return version_of(value)
+    except ValueError:
+        raise ConfigError(f"{source.option('value_schema_version')} {value!r} is not 'latest' or a number") from None
 
 
 @dataclass(frozen=True)

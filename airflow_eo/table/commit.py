@@ -231,7 +231,7 @@ class ReprocessCommit:
         )
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
-        check_schema(ledger, delta_schema_of(self.staged.arrow_schema))
+        check_schema(ledger, delta_schema_of(self.staged.arrow_schema), replacing=True)
         return ledger
 
     def actions(self, ledger: Ledger) -> list:

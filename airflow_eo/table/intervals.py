@@ -117,6 +117,7 @@ class IntervalLedger:
         """What an interval batch's commit sets besides the batch counter: the interval, its
         boundaries, and each partition's high-water offset."""
         iv, ingest_id = plan.interval, self.ingest_id
+        assert iv is not None, "the transactions of an interval batch"
         txns = [Transaction(interval_app_id(ingest_id, plan.batch, "start"), iv.start_ms),
                 Transaction(interval_app_id(ingest_id, plan.batch, "end"), iv.end_ms),
                 Transaction(interval_at_app_id(ingest_id, iv.start_ms), plan.batch)]

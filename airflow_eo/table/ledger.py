@@ -293,6 +293,7 @@ class Ledger:
         """
         import pyarrow as pa
 
+        assert self.table is not None, "files_of_batch of a table that does not exist"  # callers hold a commit
         actions = pa.table(self.table.get_add_actions(flatten=True))
         wanted = ["path", "size_bytes", *(f"{s}.{k}" for s in ("min", "max") for k in ("topic", "partition", "offset"))]
         names = set(actions.column_names)
@@ -323,9 +324,12 @@ class Ledger:
         return state
 
     def _interval_state(self, plan: BatchPlan, last: int) -> CommitCheck:
-        batch = self.table.transaction_version(interval_at_app_id(plan.ingest_id, plan.interval.start_ms)) \
-            if self.table is not None else None
-        end = self.table.transaction_version(interval_app_id(plan.ingest_id, batch, "end")) if batch is not None else None
+        assert plan.interval is not None  # state_of asks only for interval plans
+        table = self.table
+        batch = table.transaction_version(interval_at_app_id(plan.ingest_id, plan.interval.start_ms)) \
+            if table is not None else None
+        end = table.transaction_version(interval_app_id(plan.ingest_id, batch, "end")) \
+            if table is not None and batch is not None else None
         state = interval_state(plan, last, batch, end)
         if state is CommitCheck.ALREADY_COMMITTED:  # as for offset batches: the run that committed it
             record = self.find_batch(plan.ingest_id, batch=plan.batch, operation=CommitKind.BATCH)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable
 
 from airflow_eo.attempt import Attempt, AttemptKind
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity, SkippedRange
+from airflow_eo.planning import BatchPlan, OffsetRange, ReaderSchema, RunIdentity, SkippedRange, reader_schemas_of
 from airflow_eo.table.files import StagedFile
 
 # The commitInfo key of every commit airflow-eo makes.
@@ -111,15 +111,17 @@ class ReprocessInfo:
 
 @dataclass(frozen=True)
 class BatchFindings:
-    """What an attempt found beyond its rows: dead letters, dropped duplicates, late records."""
+    """What an attempt found beyond its rows: dead letters, dropped duplicates, late records, and
+    the registry reader schemas its records were decoded with (so a reprocess reads with them too)."""
 
     dead_letters: DeadLetterManifest | None = None
     duplicates: Duplicates | None = None
     late: LateRecords | None = None
+    reader_schemas: tuple[ReaderSchema, ...] = ()
 
     @classmethod
     def of(cls, attempt: Attempt, dead_letters: DeadLetterManifest | None = None, dropped: int | None = None,
-           late: LateRecords | None = None) -> "BatchFindings":
+           late: LateRecords | None = None, reader_schemas: Iterable[ReaderSchema] = ()) -> "BatchFindings":
         """What ``attempt``'s commit records: counts it did not measure (an empty batch) are zero,
         so a batch committed without Spark records what an empty Spark batch would."""
         return cls(
@@ -128,6 +130,7 @@ class BatchFindings:
             # late records belong to the interval a batch first commits, not to a reprocess of it
             late=(late or LateRecords()) if attempt.plan.interval is not None
             and attempt.kind is AttemptKind.INGEST else None,
+            reader_schemas=tuple(reader_schemas),
         )
 
 
@@ -200,6 +203,8 @@ class BatchMetadata:
             out["duplicates"] = asdict(found.duplicates)
         if found.late is not None:
             out["late"] = asdict(found.late)
+        if found.reader_schemas:
+            out["reader_schemas"] = [asdict(r) for r in found.reader_schemas]
         if self.reprocess is not None:
             out["reprocess"] = self.reprocess.to_dict()
         return out
@@ -224,6 +229,7 @@ class BatchMetadata:
                 dead_letters=DeadLetterManifest.from_dict(dead) if dead else None,
                 duplicates=Duplicates(**_known(Duplicates, dups)) if dups is not None else None,
                 late=LateRecords(**_known(LateRecords, late)) if late is not None else None,
+                reader_schemas=reader_schemas_of(meta.get("reader_schemas")) or (),
             ),
             reprocess=ReprocessInfo.from_dict(meta["reprocess"]) if meta.get("reprocess") else None,
             added_columns=tuple(meta.get("added", ())),

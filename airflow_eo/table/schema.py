@@ -34,11 +34,14 @@ def _field_types(schema: Schema) -> dict[str, str]:
     return {f["name"]: json.dumps(f["type"], sort_keys=True) for f in json.loads(schema.to_json())["fields"]}
 
 
-def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = False) -> list[str]:
+def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = False, replacing: bool = False) -> list[str]:
     """Refuse a batch whose columns differ from the table's, before anything is committed.
 
     With ``schema_evolution`` new columns are allowed (they are returned so the caller
-    can add them); a dropped column or a changed type is refused either way.
+    can add them); a dropped column or a changed type is refused either way. ``replacing``
+    (a reprocess, replacing one past batch's rows) may lack nullable columns: its rows read them
+    as null, like the batch's rows written before schema evolution added them — a batch is
+    decoded with the reader schema pinned in its plan, older than the fields added since.
     """
     if ledger.table is None:
         return []
@@ -48,6 +51,12 @@ def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = Fals
     missing = sorted(set(have) - set(want))
     extra = sorted(set(want) - set(have))
     changed = sorted(k for k in set(have) & set(want) if have[k] != want[k])
+    if replacing and missing and not extra and not changed:
+        nullable = {f["name"] for f in json.loads(ledger.table.schema().to_json())["fields"] if f.get("nullable", True)}
+        if set(missing) <= nullable:
+            log.info("the reprocessed rows have no %s (null, as in rows written before these columns were added)",
+                     ", ".join(missing))
+            return []
     if schema_evolution and not missing and not changed:
         return extra
     fix = ("schema evolution adds new columns only: restore the dropped or retyped columns in the "
@@ -71,6 +80,7 @@ def add_columns(ledger: Ledger, incoming: Schema, names: list[str], plan: BatchP
 
     fields = [Field(f.name, f.type, nullable=True) for f in incoming.fields if f.name in names]
     log.info("schema evolution: adding columns %s to %s", names, ledger.table_uri)
+    assert ledger.table is not None, "columns are added to an existing table"  # a first batch creates it whole
     ledger.table.alter.add_columns(fields, commit_properties=CommitProperties(
         custom_metadata={METADATA_KEY: BatchMetadata(plan.ingest_id, plan.batch, CommitKind.ADD_COLUMNS,
                                                      added_columns=tuple(names)).to_json()},

@@ -54,3 +54,12 @@ def test_fresh_environment_install_lists_provider(tmp_path, airflow_db):
                          env=env, check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path).stdout
     listed = {p["package_name"]: p for p in json.loads(out[out.index("["):])}
     assert listed["airflow-eo"]["version"] == provider_info()["versions"][0]
+    # the UI page's plugin comes with the wheel, its templates and stylesheet too (package data)
+    out = subprocess.run([python, "-m", "airflow", "plugins", "-o", "json"],
+                         env=env, check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path).stdout
+    plugins = {p["name"]: p for p in json.loads(out[out.index("["):])}
+    assert plugins["airflow_eo"]["fastapi_apps"][0]["url_prefix"] == "/airflow-eo"
+    page = subprocess.run([python, "-c", "from datetime import datetime, timezone; from airflow_eo.ui.render import "
+                           "render_list; print(render_list([], datetime.now(timezone.utc)))"],
+                          env=env, check=True, capture_output=True, text=True, timeout=120, cwd=tmp_path).stdout
+    assert "Exactly-once tables" in page and "svg.chart" in page  # the template, with the stylesheet inlined

@@ -83,3 +83,41 @@ def ledger_table(uri: str, *txns: Txn, rows: pa.Table | None = None) -> DeltaTab
                     commit_properties=CommitProperties(app_transactions=[Transaction(t.app_id, t.version)
                                                                          for t in txns]))
     return DeltaTable(uri)
+
+
+class BatchLog:
+    """A Delta table whose commits are airflow-eo batch commits without data files: each carries
+    its ``txn`` actions (offsets at the plan's ends, the batch counter; interval mode's as the
+    interval ledger writes them) and its :class:`~airflow_eo.table.metadata.BatchMetadata`."""
+
+    def __init__(self, uri: str):
+        from airflow_eo.driver.reader import KAFKA_SCHEMA
+        from airflow_eo.table.schema import delta_schema_of
+
+        self.uri, self.schema = uri, delta_schema_of(KAFKA_SCHEMA)
+        self.table = DeltaTable.create(uri, self.schema)
+
+    def commit(self, meta=None, txns: list[Transaction] | tuple = ()) -> int:
+        """One commit (``meta``: a BatchMetadata, or None for a commit of someone else); its version."""
+        from airflow_eo.table.metadata import METADATA_KEY
+
+        self.table.create_write_transaction([], mode="append", schema=self.schema, commit_properties=CommitProperties(
+            app_transactions=list(txns) or None, custom_metadata={METADATA_KEY: meta.to_json()} if meta else None))
+        self.table.update_incremental()
+        return self.table.version()
+
+    def batch(self, plan, rows: dict[str, int] | None = None, findings=None, kind=None) -> int:
+        """The commit of ``plan`` (a BatchPlan) with ``rows`` per partition, as the commit rules write it."""
+        from airflow_eo.table.intervals import IntervalLedger
+        from airflow_eo.table.ledger import Ledger, batch_app_id, partition_app_id, reprocess_app_id
+        from airflow_eo.table.metadata import BatchMetadata, CommitKind
+
+        kind = kind or CommitKind.BATCH
+        meta = BatchMetadata.of(kind, plan, rows_per_partition=rows or {}, findings=findings)
+        if kind is CommitKind.REPROCESS:  # replaces the batch's rows: no offset or counter moves
+            return self.commit(meta, [Transaction(reprocess_app_id(plan.ingest_id, plan.batch), 1)])
+        if plan.interval is not None:
+            txns = IntervalLedger(Ledger.open(self.uri), plan.ingest_id).transactions(plan)
+        else:
+            txns = [Transaction(partition_app_id(plan.ingest_id, r.tp), r.end) for r in plan.ranges]
+        return self.commit(meta, [*txns, Transaction(batch_app_id(plan.ingest_id), plan.batch)])

@@ -10,8 +10,10 @@ import pytest
 
 PURE_MODULES = [
     "airflow_eo.planning", "airflow_eo.intervals", "airflow_eo.offsets", "airflow_eo.errors", "airflow_eo.attempt",
-    "airflow_eo.spec", "airflow_eo.config", "airflow_eo.avro_schema", "airflow_eo.table.metadata",
-    "airflow_eo.table.partitioning", "airflow_eo.table.storage", "airflow_eo.driver.source", "airflow_eo.driver.direct",
+    "airflow_eo.spec", "airflow_eo.spec.parts", "airflow_eo.spec.columns", "airflow_eo.config", "airflow_eo.decoding.avro_types",
+    "airflow_eo.decoding.avro", "airflow_eo.decoding.decoder", "airflow_eo.table.metadata",
+    "airflow_eo.table.partitioning", "airflow_eo.table.storage", "airflow_eo.table.history", "airflow_eo.ui.tables",
+    "airflow_eo.ui.charts", "airflow_eo.ui.render", "airflow_eo.driver.source", "airflow_eo.driver.direct",
 ]
 
 

@@ -1,8 +1,9 @@
 """Avro values through a Schema Registry (Confluent wire format) and inline schemas.
 
-Real broker, real Spark, real Delta; the registry is ``tests.registry_double`` (a labelled
-test double of the Confluent REST API: no registry server installs here). Records are
-produced with confluent-kafka's own ``AvroSerializer``, so the bytes are the real wire format.
+Real broker, real Spark (local and Spark Connect: every test on both paths), real Delta; the
+registry is ``tests.registry_double`` (a labelled test double of the Confluent REST API: no
+registry server installs here). Records are produced with confluent-kafka's own
+``AvroSerializer``, so the bytes are the real wire format.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 from confluent_kafka import Producer
 
 from airflow_eo.attempt import Transform
-from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.errors import ConfigError, IncompatibleSchemaError, SchemaRegistryUnavailableError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
@@ -54,12 +54,12 @@ def run(config, submitter, run_key="r1"):
     return Ingestion(config, submitter).run(RunIdentity(run_key=run_key))
 
 
-def test_100k_nested_records_via_the_registry_arrive_once_with_their_values(spark, kafka_config, registry, tmp_path):
+def test_100k_nested_records_via_the_registry_arrive_once_with_their_values(spark_path, kafka_config, registry, tmp_path):
     topic = new_topic(kafka_config, 3)
     produce_avro(kafka_config, topic, (order(i) for i in range(100_000)), ORDER, {"url": registry.url})
     before = registry.requests["schema_by_id"]
     config = config_for(topic, tmp_path, kafka_config=kafka_config, schema_registry={"url": registry.url})
-    result = run(config, InProcessSubmitter(spark))
+    result = run(config, spark_path.submitter())
     assert result.status == COMMITTED and result.rows == 100_000 and result.dead_letters == 0
     assert registry.requests["schema_by_id"] - before <= 32  # per task and id, not per record
     table = read_table(config.table_uri)
@@ -77,7 +77,7 @@ def test_100k_nested_records_via_the_registry_arrive_once_with_their_values(spar
     assert str(table.schema.field("at").type).startswith("timestamp")
 
 
-def test_a_new_optional_field_mid_stream_becomes_a_nullable_column(spark, kafka_config, registry, tmp_path):
+def test_a_new_optional_field_mid_stream_becomes_a_nullable_column(spark_path, kafka_config, registry, tmp_path):
     topic = new_topic(kafka_config, 1)
     v1 = json.dumps({"type": "record", "name": "User", "fields": [
         {"name": "id", "type": "long"}, {"name": "name", "type": "string"}]})
@@ -87,7 +87,7 @@ def test_a_new_optional_field_mid_stream_becomes_a_nullable_column(spark, kafka_
     produce_avro(kafka_config, topic, [{"id": i, "name": f"u{i}"} for i in range(5)], v1, {"url": registry.url}, 1)
     config = config_for(topic, tmp_path, kafka_config=kafka_config, schema_registry={"url": registry.url},
                         schema_evolution=True)
-    submitter = InProcessSubmitter(spark)
+    submitter = spark_path.submitter()
     assert run(config, submitter, "r1").rows == 5
     # two producers interleaved: an old one still on v1, a new one on v2 (registered: the latest)
     for i in range(5, 15):
@@ -103,7 +103,7 @@ def test_a_new_optional_field_mid_stream_becomes_a_nullable_column(spark, kafka_
     assert [rows[i]["email"] for i in range(5, 15)] == [f"u{i}@x" if i % 2 else None for i in range(5, 15)]
 
 
-def test_inline_schema_reads_plain_avro_without_a_registry(spark, kafka_config, tmp_path):
+def test_inline_schema_reads_plain_avro_without_a_registry(spark_path, kafka_config, tmp_path):
     topic = new_topic(kafka_config, 1)
     parsed = fastavro.parse_schema(json.loads(ORDER))
     values = []
@@ -113,7 +113,7 @@ def test_inline_schema_reads_plain_avro_without_a_registry(spark, kafka_config, 
         values.append(out.getvalue())
     produce_raw(kafka_config, topic, values)
     config = config_for(topic, tmp_path, kafka_config=kafka_config, avro_schema=ORDER)
-    assert run(config, InProcessSubmitter(spark)).rows == 50
+    assert run(config, spark_path.submitter()).rows == 50
     rows = sorted(read_table(config.table_uri, ["id", "price", "status"]).to_pylist(), key=lambda r: r["id"])
     assert rows == [{"id": i, "price": order(i)["price"], "status": order(i)["status"]} for i in range(50)]
 
@@ -144,27 +144,27 @@ def test_bad_records_are_dead_letters_with_reasons_and_counts_add_up(spark_path,
     assert sorted(read_table(config.table_uri, ["id"])["id"].to_pylist()) == list(range(6))
 
 
-def test_an_unreachable_registry_is_retryable_and_changes_nothing(spark, kafka_config, registry, tmp_path):
+def test_an_unreachable_registry_is_retryable_and_changes_nothing(spark_path, kafka_config, registry, tmp_path):
     topic = new_topic(kafka_config, 1)
     produce_avro(kafka_config, topic, [{"id": 1, "name": "a"}], json.dumps({
         "type": "record", "name": "Q", "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}]}),
         {"url": registry.url}, 1)
     away = config_for(topic, tmp_path, kafka_config=kafka_config, schema_registry={"url": "http://127.0.0.1:1"})
     with pytest.raises(SchemaRegistryUnavailableError, match=r"http://127.0.0.1:1 is not reachable") as raised:
-        run(away, InProcessSubmitter(spark))
+        run(away, spark_path.submitter())
     assert raised.value.retryable
     assert not (tmp_path / "orders" / "_delta_log").exists() and not (tmp_path / "orders_dlq" / "_delta_log").exists()
     # the registry answers the subject but fails the lookups the Spark tasks make (mid-batch)
     registry.failing = True
     try:
         with pytest.raises(SchemaRegistryUnavailableError, match="503|Service Unavailable"):
-            run(dataclasses.replace(away, schema_registry={"url": registry.url}), InProcessSubmitter(spark), "r2")
+            run(dataclasses.replace(away, schema_registry={"url": registry.url}), spark_path.submitter(), "r2")
     finally:
         registry.failing = False
     assert not (tmp_path / "orders" / "_delta_log").exists() and not (tmp_path / "orders_dlq" / "_delta_log").exists()
 
 
-def test_an_incompatible_writer_schema_fails_the_batch_naming_it(spark, kafka_config, registry, tmp_path):
+def test_an_incompatible_writer_schema_fails_the_batch_naming_it(spark_path, kafka_config, registry, tmp_path):
     topic = new_topic(kafka_config, 1)
     reader = json.dumps({"type": "record", "name": "S", "fields": [{"name": "id", "type": "long"}]})
     writer = json.dumps({"type": "record", "name": "S", "fields": [{"name": "id", "type": "string"}]})
@@ -174,13 +174,13 @@ def test_an_incompatible_writer_schema_fails_the_batch_naming_it(spark, kafka_co
     config = config_for(topic, tmp_path, kafka_config=kafka_config, schema_registry={"url": registry.url})
     with pytest.raises(IncompatibleSchemaError, match=rf"writer schema id \d+ cannot be read as {topic}-value "
                                                       r"version 1") as raised:
-        run(config, InProcessSubmitter(spark))
+        run(config, spark_path.submitter())
     assert not raised.value.retryable
     assert not (tmp_path / "orders" / "_delta_log").exists()
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"value_format": "xml"}, "value_format 'xml' is not supported"),
+    ({"value_format": "xml"}, "value_format='xml' is not understood .*use one of json, avro, raw"),
     ({}, "Avro without an inline schema needs a Schema Registry"),
     ({"avro_schema": '{"type": "record", "name": "R"}'}, "not a valid Avro schema"),
     ({"avro_schema": "{not json"}, "is not JSON"),
@@ -193,7 +193,7 @@ def test_bad_decoding_options_are_one_line_config_errors(kafka_config, tmp_path,
     assert "\n" not in str(raised.value)
 
 
-def test_avro_keys_beside_json_values(spark, kafka_config, tmp_path):
+def test_avro_keys_beside_json_values(spark_path, kafka_config, tmp_path):
     topic = new_topic(kafka_config, 1)
     key_schema = json.dumps({"type": "record", "name": "K", "fields": [{"name": "k", "type": "string"}]})
     parsed = fastavro.parse_schema(json.loads(key_schema))
@@ -210,7 +210,7 @@ def test_avro_keys_beside_json_values(spark, kafka_config, tmp_path):
     config = config_for(topic, tmp_path, kafka_config=kafka_config, value_format="json", value_schema="id INT",
                         key_format="avro", key_avro_schema=key_schema,
                         sql="SELECT topic, partition, offset, key_data.k AS k, data.id AS id FROM source")
-    result = run(config, InProcessSubmitter(spark))
+    result = run(config, spark_path.submitter())
     assert result.rows == 2 and result.dead_letters == 2
     assert sorted(read_table(config.table_uri, ["id", "k"]).to_pylist(), key=lambda r: r["id"]) == [
         {"id": 1, "k": "a"}, {"id": 2, "k": None}]  # a record without a key is not a bad record

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_eo.decoding.decoder import REASON_COLUMN
 from airflow_eo.driver.dedup import (
     DEDUP_COLUMN, check_dedup_expression, drop_duplicates,
 )
@@ -39,8 +40,8 @@ def split(out) -> tuple[list, list]:
     """(kept, duplicates) as sorted (topic, partition, offset, key) rows; duplicates also
     checked for their reason."""
     kept = out.kept.select("topic", "partition", "offset", DEDUP_COLUMN).collect()
-    dups = out.duplicates.select("topic", "partition", "offset", DEDUP_COLUMN, "reason").collect()
-    assert {r["reason"] for r in dups} <= {"duplicate key"}
+    dups = out.duplicates.select("topic", "partition", "offset", DEDUP_COLUMN, REASON_COLUMN).collect()
+    assert {r[REASON_COLUMN] for r in dups} <= {"duplicate key"}
     return sorted(tuple(r)[:4] for r in kept), sorted(tuple(r)[:4] for r in dups)
 
 
@@ -75,7 +76,7 @@ def test_keys_already_in_the_table_are_dropped_and_files_without_the_column_hold
     assert kept == [("t", 0, 1, "b"), ("t", 0, 3, "c"), ("t", 0, 4, None)]
     assert dups == [("t", 0, 0, "a"), ("t", 0, 2, "a")]  # one in the table, one a later copy
     assert out.kept.columns == [*KAFKA_SCHEMA.names, DEDUP_COLUMN]
-    assert out.duplicates.columns == [*KAFKA_SCHEMA.names, DEDUP_COLUMN, "reason"]
+    assert out.duplicates.columns == [*KAFKA_SCHEMA.names, DEDUP_COLUMN, REASON_COLUMN]
 
 
 def test_only_files_without_the_column_mean_no_keys(spark, tmp_path):

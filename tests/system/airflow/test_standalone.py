@@ -125,18 +125,25 @@ def debug_on_failure(world):
     failed tasks (or, if none, of the newest task logs)."""
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
+        # CI shows the end of the output: the server's log first, then the task logs, and last
+        # a short summary of every run's task states and the error itself
         server = world["server"]
-        print(server.log_tail())
-        paths = []
+        print(server.log_tail(60))
+        paths, states = [], []
         with contextlib.suppress(Exception):
             api = world["api"]
             for run in api.dag_runs(DAG_ID):
-                for task_id, ti in api.task_instances(DAG_ID, run["dag_run_id"]).items():
+                tis = api.task_instances(DAG_ID, run["dag_run_id"])
+                states.append(f"  {run['dag_run_id']}: {run['state']}; " + ", ".join(
+                    f"{t}={ti['state']} (try {ti['try_number']})" for t, ti in sorted(tis.items())))
+                for task_id, ti in tis.items():
                     if ti["state"] not in ("success", "skipped"):
                         paths += server.task_logs(DAG_ID, run["dag_run_id"], task_id)[-1:]
         for path in paths or server.task_logs(DAG_ID)[-2:]:
-            print(server.task_log_tail(path))
+            print(server.task_log_tail(path, 40))
+        print("runs and task states at the failure:\n" + "\n".join(states))
+        print(f"failure: {exc.__class__.__name__}: {str(exc)[:2000]}")
         raise
 
 
@@ -487,3 +494,48 @@ def test_lineage_of_every_ingest_run_and_no_error_in_the_task_logs(world):
             with open(path, errors="replace") as f:
                 expired = [line for line in f if "expired and will be terminated" in line]
             assert not expired, (path, expired[:3])
+
+
+def test_the_exactly_once_tables_page_opens_through_the_api_server_with_a_token(world):
+    """The UI plugin's page, fetched as the UI's navigation entry opens it (its relative href under
+    the API server's base URL), with a token and with the UI's session cookie; refused without.
+    Independent of the tests above: if no run committed yet, it makes one."""
+    import re
+    from urllib.parse import urljoin
+
+    import requests
+
+    server, api, table = world["server"], world["api"], world["table"]
+    with debug_on_failure(world):
+        def committed_runs() -> int:
+            return api.get("/api/v2/assets/events", params={"source_dag_id": DAG_ID, "limit": 1})["total_entries"]
+
+        if not committed_runs():  # run alone: a run that commits (records for every waiting sensor)
+            api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None})
+            api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
+            deadline, start = time.monotonic() + 600, 0
+            while not committed_runs():
+                assert time.monotonic() < deadline, f"no run of {DAG_ID} committed: {api.dag_runs(DAG_ID)}"
+                produce(world["config"], world["topic"], PARTITIONS, partitions=PARTITIONS, prefix="ui", start=start)
+                start += PARTITIONS
+                time.sleep(10)
+        (plugin,) = [p for p in api.get("/api/v2/plugins")["plugins"] if p["name"] == "airflow_eo"]
+        (view,) = plugin["external_views"]
+        assert view["name"] == "Exactly-once tables" and view["destination"] == "nav"
+        page_url = urljoin(server.base_url + "/", view["href"])  # as the UI resolves it (its <base href>)
+        headers = dict(api.session.headers)
+        listed = requests.get(page_url, headers=headers, timeout=60)
+        assert listed.status_code == 200, listed.text[:2000]
+        assert listed.headers["content-type"].startswith("text/html")
+        assert f">{table}</a>" in listed.text and f"<code>{INGEST_ID}</code>" in listed.text and DAG_ID in listed.text
+        href = next(h.replace("&amp;", "&") for h in re.findall(r'href="(table\?[^"]+)"', listed.text))
+        detail = requests.get(urljoin(page_url, href), headers=headers, timeout=60)
+        assert detail.status_code == 200, detail.text[:2000]
+        assert "Recent batches" in detail.text and "Committed offsets" in detail.text
+        for partition, offset in committed_offsets(table, INGEST_ID, world["topic"], PARTITIONS).items():
+            if offset is not None:
+                assert f'<td class="num">{partition}</td><td class="num">{offset:,}</td>' in detail.text
+        token = headers["Authorization"].split(" ", 1)[1]  # the UI's session cookie carries the same JWT
+        assert requests.get(page_url, cookies={"_token": token}, timeout=60).status_code == 200
+        refused = requests.get(page_url, timeout=60)
+        assert refused.status_code == 401 and table not in refused.text

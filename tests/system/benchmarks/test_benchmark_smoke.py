@@ -22,6 +22,7 @@ def test_benchmark_smoke(tmp_path):
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--long-log-commits", "300", "--cache-dir", str(tmp_path / "cache"),
            "--small-records", "100", "--server-batches", "12", "--warm-scale", "0", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
            "--maintenance-rows", "20000", "--out", str(out)]
+    cmd += ["--ui-tables", "3", "--ui-commits", "120"]  # the UI page's list: 3 tables of 120 commits
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -60,3 +61,6 @@ def test_benchmark_smoke(tmp_path):
     assert maintenance["rows"] == 20000 and maintenance["files_after"] == 1
     assert maintenance["compaction"]["numFilesRemoved"] == 200 and maintenance["peak_rss_mb"] > 0
     assert maintenance["read_speedup"] > 0 and "read_after_compaction>=5x_faster" in report["targets"]
+    for key in ("ui.list_first_view", "ui.list", "ui.table_page_first_view", "ui.table_page"):  # through Airflow's app
+        assert 0 < times[key]["min"] <= times[key]["max"] < 600, (key, times[key])
+    assert report["ui"]["tables"] == 3 and "ui_list_3x120<1s" in report["targets"]

@@ -2,7 +2,7 @@
 
 No Spark session and no I/O: the type mapping builds ``pyspark.sql.types`` values, so an
 inline schema is checked when an ingest is configured, before any Spark job starts.
-Decoding records with these schemas is :mod:`airflow_eo.driver.avro`.
+Decoding records with these schemas is :mod:`airflow_eo.decoding.avro`.
 
 Example::
 
@@ -188,7 +188,7 @@ def _plain(schema, strip: frozenset | set = frozenset(_PLAIN_LOGICAL)):
     return out
 
 
-# logical types converted a column at a time in Arrow (airflow_eo.driver.avro_columns)
+# logical types converted a column at a time in Arrow (airflow_eo.decoding.avro_columns)
 COLUMNAR_LOGICAL = frozenset({"date", "timestamp-millis", "timestamp-micros", "local-timestamp-millis",
                               "local-timestamp-micros", "decimal"})
 

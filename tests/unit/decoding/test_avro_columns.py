@@ -12,9 +12,11 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from airflow_eo.avro_schema import is_columnar
-from airflow_eo.driver.avro import AvroColumn, AvroDecoder, _to_arrow
-from airflow_eo.driver.avro_columns import NotColumnar, to_column
+from airflow_eo.compat import arrow_type_of
+from airflow_eo.decoding.avro import AvroColumn, _to_arrow
+from airflow_eo.decoding.avro_columns import NotColumnar, to_column
+from airflow_eo.decoding.avro_types import is_columnar
+from airflow_eo.spec.columns import InlineAvro, Source
 
 MONEY = {"type": "fixed", "name": "Money", "size": 8, "logicalType": "decimal", "precision": 18, "scale": 4}
 SCHEMA = {"type": "record", "name": "Event", "namespace": "t", "fields": [
@@ -53,19 +55,22 @@ def encode(schema: dict, records) -> list[bytes]:
 
 
 def both_paths(schema: dict, values: list):
-    column = AvroColumn("value", "data", json.dumps(schema))
-    arrow_type = AvroDecoder((column,)).arrow_types[0]
+    text = json.dumps(schema)
+    column = AvroColumn(InlineAvro(source=Source.VALUE, schema=text), text)
+    arrow_type = arrow_type_of(column.spark_type())
     records, reasons = column.decode(values)
     return column, arrow_type, (_to_arrow(records, reasons, arrow_type), reasons)
 
 
 def test_the_columnar_column_equals_the_value_by_value_one():
-    values = encode(SCHEMA, [event(i) for i in range(200)]) + [None, b"\x02"]  # a null and a truncated value
+    # a null (already a dead letter, or a null key: no record, no reason) and a truncated value
+    values = encode(SCHEMA, [event(i) for i in range(200)]) + [None, b"\x02"]
     column, arrow_type, (expected, expected_reasons) = both_paths(SCHEMA, values)
     assert is_columnar(SCHEMA)
     array, reasons = column.to_arrow(values, arrow_type)
     assert array.type == arrow_type and array.equals(expected), array.to_pylist()[:2]
-    assert reasons == expected_reasons and reasons[-2] == "value is null" and "not decodable" in reasons[-1]
+    assert reasons == expected_reasons and reasons[-2] is None and "not decodable" in reasons[-1]
+    assert array[200].as_py() is None
     assert array[0].as_py()["price"] == Decimal("0.00") and array[5].as_py()["price"] == Decimal("-0.35")
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from airflow_eo.avro_schema import canonical, check_schema, converter, is_columnar, named_types, parse, resolve, \
+from airflow_eo.decoding.avro_types import canonical, check_schema, converter, is_columnar, named_types, parse, resolve, \
     spark_type
 from airflow_eo.errors import ConfigError
 

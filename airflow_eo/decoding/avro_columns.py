@@ -3,7 +3,7 @@
 fastavro turns each timestamp into a ``datetime`` and each decimal into a ``Decimal``, and
 Arrow then turns them back into integers: for a record with a timestamp and a decimal that
 is a third of the decode time (``./dev bench --only decode``). When every record of a batch
-was written with the reader schema itself, :class:`airflow_eo.driver.avro.AvroColumn` reads
+was written with the reader schema itself, :class:`airflow_eo.decoding.avro.AvroColumn` reads
 them with those logical types removed (integers and bytes) and this module converts the
 finished Arrow column: timestamps and dates by a cast, decimals from their big-endian two's
 complement bytes into decimal128 buffers.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from airflow_eo.avro_schema import named_types, resolve
+from airflow_eo.decoding.avro_types import named_types, resolve
 
 _MIN_MS, _MAX_MS = -62_135_596_800_000, 253_402_300_799_999  # 0001-01-01 .. 9999-12-31 (UTC)
 _MIN_DAY, _MAX_DAY = -719_162, 2_932_896

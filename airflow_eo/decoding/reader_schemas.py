@@ -1,0 +1,84 @@
+"""Reader schemas of registry columns: resolved once when a batch is planned, pinned in its plan, replayed from there.
+
+"Read with the latest version of the subject" is a nondeterministic choice, like "read up to the
+end offset": a retry after a new version was registered would decode the same records with
+another reader schema. So the subject's version is resolved when the batch is planned
+(:func:`pin`: one registry call per registry column), logged with the plan
+(:attr:`airflow_eo.planning.BatchPlan.reader_schemas`) and recorded in the batch's commit
+(:class:`airflow_eo.table.metadata.BatchFindings`); every attempt of that plan — a retry, a
+clear, a reprocess months later — reads the pinned schema by its id (:func:`reader_schemas`).
+
+A plan an earlier version logged has no pins: its attempt resolves the version when it starts,
+as that version did, and says so in its log. So does an attempt whose spec now asks for another
+subject or version than the plan pinned (a deliberate change, not a replay).
+
+Example::
+
+    >>> pins = pin(spec.decode.columns, {"url": "http://registry:8081"})          # doctest: +SKIP
+    >>> pins                                                                         # doctest: +SKIP
+    (ReaderSchema(column='value', subject='orders-value', version=3, schema_id=17, requested='latest'),)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+from airflow_eo.decoding.registry import SchemaRegistry
+from airflow_eo.errors import ConfigError
+from airflow_eo.planning import BatchPlan, ReaderSchema
+from airflow_eo.spec.columns import ColumnSpec, RegistryAvro, Source, require_registry
+
+log = logging.getLogger(__name__)
+
+
+def pin(columns: tuple[ColumnSpec, ...], registry_config: Mapping[str, object] | None) -> tuple[ReaderSchema, ...]:
+    """The reader schema version each registry column of ``columns`` reads (plan time)."""
+    wanted = [c for c in columns if isinstance(c, RegistryAvro)]
+    if not wanted:
+        return ()
+    require_registry(columns, registry_config is not None)
+    registry = SchemaRegistry(dict(registry_config or {}))
+    return tuple(_resolve(registry, c)[0] for c in wanted)
+
+
+def _resolve(registry: SchemaRegistry, column: RegistryAvro) -> tuple[ReaderSchema, str]:
+    if not column.subject:
+        raise ConfigError(f"{column.source.option('value_subject')} is not set: name the registry subject of the "
+                          f"{column.source.value}s' reader schema")
+    found = registry.version(column.subject, column.requested)
+    return ReaderSchema(column.source.value, found.subject, found.version, found.schema_id, column.requested), \
+        found.schema
+
+
+def pinned_for(column: RegistryAvro, pins: tuple[ReaderSchema, ...] | None) -> ReaderSchema | None:
+    """The pin of ``column`` among ``pins``: same column, subject and requested version."""
+    return next((p for p in pins or () if (p.column, p.subject, p.requested) ==
+                 (column.source.value, column.subject, column.requested)), None)
+
+
+def reader_schemas(columns: tuple[ColumnSpec, ...], registry: SchemaRegistry | None,
+                   plan: BatchPlan) -> dict[Source, tuple[ReaderSchema, str]]:
+    """The reader schema and its text of each registry column an attempt of ``plan`` decodes
+    (attempt time): the plan's pin, fetched by its schema id; resolved now where it has none."""
+    found: dict[Source, tuple[ReaderSchema, str]] = {}
+    for column in columns:
+        if not isinstance(column, RegistryAvro) or registry is None:
+            continue
+        pinned = pinned_for(column, plan.reader_schemas)
+        if pinned is None:
+            found[column.source] = _resolve(registry, column)
+            why = ("its plan was logged without reader schema versions (by an earlier version of airflow-eo)"
+                   if plan.reader_schemas is None else "the spec asks for another subject or version than its plan "
+                   "pinned")
+            log.info("batch %s: %s; the %s reader schema (%s %s) is resolved now: %s", plan.batch, why,
+                     column.source.value, column.subject, column.requested, found[column.source][0])
+            continue
+        text = registry.writer_schema(pinned.schema_id)  # a schema id never changes its text
+        if text is None:
+            raise ConfigError(
+                f"the {column.source.value} reader schema pinned in the plan of batch {plan.batch}, {pinned}, is no "
+                f"longer in the Schema Registry at {registry.url}: register it again (nothing was committed)")
+        log.info("batch %s: the %s reader schema is %s, pinned in its plan", plan.batch, column.source.value, pinned)
+        found[column.source] = (pinned, text)
+    return found

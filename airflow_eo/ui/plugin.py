@@ -1,0 +1,61 @@
+"""The Airflow plugin "Exactly-once tables": a page in Airflow's UI, registered by the package's ``airflow.plugins`` entry point.
+
+Installing airflow-eo adds it (``airflow plugins`` lists ``airflow_eo``): the API server
+mounts the page's app (:mod:`airflow_eo.ui.app`) under ``/airflow-eo`` and the UI shows a
+navigation entry "Exactly-once tables" (under Browse) that opens it in the UI's frame. The
+app is built only when Airflow asks for it, so the other processes that load plugins (the
+scheduler, the workers) import nothing of it.
+
+Turn it off with ``[airflow_eo] ui_enabled = False`` (``AIRFLOW__AIRFLOW_EO__UI_ENABLED=False``):
+the plugin then registers no app and no view. ``[airflow_eo] ui_storage_conn_id`` names an
+``aws`` connection the page reads object-store tables with.
+
+Example::
+
+    >>> [view["url_route"] for view in ExactlyOnceTablesPlugin().external_views]   # doctest: +SKIP
+    ['exactly-once-tables']
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+# the Task SDK's class (what providers subclass): a worker with the SDK alone loads the plugin too
+from airflow.sdk.plugins_manager import AirflowPlugin
+
+URL_PREFIX = "/airflow-eo"
+URL_ROUTE = "exactly-once-tables"
+NAME = "Exactly-once tables"
+
+
+def enabled() -> bool:
+    from airflow.sdk.configuration import conf
+
+    return conf.getboolean("airflow_eo", "ui_enabled", fallback=True)
+
+
+@cache
+def _app():
+    from airflow_eo.ui.app import create_app
+
+    return create_app()
+
+
+class ExactlyOnceTablesPlugin(AirflowPlugin):
+    """airflow-eo's page of every exactly-once table (see the module doc)."""
+
+    name = "airflow_eo"
+
+    @property  # type: ignore[override]
+    def fastapi_apps(self) -> list[dict]:
+        if not enabled():
+            return []
+        return [{"app": _app(), "url_prefix": URL_PREFIX, "name": NAME}]
+
+    @property  # type: ignore[override]
+    def external_views(self) -> list[dict]:
+        if not enabled():
+            return []
+        # href is relative: the UI resolves it against Airflow's base URL (<base href> of its page)
+        return [{"name": NAME, "href": URL_PREFIX.lstrip("/") + "/", "destination": "nav", "category": "browse",
+                 "url_route": URL_ROUTE}]
