@@ -122,7 +122,13 @@ def test_server_killed_mid_batch_fails_fast_and_the_retry_commits_once(broker, k
 
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(4.0)  # the read is running on the server
+    # the read is running on the server once its first task writes: 10 tasks of 20,000 offsets on
+    # two cores, so the kill lands with most of them still to run (a fixed sleep raced a fast batch)
+    deadline = time.monotonic() + 120
+    while not (os.path.isdir(table_uri) and staged_dirs(table_uri)) and worker.is_alive():
+        assert time.monotonic() < deadline, "the batch never started writing"
+        time.sleep(0.05)
+    assert worker.is_alive(), f"the batch ended before the server could be killed: {errors}"
     # Spark's own scratch is inside the server's directory, so the kill leaves none in /tmp
     assert any(n.startswith("blockmgr-") for n in os.listdir(os.path.join(scratch, "local")))
     killed_at = time.monotonic()
