@@ -41,11 +41,14 @@ SPARK_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
-# For a Spark application airflow-eo starts (spark-submit, a local session; a session cannot
-# change it): Spark's own output at WARN, so a task log shows airflow-eo's lines (plan,
-# rate, commit, lag), not Spark's INFO chatter; spark_conf={"spark.log.level": "INFO"}
-# brings it back.
-SPARK_APP_DEFAULTS = {**SPARK_DEFAULTS, "spark.log.level": "WARN"}
+# For the Spark applications airflow-eo starts (static: a running application's session cannot
+# change them), the Python worker daemon of airflow_eo.driver.daemon: a Spark task starts without
+# re-reading Spark's own archives, a worker with the reader's imports done (docs/performance.md).
+SPARK_WORKER_DEFAULTS = {"spark.python.daemon.module": "airflow_eo.driver.daemon"}
+# And, for spark-submit and local sessions: Spark's own output at WARN, so a task log shows
+# airflow-eo's lines (plan, rate, commit, lag), not Spark's INFO chatter;
+# spark_conf={"spark.log.level": "INFO"} brings it back.
+SPARK_APP_DEFAULTS = {**SPARK_DEFAULTS, **SPARK_WORKER_DEFAULTS, "spark.log.level": "WARN"}
 
 
 class Env:

@@ -1,5 +1,6 @@
 """At-least-once baseline job: the same Spark read and Parquet write as an exactly-once
-attempt, without ledger read, plan log, attempt marker, stats collection or Delta commit.
+attempt (the direct path: the read tasks write the files), without ledger read, plan log,
+attempt marker or Delta commit.
 
 Run by ``benchmarks/benchmark.py`` through spark-submit with the same settings as
 :class:`airflow_eo.submit.spark_submit.LocalSparkSubmit`, so both sides pay the same JVM start::
@@ -14,11 +15,11 @@ import json
 import sys
 import time
 
-from airflow_eo.attempt import DEFAULT_MAX_OFFSETS_PER_TASK, Secrets, Transform
+from airflow_eo.attempt import DEFAULT_MAX_OFFSETS_PER_TASK, Secrets
+from airflow_eo.driver.direct import read_and_stage
 from airflow_eo.driver.session import build_session
-from airflow_eo.driver.source import read_plan
-from airflow_eo.driver.transforms import apply_transform
 from airflow_eo.planning import OffsetRange
+from airflow_eo.table.storage import TableLocation
 
 
 def main(argv: list[str]) -> int:
@@ -31,8 +32,8 @@ def main(argv: list[str]) -> int:
     spark = build_session("airflow-eo benchmark at-least-once")
     try:
         ready = time.time()
-        source = read_plan(spark, ranges, dict(Secrets.from_env().kafka_config), args.max_offsets_per_task)
-        apply_transform(Transform(), source).write.mode("errorifexists").parquet(f"file://{args.out}")
+        read_and_stage(spark, ranges, dict(Secrets.from_env().kafka_config), args.max_offsets_per_task,
+                       TableLocation.of(args.out), args.out)
         print("AIRFLOW_EO_BENCH " + json.dumps({"session_ready": ready, "write_done": time.time()}), flush=True)
     finally:
         spark.stop()

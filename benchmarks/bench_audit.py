@@ -40,7 +40,7 @@ import time
 
 import psutil
 
-import bench_warm
+import bench_paths
 from airflow_eo.attempt import Env, Secrets
 from airflow_eo.audit import SPARK_THRESHOLD_COLD, SPARK_THRESHOLD_WARM
 from airflow_eo.planning import OffsetRange
@@ -79,7 +79,7 @@ def audit(table: str, kafka_config: dict, path: str, master: str, remote: str | 
           memory: bool = False) -> dict:
     """One ``airflow-eo audit --all`` of ``table`` on ``path`` (:func:`engine_of`): wall seconds, what
     it checked, and (``memory``) its peak PSS."""
-    cmd = [bench_warm.AIRFLOW_EO, "audit", table, "--ingest-id", "bench", "--all", "--json"]
+    cmd = [bench_paths.AIRFLOW_EO, "audit", table, "--ingest-id", "bench", "--all", "--json"]
     if path == "in_process":
         cmd += ["--in-process"]
     elif path.startswith("connect"):
@@ -109,7 +109,7 @@ def audit(table: str, kafka_config: dict, path: str, master: str, remote: str | 
 
 
 def ingest(table: str, kafka_config: dict, records: int, path: str, master: str, remote: str) -> dict:
-    out = bench_warm.cli_ingest(table, TOPIC, kafka_config, records, remote=remote if path == "connect" else None,
+    out = bench_paths.cli_ingest(table, TOPIC, kafka_config, records, remote=remote if path == "connect" else None,
                                 master=master)
     if out["rows"] != records:
         raise RuntimeError(f"ingest ({path}) committed {out['rows']} rows, expected {records}")
@@ -140,7 +140,7 @@ def timed(bench, say, records: int) -> None:
              for p in range(a.partitions)]  # the records the ingest plans (the load is round-robin)
     with ConnectServer(master=a.master, log_file=os.path.join(bench.work, "audit-connect.log")) as server:
         for rep in range(a.repetitions):
-            raw = bench_warm.raw_single_consumer(config, first)
+            raw = bench_paths.raw_single_consumer(config, first)
             bench.record("audit.raw_single_consumer", raw["seconds"])
             for path in (PATHS if rep % 2 == 0 else PATHS[::-1]):
                 table = bench.fresh(f"audit-{path}")

@@ -144,7 +144,7 @@ def table_files(table_uri: str) -> int:
 def run(args, work: str, kafka_config: dict, spark, say, record, interleaved) -> dict:
     """The merge part of ``benchmarks/benchmark.py``: builds, loads, measures; returns the results
     (``record(key, seconds)`` collects the times the report prints)."""
-    from bench_warm import raw_single_consumer
+    from bench_paths import raw_single_consumer
 
     import bench_kafka
     from airflow_eo.planning import OffsetRange

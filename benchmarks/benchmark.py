@@ -10,9 +10,11 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   100,000 commits (``--long-log-commits``; built with deltalake's own commits, ``bench_ledger``);
 * committed rerun (already-committed run key: no Spark);
 * peak memory (PSS) of the Spark process tree for a run ``--memory-multiplier`` times larger;
-* the warm path (``bench_warm``): a batch on a long-lived Spark Connect server against a cold
-  spark-submit, one plain consumer's fetch time, the exactly-once overhead there, where the
-  time goes, and the server's memory after many batches;
+* the warm and cold paths (``bench_paths``, ``--only warm``, ``--only cold``): whole
+  ``airflow-eo ingest`` commands — on a fresh ``airflow-eo connect-server`` (its first batch,
+  steady batches, a small batch, the exactly-once overhead, a larger batch's time per million and
+  the server's memory) and through spark-submit — each 1M batch paired with one plain consumer
+  timed right before it; an unreachable broker; what else loaded the machine during each step;
 * decoding (``bench_decode``): the same nested records as Avro (Schema Registry wire format,
   fastavro in the tasks) and as JSON (Spark's ``from_json``), each one exactly-once ingest;
 * dedup by key (``bench_dedup``): one batch with ``dedup_key`` and a one-day horizon against the
@@ -27,12 +29,14 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   against the same batch appended, recent-heavy and uniform keys, files rewritten after
   ``maintain --z-order``.
 
-Prints a table of medians and min-max, and writes the same as JSON (``--out``)::
+Prints the paths' table (raw time beside each ratio, warnings when the machine was busy), then
+medians and min-max of everything, and writes the same as JSON (``--out``)::
 
     .venv/bin/python benchmarks/benchmark.py                       # full default run
     .venv/bin/python benchmarks/benchmark.py --records 5000 --repetitions 1 \\
         --planning-commits 200 --memory-multiplier 0                # smoke run
-    .venv/bin/python benchmarks/benchmark.py --only warm            # the warm-path part alone
+    .venv/bin/python benchmarks/benchmark.py --only warm            # the warm-path part alone (./dev bench --only warm)
+    .venv/bin/python benchmarks/benchmark.py --only cold            # spark-submit and the unreachable broker
 """
 
 from __future__ import annotations
@@ -59,17 +63,17 @@ import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
 import bench_audit  # noqa: E402
 import bench_merge  # noqa: E402
-import bench_warm  # noqa: E402
+import bench_paths  # noqa: E402
 import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.driver.session import classic_process  # noqa: E402
 from airflow_eo.planning import Interval, OffsetRange  # noqa: E402
-from airflow_eo.submit.connect_server import ConnectServer  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
-PARTS = ["throughput", "planning", "memory", "warm", "decode", "dedup", "maintenance", "ui", "audit", "merge"]
+# The parts, in the order a full run takes them: each a method of Bench (a new part is a method and a name here)
+PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge"]
 
 
 def say(message: str) -> None:
@@ -107,9 +111,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ui-tables", type=int, default=50, help="tables of the UI page's list")
     p.add_argument("--ui-commits", type=int, default=10_000, help="commits of each of them")
     p.add_argument("--audit-multiplier", type=int, default=4, help="the audit's memory check: table size multiple")
-    p.add_argument("--only", choices=PARTS,
-                   action="append",
-                   help="run only these parts (repeatable; default: all)")
+    p.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable; default: all)")
+    p.add_argument("--warm-scale", type=int, default=10,
+                   help="the warm path's large batch, a multiple of --records (time per million, server memory); 0 skips")
     p.add_argument("--dedup-rows", type=int, default=10_000_000, help="rows of the table dedup checks against")
     p.add_argument("--dedup-files", type=int, default=100)
     p.add_argument("--dedup-batch", type=int, default=200_000, help="records of the measured batch")
@@ -131,6 +135,7 @@ class Bench:
         self.results: dict = {}
         self.broker: EmbeddedBroker | None = None
         self.counter = 0
+        self.load = bench_paths.Load()  # what else ran on the machine during each timed step
 
     # -- helpers ---------------------------------------------------------------------
     @property
@@ -270,46 +275,129 @@ class Bench:
         self.stop_broker()
 
 
-    # -- 8: the warm path (Spark Connect) ---------------------------------------------
+    # -- the warm path (Spark Connect) and the cold path against one raw consumer (bench_paths) ----
+    def ranges(self, records: int) -> list[OffsetRange]:
+        a = self.args
+        return [OffsetRange(DATA_TOPIC, p, 0, records // a.partitions) for p in range(a.partitions)]
+
+    def paired(self, label: str, run_ingest, records: int) -> tuple[float, float]:
+        """The raw consumer on the same records right before an ingest: (raw, ingest) seconds."""
+        raw = self.load.measure(f"{label} (raw)", lambda: bench_paths.raw_single_consumer(
+            self.kafka_config, self.ranges(records)))["seconds"]
+        out = self.load.measure(label, run_ingest)
+        say(f"  raw {raw:.2f}s, ingest {out['seconds']:.2f}s" + (f" {out['phases']}" if out.get("phases") else ""))
+        self.record(f"{label}.raw", raw)
+        self.record(label, out["seconds"])
+        return raw, out["seconds"]
+
     def warm(self) -> None:
+        """Each repetition on a fresh `airflow-eo connect-server`: its first 1M batch, then (in
+        interleaved order) a steady 1M batch, a small batch, and the exactly-once / at-least-once pair."""
         a = self.args
         self.start_broker(DATA_TOPIC, a.records)
-        ranges = [OffsetRange(DATA_TOPIC, p, 0, a.records // a.partitions) for p in range(a.partitions)]
-        with ConnectServer(master=a.master, log_file=os.path.join(self.work, "connect.log")) as server:
-            small = [OffsetRange(r.topic, r.partition, 0, a.small_records // a.partitions) for r in ranges]
-            steps = ["warm_small", "cold_small", "raw_single_consumer", "warm_full", "warm_full_in_process",
-                     "warm_at_least_once", "warm_alo_datasource", "warm_alo_small", "warm_alo_small_datasource"]
-            phases: dict[str, list[dict]] = {}
-            for rep, side in interleaved(steps, a.repetitions):
-                say(f"rep {rep + 1}/{a.repetitions}: {side}")
-                if side == "raw_single_consumer":
-                    out = bench_warm.raw_single_consumer(self.kafka_config, ranges)
-                elif side == "warm_at_least_once" or side.startswith("warm_alo"):
-                    out = bench_warm.warm_at_least_once(
-                        server.url, self.kafka_config, small if "small" in side else ranges, self.fresh("alo"),
-                        reader="datasource" if side.endswith("datasource") else "arrow")
-                elif side == "warm_full_in_process":
-                    out = bench_warm.warm_exactly_once_in_process(server.url, self.fresh("eo"), DATA_TOPIC,
-                                                                  self.kafka_config, a.records)
-                    if out["rows"] != a.records:
-                        raise RuntimeError(f"{side} committed {out['rows']} rows, expected {a.records}")
-                else:
-                    records = a.small_records if side.endswith("small") else a.records
-                    out = bench_warm.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records,
-                                                remote=None if side.startswith("cold") else server.url,
-                                                master=a.master)
-                    if out["rows"] != records:
-                        raise RuntimeError(f"{side} committed {out['rows']} rows, expected {records}")
-                    phases.setdefault(side, []).append(out["phases"])
-                self.record(f"warm.{side}", out["seconds"])
-                say(f"  {out['seconds']:.2f}s")
-            self.results["warm_phases"] = {side: {k: statistics.median(p[k] for p in runs if k in p)
-                                                  for k in runs[0]} for side, runs in phases.items()}
-            if a.server_batches:
-                say(f"server memory: {a.server_batches} small batches on one server")
-                self.results["warm_server_rss_mb"] = bench_warm.server_memory(
-                    server.url, server.process.pid, self.work, DATA_TOPIC, self.kafka_config, a.server_batches)
+        out: dict = {"first_over_steady": [], "first_seconds": [], "small_seconds": [], "eo_over_alo": [],
+                     "server_start_seconds": []}
+        steady, phases = [], []
+        steps = ["steady", "small", "alo_eo"]
+        for rep in range(a.repetitions):
+            with bench_paths.ServerCommand(a.master, self.work) as server:
+                out["server_start_seconds"].append(server.start_seconds)
+                say(f"rep {rep + 1}/{a.repetitions}: a fresh connect-server, ready in {server.start_seconds:.1f}s")
+
+                def ingest(records: int, server=server):
+                    return bench_paths.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records,
+                                                  remote=server.url, token=server.token)
+
+                say("  the first 1M batch on it")
+                _, first = self.paired("warm.first", lambda: ingest(a.records), a.records)
+                for step in (steps if rep % 2 == 0 else steps[::-1]):
+                    say(f"  {step}")
+                    if step == "steady":
+                        steady.append(self.paired("warm.steady", lambda: ingest(a.records), a.records))
+                        out["first_over_steady"].append(first / steady[-1][1])
+                        out["first_seconds"].append(first)
+                    elif step == "small":
+                        small = self.load.measure("warm.small", lambda: ingest(a.small_records))
+                        phases.append(small["phases"])
+                        out["small_seconds"].append(small["seconds"])
+                        self.record("warm.small", small["seconds"])
+                        say(f"  {small['seconds']:.2f}s {small['phases']}")
+                    else:
+                        pair = ["alo", "eo"] if rep % 2 == 0 else ["eo", "alo"]
+                        took = {}
+                        for side in pair:
+                            took[side] = self.load.measure(f"warm.{side}", lambda side=side: (
+                                bench_paths.warm_at_least_once(server.url, server.token, self.kafka_config,
+                                                               self.ranges(a.records), self.fresh("alo"))
+                                if side == "alo" else
+                                bench_paths.warm_exactly_once(server.url, server.token, self.fresh("eo"), DATA_TOPIC,
+                                                              self.kafka_config, a.records)))["seconds"]
+                            self.record(f"warm.in_process_{side}", took[side])
+                        out["eo_over_alo"].append(took["eo"] / took["alo"])
+                        say(f"  exactly-once {took['eo']:.2f}s, at-least-once {took['alo']:.2f}s")
+                if rep == a.repetitions - 1 and a.server_batches:
+                    say(f"server memory: {a.server_batches} small batches on one server")
+                    self.results["warm_server_pss_mb"] = bench_paths.server_memory(
+                        server.url, server.token, server.pid, self.work, DATA_TOPIC, self.kafka_config, a.server_batches)
+        out["steady_1m"] = bench_paths.pairs_summary(steady)
+        out["small_phases"] = {k: statistics.median(p[k] for p in phases if k in p) for k in phases[0]} if phases else {}
         self.stop_broker()
+        if a.warm_scale > 1:
+            out["scale"] = self.warm_scale(out["steady_1m"]["ingest_median"])
+        self.results["warm_paths"] = out
+
+    def warm_scale(self, steady_seconds: float) -> dict:
+        """A batch of --warm-scale times --records on a warm server: its time per million against the
+        steady batches' (``steady_seconds``, on a broker holding --records), and the server's peak
+        memory against a --records batch on the same server and broker. Not the time of that batch:
+        noida-db answers a fetch with the whole rest of the partition, so on a broker holding the
+        large set a small batch fetches as much as the large one."""
+        a = self.args
+        big = a.records * a.warm_scale
+        self.start_broker(DATA_TOPIC, big)
+        with bench_paths.ServerCommand(a.master, self.work) as server:
+            took, peak = {}, {}
+            for label, records in (("warm-up", a.records), ("1m", a.records), ("big", big)):
+                with bench_paths.PeakPss(server.pid) as pss:
+                    took[label] = self.load.measure(f"warm.scale.{label}", lambda records=records: bench_paths.cli_ingest(
+                        self.fresh("eo"), DATA_TOPIC, self.kafka_config, records, remote=server.url,
+                        token=server.token))["seconds"]
+                peak[label] = pss.peak
+                say(f"  {records:,} records: {took[label]:.1f}s, server peak PSS {pss.peak:.0f} MB")
+        self.stop_broker()
+        return {"records": big, "seconds": took["big"], "seconds_1m": steady_seconds, "peak_pss_mb": peak["big"],
+                "peak_pss_mb_1m": peak["1m"], "seconds_1m_same_broker": took["1m"],
+                "per_million_ratio": (took["big"] / big) / (steady_seconds / a.records)}
+
+    def cold(self) -> None:
+        """spark-submit: a 1M batch (with the raw consumer right before it) and a small batch,
+        interleaved; then an unreachable broker."""
+        a = self.args
+        self.start_broker(DATA_TOPIC, a.records)
+        out: dict = {"small_seconds": [], "unreachable_seconds": []}
+        full, steps = [], ["full", "small"]
+
+        def ingest(records: int):
+            return bench_paths.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records, master=a.master)
+
+        for rep in range(a.repetitions):
+            for step in (steps if rep % 2 == 0 else steps[::-1]):
+                say(f"rep {rep + 1}/{a.repetitions}: cold {step}")
+                if step == "full":
+                    full.append(self.paired("cold.full", lambda: ingest(a.records), a.records))
+                else:
+                    small = self.load.measure("cold.small", lambda: ingest(a.small_records))
+                    out["small_seconds"].append(small["seconds"])
+                    self.record("cold.small", small["seconds"])
+                    say(f"  {small['seconds']:.2f}s {small['phases']}")
+        self.stop_broker()
+        for _ in range(a.repetitions):
+            took = self.load.measure("unreachable", lambda: bench_paths.unreachable_broker(self.work))
+            out["unreachable_seconds"].append(took["seconds"])
+            self.record("unreachable_broker", took["seconds"])
+            say(f"unreachable broker: {took['seconds']:.2f}s: {took['error'][:120]}")
+        out["full_1m"] = bench_paths.pairs_summary(full)
+        self.results["cold_paths"] = out
 
 
     # -- decoding: Avro (registry) against JSON, same records, same path ------------------
@@ -435,8 +523,12 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     r = ratios(bench.times, args)
     report = {"machine": machine(), "args": vars(args), "seconds_total": time.monotonic() - started,
-              "times": {k: summary(v) for k, v in bench.times.items()}, "ratios": r, **bench.results}
+              "load_average_at_end": os.getloadavg(), "times": {k: summary(v) for k, v in bench.times.items()},
+              "ratios": r, **bench.results}
     report["targets"] = targets(r, bench.times, bench.results)
+    report["rows"] = bench_paths.rows({**bench.results, "records": args.records, "small_records": args.small_records})  # the warm and cold paths' table (docs/performance.md)
+    report["other_load"] = bench.load.steps
+    report["warnings"] = bench_paths.warnings(bench.results, bench.load)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)

@@ -33,11 +33,9 @@ from airflow_eo.decoding.avro_types import check_schema
 from airflow_eo.decoding.reader_schemas import reader_schemas
 from airflow_eo.decoding.registry import SchemaRegistry
 from airflow_eo.planning import BatchPlan, ReaderSchema
-from airflow_eo.spec.columns import (  # noqa: F401 - Format: the example
-    ColumnSpec, Format, InlineAvro, RegistryAvro, Source, column_of, require_registry,
+from airflow_eo.spec.columns import (  # noqa: F401 - Format: the example; REASON_COLUMN: re-exported
+    REASON_COLUMN, ColumnSpec, Format, InlineAvro, RegistryAvro, Source, column_of, require_registry,
 )
-
-REASON_COLUMN = "_airflow_eo_reason"  # a record's dead-letter reason while it is decoded; null when it decoded
 
 
 class ColumnDecoder(Protocol):

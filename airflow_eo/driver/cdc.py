@@ -34,9 +34,9 @@ from __future__ import annotations
 import enum
 
 from airflow_eo.attempt import KEY_COLUMNS, Attempt
-from airflow_eo.decoding.decoder import REASON_COLUMN
 from airflow_eo.errors import ConfigError
 from airflow_eo.spec import CdcFormat, IngestSpec
+from airflow_eo.spec.columns import REASON_COLUMN
 
 DATA, KEY_DATA = "data", "key_data"  # the decoders' columns (airflow_eo.driver.decode)
 OP, TS_MS = "op", "ts_ms"
@@ -101,7 +101,7 @@ def _fields(data_type) -> list[str]:
 def unwrap(df):
     """The Debezium events of ``df`` (decoded, with ``data``) as rows, and the records that are
     no change events: ``(events, not_events)``, the latter with their dead-letter reason
-    (:data:`~airflow_eo.decoding.decoder.REASON_COLUMN`).
+    (:data:`~airflow_eo.spec.columns.REASON_COLUMN`).
 
     ``events`` has the Kafka columns (but ``value`` and ``data``), the row's fields, ``op`` and
     ``ts_ms``; no-op events (tombstones, ``t``, ``m``) are in neither."""

@@ -30,15 +30,15 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
-from airflow_eo.decoding.decoder import record_decoder
 from airflow_eo.driver import merge as merging
 from airflow_eo.driver.cdc import decoding_attempt
-from airflow_eo.driver.dead_letters import DeadLetters
-from airflow_eo.driver.dedup import deduplicate, with_key_column
+from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
@@ -55,8 +55,11 @@ from airflow_eo.table.commit import (
 )
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, LateRecords
-from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.staging import StagedFile, StagingArea
 from airflow_eo.table.storage import TableLocation
+
+if TYPE_CHECKING:
+    from airflow_eo.driver.dead_letters import DeadLetters
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +80,78 @@ def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
         raise
 
 
+@dataclass(frozen=True)
+class Staged:
+    """Steps 1-4's outcome: the staged files and what the commit records beside them."""
+
+    files: list[StagedFile]
+    rows: dict[str, int]
+    arrow_schema: pa.Schema
+    planned: float  # when the read was planned (monotonic): the phase timings
+    reader_schemas: tuple = ()
+    dead: "DeadLetters | None" = None
+    dropped: int | None = None
+    late: dict | None = None
+    merged: "merging.MergedBatch | None" = None
+
+
 def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea) -> CommitOutcome:
     started = time.monotonic()
     plan, storage_options = attempt.plan, secrets.storage_options
-    location = staging.loc
     failpoint("before_read")
+    planned_offsets = sum(r.size for r in plan.data_ranges)
+    direct = DirectStage.of(attempt)  # identity or a projection of the Kafka columns: the read tasks write
+    if direct is not None:
+        with Progress(spark, plan.batch, planned_offsets):
+            planned = time.monotonic()
+            files, rows = direct.stage(spark, attempt, secrets, staging.loc, staging.attempt_path(plan))
+        late = None
+        if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
+            late = late_records(files, staging.loc, direct.arrow_schema, plan.interval.start_ms, None)
+        out = Staged(files, rows, direct.arrow_schema, planned, late=late)
+    else:
+        out = _stage_with_spark(spark, attempt, secrets, staging, planned_offsets)
+    staged = time.monotonic()
+    # phase timings: where a run's time goes (README "Performance")
+    log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
+             "in %.2fs", plan.batch, out.planned - started, sum(out.rows.values()), len(out.files),
+             staged - out.planned)
+    if out.merged is not None:
+        info = out.merged.info
+        log.info("batch %s: merge by %s: %d change(s) → %d inserted, %d updated, %d deleted; %d table file(s) "
+                 "rewritten (%d rows copied)", plan.batch, list(info.key), info.changes, info.inserted, info.updated,
+                 info.deleted, info.files_rewritten, info.rows_rewritten)
+    failpoint("after_stage")
+    failpoint("before_commit")
+    batch = StagedBatch(plan, tuple(out.files), out.rows, out.arrow_schema, attempt.partition_by)
+    if out.dropped is not None:
+        log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, out.dropped,
+                 attempt.dedup.key)
+    if out.late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
+        log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, out.late["records"])
+    # what the commit records beside the rows: the one builder the quiet-interval commit uses too
+    findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(out.dead.manifest()) if out.dead else None,
+                                out.dropped, LateRecords(**out.late) if out.late is not None else None,
+                                out.reader_schemas)
+    outcome = commit_staged(attempt, staging, batch, findings, storage_options, out.merged)
+    log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
+             time.monotonic() - staged)
+    failpoint("after_commit")
+    if outcome.status == ALREADY_COMMITTED:
+        log.info("batch %s was already committed by an earlier attempt", plan.batch)
+    return outcome
+
+
+def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea,
+                      planned_offsets: int) -> Staged:
+    """Steps 1-4 through Spark: read, decode, transform, stage (Spark's Parquet writer, the
+    tasks' on object stores, or a merge's winners and rewritten files)."""
+    # imported here: the registry client they import is ~0.2 s of every warm command that needs none
+    from airflow_eo.decoding.decoder import record_decoder
+    from airflow_eo.driver.dead_letters import DeadLetters
+    from airflow_eo.driver.dedup import deduplicate, with_key_column
+
+    plan, storage_options, location = attempt.plan, secrets.storage_options, staging.loc
     decoding = decoding_attempt(attempt)  # Debezium JSON: the envelope's DDL around the row's
     # None unless keys or values are decoded or checked; registry reader schemas as the plan pinned them
     decoder, reader_schemas = record_decoder(decoding.decode.columns, secrets.schema_registry, plan)
@@ -90,7 +160,6 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     dead = DeadLetters.of(source, decoding, secrets)  # None unless decoding
     merged = changes = None
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
-    planned_offsets = sum(r.size for r in plan.data_ranges)
     with Progress(spark, plan.batch, planned_offsets):  # Spark itself is at WARN
         try:
             if dead is not None:
@@ -144,32 +213,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
     rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files)
-    staged = time.monotonic()
-    # phase timings: where a run's time goes (README "Performance")
-    log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
-             "in %.2fs", plan.batch, planned - started, sum(rows.values()), len(files), staged - planned)
-    if merged is not None:
-        info = merged.info
-        log.info("batch %s: merge by %s: %d change(s) → %d inserted, %d updated, %d deleted; %d table file(s) "
-                 "rewritten (%d rows copied)", plan.batch, list(info.key), info.changes, info.inserted, info.updated,
-                 info.deleted, info.files_rewritten, info.rows_rewritten)
-    failpoint("after_stage")
-    failpoint("before_commit")
-    batch = StagedBatch(plan, tuple(files), rows, arrow_schema, attempt.partition_by)
-    if dropped is not None:
-        log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, dropped, attempt.dedup.key)
-    if late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
-        log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, late["records"])
-    # what the commit records beside the rows: the one builder the quiet-interval commit uses too
-    findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(dead.manifest()) if dead is not None else None,
-                                dropped, LateRecords(**late) if late is not None else None, reader_schemas)
-    outcome = commit_staged(attempt, staging, batch, findings, storage_options, merged)
-    log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
-             time.monotonic() - staged)
-    failpoint("after_commit")
-    if outcome.status == ALREADY_COMMITTED:
-        log.info("batch %s was already committed by an earlier attempt", plan.batch)
-    return outcome
+    return Staged(files, rows, arrow_schema, planned, reader_schemas, dead, dropped, late, merged)
 
 
 def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, findings: BatchFindings,

@@ -1,11 +1,15 @@
 """Staging writes: a batch's rows become Parquet files in the attempt's own directory.
 
-Local tables are written by Spark's Parquet writer. On object stores Spark writes
-``s3a://`` only with the ``hadoop-aws`` jar, which cannot be installed where this project
-runs (no Maven), so the executors write instead, each its own files, with pyarrow through
-:mod:`airflow_eo.table.storage` (the same storage options deltalake commits with): ``df.mapInArrow`` hands every task its Arrow batches, the task streams them into
-``<table>/b<batch>-<attempt>/part-<task>-<uuid>.parquet`` and yields one row per file it
-wrote (path, size, rows) back to the driver.
+Two writers. Spark's Parquet writer, for local tables whose rows a transform computed in
+Spark. And the tasks' own pyarrow writer (:func:`task_writer`): each Spark task streams its
+Arrow batches into ``<table>/b<batch>-<attempt>/part-<task>-<uuid>.parquet`` through
+:mod:`airflow_eo.table.storage` (the same storage options deltalake commits with) and yields
+one row per file it wrote back to the driver: path, size, rows, the Delta stats from the
+footer it just wrote, rows per Kafka partition — so the driver reads no file back. It is what
+object stores use (Spark writes ``s3a://`` only with the ``hadoop-aws`` jar, which cannot be
+installed where this project runs: no Maven, so ``df.mapInArrow`` hands it the rows), and what
+the direct path uses (:mod:`airflow_eo.driver.direct`: the reading tasks write their records
+themselves, no row crosses into the JVM).
 
 Only files reported by *successful* tasks are staged: a retried or speculative task
 attempt that died after writing leaves a file in the attempt directory that no
@@ -28,11 +32,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_eo.table.partitioning import format_value, partition_dir
-from airflow_eo.table.staging import StagedFile, StagingArea
+from airflow_eo.table.files import StagedFile
+from airflow_eo.table.partitioning import format_value, partition_dir, partition_values_of
+from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation, is_local
 
-WRITTEN_SCHEMA = "path string, size long, rows long"
+WRITTEN_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()), ("mtime", pa.int64()), ("rows", pa.int64()),
+                            ("stats", pa.string()), ("partition_rows", pa.string())])
+
+
+def written_struct():
+    """:data:`WRITTEN_SCHEMA` as a Spark ``StructType``: a plan declares it without Spark's SQL
+    parser, whose first use costs a cold spark-submit job about a second (a DDL string would)."""
+    from airflow_eo.compat import spark_schema_of
+
+    return spark_schema_of(WRITTEN_SCHEMA)
+# Rows buffered into one Parquet row group: a row group per Arrow batch (10,000 records) would make
+# files of many small row groups, which compress worse and read slower; Spark writes 128 MB ones.
+ROW_GROUP_BYTES = 64 * 2**20
 
 
 def split_by_partition(batch: pa.RecordBatch, partition_by: tuple[str, ...]):
@@ -51,43 +68,126 @@ def split_by_partition(batch: pa.RecordBatch, partition_by: tuple[str, ...]):
         yield partition_dir({c: format_value(v) for c, v in values.items()}), rows.combine_chunks().to_batches()[0]
 
 
-def _task_writer(table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema,
-                 partition_by: tuple[str, ...] = ()):
-    """The function each Spark task runs (pickled to the executors' Python workers): one file
-    per partition directory the task's rows fall into."""
+def rows_per_kafka_partition(batch: pa.RecordBatch) -> dict[str, int]:
+    """``{"topic[partition]": rows}`` of one batch (one pass; a reader's batch holds one partition)."""
+    topics, partitions = batch.column("topic"), batch.column("partition")
+    if topics.null_count == 0 and partitions.null_count == 0 and pc.count_distinct(topics).as_py() == 1 \
+            and pc.count_distinct(partitions).as_py() == 1:
+        return {f"{topics[0].as_py()}[{partitions[0].as_py()}]": batch.num_rows}
+    counts = pa.Table.from_batches([batch.select(["topic", "partition"])]).group_by(
+        ["topic", "partition"]).aggregate([([], "count_all")])
+    return {f"{t}[{p}]": n for t, p, n in zip(counts["topic"].to_pylist(), counts["partition"].to_pylist(),
+                                              counts["count_all"].to_pylist())}
+
+
+class _OpenFile:
+    """One Parquet file a task is writing: rows are buffered into row groups of ROW_GROUP_BYTES."""
+
+    def __init__(self, location: TableLocation, path: str, schema: pa.Schema):
+        self.path, self.schema = path, schema
+        self.stream = location.fs.open_output_stream(path)
+        self.writer = pq.ParquetWriter(self.stream, schema)
+        self.buffered: list[pa.RecordBatch] = []
+        self.buffered_bytes = 0
+        self.rows = 0
+
+    def add(self, rows: pa.RecordBatch) -> None:
+        self.buffered.append(rows)
+        self.buffered_bytes += rows.nbytes
+        self.rows += rows.num_rows
+        if self.buffered_bytes >= ROW_GROUP_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffered:
+            table = pa.Table.from_batches(self.buffered, schema=self.schema)
+            self.writer.write_table(table, row_group_size=table.num_rows)
+            self.buffered, self.buffered_bytes = [], 0
+
+    def close(self) -> None:
+        try:
+            self.flush()
+            self.writer.close()
+        finally:
+            self.stream.close()  # an S3 object exists only once its upload is closed
+
+
+def task_writer(table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema,
+                partition_by: tuple[str, ...] = ()):
+    """The function each Spark task runs (pickled to the executors' Python workers): it streams
+    its Arrow batches into one Parquet file per partition directory they fall into, and yields
+    one row per file (:data:`WRITTEN_SCHEMA`: path, size, modification time, rows, the Delta
+    stats from the file's own footer; the task's rows per Kafka partition as JSON on its first
+    file's row), so the driver reads nothing back."""
     file_schema = pa.schema([f for f in arrow_schema if f.name not in partition_by])
 
     def write(batches):
+        import json
+        import time
+
         from pyspark import TaskContext
+
+        from airflow_eo.table.staging import file_stats
 
         location = TableLocation.of(table_uri, storage_options)
         task = TaskContext.get().partitionId() if TaskContext.get() else 0
-        open_files: dict[str, list] = {}  # directory -> [path, stream, writer, rows]; empty tasks write none
+        open_files: dict[str, _OpenFile] = {}  # directory -> file; empty tasks write none
+        kafka_rows: dict[str, int] = {}  # the task's rows per Kafka partition, over all its files
         try:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                for directory, rows in split_by_partition(batch.cast(arrow_schema), partition_by):
+                batch = batch.cast(arrow_schema) if batch.schema != arrow_schema else batch
+                for key, n in rows_per_kafka_partition(batch).items():
+                    kafka_rows[key] = kafka_rows.get(key, 0) + n
+                for directory, rows in split_by_partition(batch, partition_by):
                     entry = open_files.get(directory)
                     if entry is None:
                         folder = f"{target}/{directory}" if directory else target
                         location.fs.create_dir(folder, recursive=True)
-                        path = f"{folder}/part-{task:05d}-{uuid.uuid4().hex}.parquet"
-                        stream = location.fs.open_output_stream(path)
-                        entry = open_files[directory] = [path, stream, pq.ParquetWriter(stream, file_schema), 0]
-                    entry[2].write_batch(rows)
-                    entry[3] += rows.num_rows
+                        entry = open_files[directory] = _OpenFile(
+                            location, f"{folder}/part-{task:05d}-{uuid.uuid4().hex}.parquet", file_schema)
+                    entry.add(rows)
         finally:
-            for _, stream, writer, _ in open_files.values():
-                writer.close()
-                stream.close()  # an S3 object exists only once its upload is closed
+            for entry in open_files.values():
+                entry.close()
         if open_files:
             entries = list(open_files.values())
-            yield pa.RecordBatch.from_pydict({"path": [e[0] for e in entries],
-                                              "size": [location.fs.get_file_info(e[0]).size for e in entries],
-                                              "rows": [e[3] for e in entries]})
+            infos = [location.fs.get_file_info(e.path) for e in entries]
+            yield pa.RecordBatch.from_pydict(schema=WRITTEN_SCHEMA, mapping={
+                "path": [e.path for e in entries],
+                "size": [i.size for i in infos],
+                "mtime": [int(i.mtime.timestamp() * 1000) if i.mtime else int(time.time() * 1000) for i in infos],
+                "rows": [e.rows for e in entries],
+                "stats": [json.dumps(file_stats(e.writer.writer.metadata)) for e in entries],
+                "partition_rows": [json.dumps(kafka_rows if i == 0 else {}) for i in range(len(entries))],
+            })
 
     return write
+
+
+def staged_from_reports(location: TableLocation, target: str, written: list) -> tuple[list[StagedFile], dict[str, int]]:
+    """The files the successful tasks reported (rows of :data:`WRITTEN_SCHEMA`) as staged files, and
+    the rows per Kafka partition they hold. One listing of ``target`` checks that the store has
+    every reported file (no footer is read again)."""
+    import json
+
+    present = {info.path: info.size for info in location.list_files(target)}
+    missing = sorted(row["path"] for row in written if present.get(row["path"]) != row["size"])
+    if missing:
+        raise FileNotFoundError(
+            f"{len(missing)} staged file(s) reported by Spark tasks are not readable under {target} "
+            f"(e.g. {missing[0]}): the object store lost a write; nothing was committed"
+        )
+    files, rows = [], {}
+    for row in written:
+        relative = location.relative(row["path"])
+        files.append(StagedFile(path=relative, size=row["size"], modification_time=row["mtime"],
+                                num_records=row["rows"], stats=row["stats"],
+                                partition_values=partition_values_of(relative)))
+        for key, n in json.loads(row["partition_rows"]).items():
+            rows[key] = rows.get(key, 0) + n
+    return sorted(files, key=lambda f: f.path), rows
 
 
 def stage_with_arrow(df, location: TableLocation, target: str, storage_options: dict | None,
@@ -100,18 +200,9 @@ def stage_with_arrow(df, location: TableLocation, target: str, storage_options: 
     from airflow_eo.driver.session import for_session
 
     with for_session(df):  # only the plan is built under the mark; running it needs none
-        plan = df.mapInArrow(_task_writer(location.uri, storage_options, target, arrow_schema, partition_by),
-                             WRITTEN_SCHEMA)
-    written = plan.collect()
-    reported = {row["path"]: row["rows"] for row in written}
-    staged = StagingArea(location).staged_files(target, only=set(reported))
-    missing = set(reported) - {location.join(f.path) for f in staged}
-    if missing:
-        raise FileNotFoundError(
-            f"{len(missing)} staged file(s) reported by Spark tasks are not readable under {target} "
-            f"(e.g. {sorted(missing)[0]}): the object store lost a write; nothing was committed"
-        )
-    return staged
+        plan = df.mapInArrow(task_writer(location.uri, storage_options, target, arrow_schema, partition_by),
+                             written_struct())
+    return staged_from_reports(location, target, plan.collect())[0]
 
 
 def stage(df, location: TableLocation, target: str, storage_options: dict | None,

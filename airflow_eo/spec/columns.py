@@ -29,6 +29,7 @@ from airflow_eo.errors import ConfigError
 # The columns decoded keys and values land in (what transforms and dedup keys name)
 DATA_COLUMN, KEY_DATA_COLUMN = "data", "key_data"
 LATEST = "latest"
+REASON_COLUMN = "_airflow_eo_reason"  # a record's dead-letter reason while it is decoded; null when it decoded
 
 
 class Format(str, enum.Enum):

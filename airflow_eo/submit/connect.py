@@ -50,6 +50,16 @@ def detach(spark) -> None:
     close_client_once(spark)
 
 
+def close_clients() -> None:
+    """Close this process's clients (their pending release calls are sent); the server-side
+    shared session stays for the next batch."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for spark in clients:
+        detach(spark)
+
+
 def server_version(spark) -> str:
     """The airflow-eo version of the server's Python workers (the ones that read Kafka)."""
     declared = spark.conf.get(VERSION_CONF, None)
@@ -134,20 +144,42 @@ class ConnectSubmitter:
         self._lock = threading.Lock()
         self._session = None
         self._tag: str | None = None
+        self._preparing: threading.Thread | None = None
         self.submissions = 0
+
+    def prepare(self) -> None:
+        """Start attaching this process's client in the background (pyspark's Connect client
+        imports ~0.5 s of modules, then opens the channel and sets the session's conf), while the
+        caller plans the batch; :meth:`session` waits for it. A failure here is left to
+        :meth:`session` to raise. For a command that exits after one run, not for a task process
+        that may fork (a thread inside an import or a gRPC call does not survive a fork)."""
+        def attach() -> None:
+            try:
+                check_version(self._session_now(), self.url)
+            except Exception:  # session() and submit() try again and raise what they find
+                pass
+
+        if self._preparing is None:
+            self._preparing = threading.Thread(target=attach, name="airflow-eo-connect-attach")
+            self._preparing.start()
 
     def session(self):
         """This process's client of the shared session on the server (made once, then reused)."""
+        if self._preparing is not None:
+            self._preparing.join()
+        return self._session_now()
+
+    def _session_now(self):
         with _clients_lock:
             spark = _clients.get(self.url)
             if spark is None or client_closed(spark):
-                spark = _clients[self.url] = self._attach()
+                spark = _clients[self.url] = self.attach()
         for key, value in self.conf.items():
             spark.conf.set(key, value)
         return spark
 
-    def _attach(self):
-        """A client attached to the shared session, which gives up within seconds when the
+    def attach(self):
+        """A new client attached to the shared session, which gives up within seconds when the
         server is gone (pyspark's default retries for up to 10 minutes; a task retry is the
         better place to wait for a server that went away)."""
         from pyspark.sql import SparkSession

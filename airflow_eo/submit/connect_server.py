@@ -2,8 +2,9 @@
 
 ``airflow-eo connect-server`` starts the server that ships with pyspark (no download),
 bound to 127.0.0.1, with this environment's Python on its workers (they import airflow_eo
-to read Kafka) and Spark's own log at WARN; it prints the ``sc://`` URL once a session can
-be opened, and stops the server (by PID, its whole process group) on SIGTERM or Ctrl-C. The
+to read Kafka) and Spark's own log at WARN; it prints the ``sc://`` URL once the server has
+run a warm-up of what a batch runs (:meth:`ConnectServer.warm_up`: the first batch is then as
+fast as the next ones), and stops the server (by PID, its whole process group) on SIGTERM or Ctrl-C. The
 server's JVM also ends when the process that started it dies, however it dies (Linux:
 ``PR_SET_PDEATHSIG``), and the next server started removes the scratch directory it left.
 
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from airflow_eo import __version__
-from airflow_eo.attempt import SPARK_DEFAULTS, Env
+from airflow_eo.attempt import SPARK_DEFAULTS, SPARK_WORKER_DEFAULTS, Env
 from airflow_eo.errors import ConfigError, SparkUnavailableError
 from airflow_eo.submit.spark_submit import spark_submit_binary
 from airflow_eo.table.liveness import ProcessId, ProcessState
@@ -116,9 +117,11 @@ class ConnectServer:
 
     def __init__(self, port: int | None = None, master: str = "local[*]", conf: dict | None = None,
                  log_level: str = "WARN", log_file: str | None = None, token_file: str | None = None,
-                 authenticate: bool = False):
+                 authenticate: bool = False, warm: bool = True):
         """``authenticate``: clients must send the token in ``token_file`` (created with a new random
-        token, mode 0600, when it does not exist; default: ``token`` in the scratch directory)."""
+        token, mode 0600, when it does not exist; default: ``token`` in the scratch directory).
+        ``warm``: :meth:`start` returns once a batch would run at full speed (:meth:`warm_up`; local
+        masters only: on a cluster the executors' hosts would keep the warm-up's files)."""
         self.port = port or free_port()
         self.master = master
         self.conf = dict(conf or {})
@@ -126,6 +129,7 @@ class ConnectServer:
         self.log_file = log_file
         self.authenticate = authenticate or token_file is not None
         self.token_file = token_file
+        self.warm = warm
         self.process: subprocess.Popen | None = None
         self._dir: str | None = None  # log4j config and warehouse; lives from start() to stop()
         self._token: str | None = None
@@ -151,7 +155,7 @@ class ConnectServer:
         with open(log4j, "w") as f:
             f.write(_LOG4J.format(level=self.log_level.lower()))
         conf = {
-            **SPARK_DEFAULTS, "spark.connect.grpc.binding.port": str(self.port),
+            **SPARK_DEFAULTS, **SPARK_WORKER_DEFAULTS, "spark.connect.grpc.binding.port": str(self.port),
             "spark.connect.grpc.binding.address": "127.0.0.1", "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false",
             "spark.sql.warehouse.dir": os.path.join(self._dir, "warehouse"),
@@ -188,6 +192,8 @@ class ConnectServer:
                 raise SparkUnavailableError(f"the Spark Connect server exited with code {self.process.returncode} "
                                             f"before it served (see {self.log_file or 'its output'})")
             if self._serves():
+                if self.warm and self.master.startswith("local"):  # a cluster's executors write elsewhere
+                    self.warm_up()
                 return self
             time.sleep(0.5)
         self.stop()
@@ -214,6 +220,40 @@ class ConnectServer:
             return True
         except Exception:
             return False
+
+    def parallelism(self) -> int:
+        """Tasks the server runs at once: N of ``local[N]``, the cores of ``local[*]``; 2 otherwise."""
+        if self.master == "local":
+            return 1
+        if self.master.startswith("local["):
+            n = self.master[len("local["):].split(",")[0].rstrip("]")
+            return (os.cpu_count() or 2) if n == "*" else max(1, int(n))
+        return 2
+
+    def warm_up(self) -> float:
+        """Run a direct batch's tasks without Kafka in the session every airflow-eo client shares
+        (:func:`airflow_eo.driver.direct.warm_up`): measured, the first 1M-record batch on a new
+        server otherwise took twice as long as the next ones (Python workers forked and importing,
+        the JVM compiling). Returns the seconds it took; a failure is reported and the server
+        serves anyway (a batch would report the same failure)."""
+        from airflow_eo.driver.direct import warm_up
+        from airflow_eo.submit.connect import ConnectSubmitter, detach
+
+        started = time.monotonic()
+        url = f"{self.url}/;token={self._token}" if self._token else self.url  # in-process only
+        directory = os.path.join(self._dir or tempfile.gettempdir(), "warm-up")
+        try:
+            spark = ConnectSubmitter(url).attach()
+            try:
+                warm_up(spark, directory, self.parallelism())
+            finally:
+                detach(spark)  # the shared session stays, with its warm Python workers
+        except Exception as exc:
+            print(f"airflow-eo connect-server: the warm-up failed ({exc.__class__.__name__}: "
+                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); serving anyway", file=sys.stderr)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return time.monotonic() - started
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the server's process group (JVM and Python workers), SIGKILL if it lingers;

@@ -122,7 +122,13 @@ def test_server_killed_mid_batch_fails_fast_and_the_retry_commits_once(broker, k
 
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(4.0)  # the read is running on the server
+    # the read is running on the server once its first task writes: 10 tasks of 20,000 offsets on
+    # two cores, so the kill lands with most of them still to run (a fixed sleep raced a fast batch)
+    deadline = time.monotonic() + 120
+    while not (os.path.isdir(table_uri) and staged_dirs(table_uri)) and worker.is_alive():
+        assert time.monotonic() < deadline, "the batch never started writing"
+        time.sleep(0.05)
+    assert worker.is_alive(), f"the batch ended before the server could be killed: {errors}"
     # Spark's own scratch is inside the server's directory, so the kill leaves none in /tmp
     assert any(n.startswith("blockmgr-") for n in os.listdir(os.path.join(scratch, "local")))
     killed_at = time.monotonic()
@@ -188,21 +194,30 @@ def test_connect_server_command_binds_loopback_and_stops_on_sigterm(tmp_path):
 
 
 
-def test_connect_server_killed_with_sigkill_takes_its_jvm_along_and_the_port_serves_again(tmp_path):
+def test_connect_server_killed_with_sigkill_takes_its_jvm_along_and_the_port_serves_again(tmp_path, monkeypatch):
     """SIGKILL of `airflow-eo connect-server` alone (not its group): its JVM runs in a session of
     its own, so only the parent-death signal ends it; the port is free again within seconds and
-    the next server on it removes the killed one's scratch directory."""
+    the next server on it removes the killed one's scratch directory. Both servers keep their
+    scratch in a temp directory of this test's own: any server started on the machine removes
+    abandoned ones (seen: another checkout's test server removed it before the second one here)."""
+    import tempfile
+
     from airflow_eo.submit.connect_server import DIR_PREFIX
 
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     port = free_port()
     proc = subprocess.Popen([AIRFLOW_EO, "connect-server", "--port", str(port), "--master", "local[1]"],
-                            stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "w"), text=True)
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "w"), text=True,
+                            env={**os.environ, "TMPDIR": str(private_tmp)})
     jvm = None
     try:
         assert proc.stdout.readline().strip() == f"sc://localhost:{port}"
         (jvm,) = [c for c in psutil.Process(proc.pid).children() if "java" in c.name()]
         (scratch,) = {a.split("=", 1)[1] for a in " ".join(jvm.cmdline()).split() if a.startswith("-Djava.io.tmpdir=")}
-        assert os.path.basename(scratch).startswith(DIR_PREFIX) and os.path.isdir(scratch)
+        assert os.path.dirname(scratch) == str(private_tmp) and os.path.basename(scratch).startswith(DIR_PREFIX)
+        assert os.path.isdir(scratch)
         proc.kill()  # the parent only: as the OOM killer would
         proc.wait(10)
         killed_at = time.monotonic()

@@ -8,6 +8,7 @@ runs here, so the stack itself is not started by this test.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -137,20 +138,50 @@ def test_the_example_dag_finds_everything_it_reads(resolved):
 
 def test_the_spark_connect_service_serves_the_warm_path(resolved, monkeypatch):
     """The spark_connect connection points at the spark-connect service, which runs the server
-    class against the compose master and declares this airflow-eo version."""
+    class against the compose master and declares this airflow-eo version. It shares the network
+    namespace of the scheduler, where LocalExecutor runs the tasks, so they reach it as localhost."""
     import airflow_eo
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-    service = resolved["services"]["spark-connect"]
+    services = resolved["services"]
+    service = services["spark-connect"]
     command = service["command"]
     assert "org.apache.spark.sql.connect.service.SparkConnectServer" in command
     assert command[command.index("--master") + 1] == "spark://spark-master:7077"
     assert f"spark.airflow_eo.version={airflow_eo.__version__}" in command
     port = next(c.split("=")[1] for c in command if c.startswith("spark.connect.grpc.binding.port="))
-    env = resolved["services"]["airflow-scheduler"]["environment"]
+    assert service["network_mode"] == "service:airflow-scheduler" and "airflow-scheduler" in service["depends_on"]
+    assert services["airflow-scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert f"127.0.0.1:{port}:{port}" in services["airflow-scheduler"]["ports"]
+    # the executors on spark-worker reach the server's driver at the scheduler's name
+    assert "spark.driver.host=airflow-scheduler" in command
+    env = services["airflow-scheduler"]["environment"]
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
-    assert SparkConnectHook("spark_connect_default").get_connection_url().startswith(f"sc://spark-connect:{port}")
+    assert SparkConnectHook("spark_connect_default").get_connection_url().startswith(f"sc://localhost:{port}")
     assert any(v.startswith(f"{TABLES_VOLUME}:") for v in service["volumes"])
+
+
+def test_the_spark_connect_service_takes_its_token_from_the_environment_and_refuses_to_start_without(resolved):
+    """The server and the Airflow services that are its clients take SPARK_CONNECT_AUTHENTICATE_TOKEN
+    from the environment of `docker compose up` (a key without a value: Compose passes the variable
+    through; the file holds no token); the service's entrypoint exits with one line when it is unset."""
+    services = resolved["services"]
+    token = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+    for name in ("spark-connect", *AIRFLOW_SERVICES):
+        env = services[name]["environment"]
+        assert token in env and env[token] is None, f"{name} must pass {token} through, not set it"
+    entrypoint = services["spark-connect"]["entrypoint"]
+    script = entrypoint[2].replace("$$", "$")  # Compose's escape of a literal $
+    command = [sys.executable, "-c", "print('server started')"]
+    env = {k: v for k, v in os.environ.items() if k != token}
+    refused = subprocess.run([*entrypoint[:2], script, *entrypoint[3:], *command], env=env, capture_output=True,
+                             text=True)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.strip() == ("spark-connect: set SPARK_CONNECT_AUTHENTICATE_TOKEN in the environment of "
+                                      "docker compose up")
+    started = subprocess.run([*entrypoint[:2], script, *entrypoint[3:], *command], env={**env, token: "t"},
+                             capture_output=True, text=True)
+    assert started.returncode == 0 and started.stdout == "server started\n"
 
 
 def test_the_spark_connection_resolves_to_the_compose_master(resolved, monkeypatch):

@@ -13,7 +13,8 @@ PURE_MODULES = [
     "airflow_eo.spec", "airflow_eo.spec.parts", "airflow_eo.spec.columns", "airflow_eo.config", "airflow_eo.decoding.avro_types",
     "airflow_eo.decoding.avro", "airflow_eo.decoding.decoder", "airflow_eo.table.metadata",
     "airflow_eo.table.partitioning", "airflow_eo.table.storage", "airflow_eo.table.history", "airflow_eo.ui.tables",
-    "airflow_eo.ui.charts", "airflow_eo.ui.render", "airflow_eo.audit.findings",
+    "airflow_eo.ui.charts", "airflow_eo.ui.render", "airflow_eo.audit.findings", "airflow_eo.driver.source",
+    "airflow_eo.driver.direct",
 ]
 
 

@@ -2,7 +2,7 @@
 and its numbers are sane. Real broker, real spark-submit (three of them), a real Spark Connect
 server, real Delta tables.
 
-Kept small (5,000 records, one repetition, no scaling or 10x memory run, a 200-commit
+Kept small (5,000 records, one repetition, no scaling, 10x memory or large warm batch, a 200-commit
 planning table with a 5-commit tail, a 300-commit long log, 2,000 changes merged into 20,000
 rows) so it fits a ~3 minute budget on an idle 2-core machine.
 """
@@ -20,7 +20,7 @@ def test_benchmark_smoke(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "benchmark.py"), "--records", "5000",
            "--repetitions", "1", "--scales", "1", "--memory-multiplier", "0", "--planning-commits", "200",
            "--planning-repetitions", "1", "--checkpoint-tail", "5", "--long-log-commits", "300", "--cache-dir", str(tmp_path / "cache"),
-           "--small-records", "100", "--server-batches", "12", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
+           "--small-records", "100", "--server-batches", "12", "--warm-scale", "0", "--decode-records", "2000", "--maintenance-files", "200", "--dedup-rows", "20000", "--dedup-files", "20", "--dedup-batch", "2000",
            "--maintenance-rows", "20000", "--audit-multiplier", "2",
            "--merge-rows", "20000", "--merge-changes", "2000", "--merge-files", "10",
            "--merge-spread-files", "4", "--out", str(out)]
@@ -33,9 +33,9 @@ def test_benchmark_smoke(tmp_path):
     for key in ("raw_fetch", "reader_fetch", "at_least_once", "at_least_once.in_spark", "exactly_once.x1",
                 "exactly_once.x1.in_spark", "committed_rerun.small_table", "planning.200.at_checkpoint",
                 "planning.200.checkpoint_plus_5", "planning.long_log.300", "planning.interval_mode.new_table", "planning.offsets_mode.new_table",
-                "committed_rerun.200_commits", "warm.warm_small", "warm.cold_small",
-                "warm.raw_single_consumer", "warm.warm_full", "warm.warm_at_least_once", "warm.warm_alo_datasource",
-                "decode.json", "decode.avro", "dedup.plain", "dedup.dedup"):
+                "committed_rerun.200_commits", "warm.first", "warm.first.raw", "warm.steady", "warm.steady.raw",
+                "warm.small", "warm.in_process_eo", "warm.in_process_alo", "cold.full", "cold.full.raw", "cold.small",
+                "unreachable_broker", "decode.json", "decode.avro", "dedup.plain", "dedup.dedup"):
         assert key in times, key
         assert 0 < times[key]["min"] <= times[key]["median"] <= times[key]["max"] < 600, (key, times[key])
     # a Spark run costs at least the JVM start; a committed rerun starts no Spark at all
@@ -50,9 +50,14 @@ def test_benchmark_smoke(tmp_path):
     assert build["commits"] == 200 and build["checkpoints"] >= 1  # delta-rs checkpoints by itself
     assert report["machine"]["cpus"] >= 1
     # the warm path: no JVM start per batch, and the server's memory was sampled after 10 and 12 batches
-    assert times["warm.warm_small"]["median"] < times["warm.cold_small"]["median"]
-    assert set(report["warm_server_rss_mb"]) == {"after_10", "after_12"}
-    assert "warm_small_batch<=5s" in report["targets"]
+    assert times["warm.small"]["median"] < times["cold.small"]["median"]
+    assert set(report["warm_server_pss_mb"]) == {"after_10", "after_12"}
+    # the paths' table: every row of docs/performance.md's first table but the large batch (--warm-scale 0)
+    rows = {row["metric"]: row for row in report["rows"]}
+    assert len(rows) == 7 and all(row["met"] in (True, False) for row in rows.values())
+    assert rows["warm, 5,000 records, steady state: raw / whole command"]["raw"]  # the raw time beside the ratio
+    assert "unreachable broker, until the error" in done.stdout and "[raw " in done.stdout
+    assert report["other_load"] and "load average at the end" in done.stdout
     assert "exactly_once.x1" in done.stdout  # the printed table
     maintenance = report["maintenance"]  # 200 files of 100 rows compacted into one, read before and after
     assert maintenance["rows"] == 20000 and maintenance["files_after"] == 1

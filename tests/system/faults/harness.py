@@ -167,12 +167,12 @@ def kill_tree(pid: int) -> bool:
 
 
 def has_python_worker(pid: int) -> bool:
-    """A Python task worker (``-m pyspark.daemon pyspark.worker``, which runs the data
-    source's ``read()``) is up under spark-submit; the ``pyspark.sql.worker.*`` daemons
-    only look up and plan the source."""
+    """A Python task worker (``-m airflow_eo.driver.daemon pyspark.worker``, or pyspark's own
+    ``-m pyspark.daemon pyspark.worker``, which reads Kafka) is up under spark-submit; the
+    ``pyspark.sql.worker.*`` daemons only look up and plan a data source."""
     for p in process_tree(pid)[1:]:
         try:
-            if p.cmdline()[-2:] == ["pyspark.daemon", "pyspark.worker"]:
+            if p.cmdline()[-2:] in (["pyspark.daemon", "pyspark.worker"], ["airflow_eo.driver.daemon", "pyspark.worker"]):
                 log.debug("python worker up: %s", " ".join(p.cmdline()))
                 return True
         except (psutil.NoSuchProcess, psutil.AccessDenied):

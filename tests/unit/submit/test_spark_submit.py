@@ -48,3 +48,21 @@ def test_a_failed_job_raises_its_own_error_or_a_retryable_spark_error():
     assert type(other) is SparkJobError and other.retryable and "exited with code 137" in str(other)
     assert "line 29" in str(other) and "line 14" not in str(other)  # the last 15 lines
     assert type(job_failure(1, ["airflow_eo.errors.NoSuchError: x"])) is SparkJobError
+
+
+def test_a_batch_jobs_driver_jvm_compiles_with_c1_and_collects_serially_unless_the_user_chose(monkeypatch):
+    from airflow_eo.submit import spark_submit
+
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
+    monkeypatch.delenv("SPARK_LAUNCHER_OPTS", raising=False)
+    monkeypatch.setattr(spark_submit, "scratch_dir", lambda attempt_id: f"/tmp/scratch-{attempt_id}")
+    monkeypatch.setattr(spark_submit.os, "makedirs", lambda *a, **k: None)
+    env = spark_submit.job_scratch(attempt(), {}, {})
+    assert env["SPARK_SUBMIT_OPTS"].split() == ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+                                                "-Djava.io.tmpdir=/tmp/scratch-3f2a9c0d1e6b4a52"]
+    assert env["SPARK_LOCAL_DIRS"] == env["TMPDIR"] == "/tmp/scratch-3f2a9c0d1e6b4a52"
+    assert env["SPARK_LAUNCHER_OPTS"] == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    # the user's collector, JIT setting or scratch stay theirs
+    chosen = spark_submit.job_scratch(attempt(), {"spark.driver.extraJavaOptions": "-XX:+UseG1GC",
+                                                  "spark.local.dir": "/big"}, {"SPARK_SUBMIT_OPTS": "-Xint"})
+    assert chosen["SPARK_SUBMIT_OPTS"] == "-Xint" and "SPARK_LOCAL_DIRS" not in chosen

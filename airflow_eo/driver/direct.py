@@ -1,0 +1,150 @@
+"""The direct path: Spark tasks that read their Kafka slices and write the Parquet themselves.
+
+For a transform Spark does not need to see — none (the identity) or a projection of the Kafka
+columns (``SELECT topic, partition, offset, value FROM source``) — the records would only
+cross from the Python worker into the JVM as Arrow, become Spark rows and be encoded to
+Parquet there. On this path each read task (:func:`airflow_eo.driver.source.read_tasks`)
+streams its reader's Arrow batches into the tasks' pyarrow writer
+(:func:`airflow_eo.driver.writer.task_writer`, the one object stores use) and returns one row
+per file: path, size, rows, Delta stats and rows per Kafka partition. No record crosses into
+the JVM and the driver reads no file back. Measured on 1M records (docs/performance.md): the
+server's CPU per batch halves.
+
+Everything else takes Spark's path in :mod:`airflow_eo.driver.main`: a SQL statement that is
+not a bare column list, a callable, decoding, dedup, a merge by key, and interval batches whose columns leave
+out ``timestamp`` (their late records are counted from the source rows). The files are the
+same either way: the Delta schema is the Kafka columns' Arrow schema Spark's own conversion
+gives (pinned by ``tests/unit/test_compat.py``), timestamps microseconds in UTC.
+
+Example::
+
+    >>> projected_columns(Transform(sql="SELECT topic, partition, offset, value FROM source"))
+    ('topic', 'partition', 'offset', 'value')
+    >>> projected_columns(Transform(sql="SELECT topic, partition, offset, upper(value) AS v FROM source")) is None
+    True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets, Transform
+from airflow_eo.driver.reader import KAFKA_SCHEMA
+from airflow_eo.driver.source import read_tasks, task_frame, task_reader
+from airflow_eo.driver.writer import staged_from_reports, task_writer, written_struct
+from airflow_eo.table.files import StagedFile
+from airflow_eo.table.storage import TableLocation
+
+_SELECT = re.compile(r"\s*select\s+(?P<columns>.+?)\s+from\s+`?source`?\s*;?\s*", re.IGNORECASE | re.DOTALL)
+_COLUMN = re.compile(r"`?(?P<name>[A-Za-z_][A-Za-z0-9_]*)`?")
+
+
+def projected_columns(transform: Transform) -> tuple[str, ...] | None:
+    """The Kafka columns ``transform`` keeps, in order, when it is the identity, ``SELECT *``
+    or a bare list of Kafka column names (spelled as the source spells them) over ``source``;
+    None for anything else (expressions, aliases, filters, comments, a callable)."""
+    if transform.callable:
+        return None
+    if not transform.sql:
+        return tuple(KAFKA_SCHEMA.names)
+    statement = _SELECT.fullmatch(transform.sql)
+    if statement is None:
+        return None
+    names = []
+    for item in statement.group("columns").split(","):
+        if item.strip() == "*":
+            names.extend(KAFKA_SCHEMA.names)
+            continue
+        column = _COLUMN.fullmatch(item.strip())
+        if column is None or column.group("name") not in KAFKA_SCHEMA.names:
+            return None
+        names.append(column.group("name"))
+    return tuple(names) if len(set(names)) == len(names) else None
+
+
+@dataclass(frozen=True)
+class DirectStage:
+    """Read, project and stage in the read tasks: the attempt's columns and their Arrow schema."""
+
+    columns: tuple[str, ...]
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> "DirectStage | None":
+        """The direct path for ``attempt``, or None when its rows need Spark (see the module)."""
+        if attempt.decode.enabled or attempt.dedup.enabled or attempt.merge.enabled:
+            return None
+        columns = projected_columns(attempt.transform)
+        if columns is None or not set(KEY_COLUMNS) <= set(columns) or not set(attempt.partition_by) <= set(columns):
+            return None  # Spark's path reports the missing columns
+        if attempt.plan.interval is not None and attempt.kind is AttemptKind.INGEST and TIMESTAMP_COLUMN not in columns:
+            return None
+        return cls(columns)
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema([KAFKA_SCHEMA.field(c) for c in self.columns])
+
+    def stage(self, spark, attempt: Attempt, secrets: Secrets, location: TableLocation,
+              target: str) -> tuple[list[StagedFile], dict[str, int]]:
+        """Run the read tasks, each writing its files under ``target``; the staged files and the
+        rows per Kafka partition, from what the successful tasks reported."""
+        return read_and_stage(spark, attempt.plan.data_ranges, dict(secrets.kafka_config),
+                              attempt.spark.max_offsets_per_task, location, target, secrets.storage_options,
+                              self.columns, attempt.partition_by)
+
+
+def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int, location: TableLocation,
+                   target: str, storage_options: dict | None = None, columns: tuple[str, ...] = tuple(KAFKA_SCHEMA.names),
+                   partition_by: tuple[str, ...] = ()) -> tuple[list[StagedFile], dict[str, int]]:
+    """Read ``ranges`` and write their ``columns`` as Parquet under ``target`` in the same Spark
+    tasks; the staged files and the rows per Kafka partition (no ledger, no commit: the
+    benchmark's at-least-once side calls this too)."""
+    from airflow_eo.driver.session import for_session
+
+    tasks = read_tasks(ranges, max_offsets_per_task)
+    read = task_reader(tasks, dict(kafka_config))
+    schema = pa.schema([KAFKA_SCHEMA.field(c) for c in columns])
+    write = task_writer(location.uri, storage_options, target, schema, partition_by)
+    selected = None if tuple(columns) == tuple(KAFKA_SCHEMA.names) else list(columns)
+
+    def read_and_write(batches):
+        records = read(batches)
+        yield from write(records if selected is None else (b.select(selected) for b in records))
+
+    with for_session(spark):
+        written = task_frame(spark, tasks).mapInArrow(read_and_write, written_struct())
+    return staged_from_reports(location, target, written.collect())
+
+def warm_up(spark, directory: str, tasks: int, rounds: int = 3) -> None:
+    """Run what a direct batch runs, without Kafka, ``rounds`` times on ``tasks`` tasks at once:
+    the session's Python workers forked with the reader and writer imported, pyarrow's Parquet
+    writer and the footer stats used, the JVM's code for these jobs compiled. Writes a few rows
+    per task under ``directory`` (the caller removes it). What a new Spark Connect server does
+    before it serves (:mod:`airflow_eo.submit.connect_server`), so its first batch runs as fast
+    as the later ones."""
+    import time
+
+    from airflow_eo.driver.session import for_session
+
+    schema = KAFKA_SCHEMA
+    for n in range(rounds):
+        write = task_writer(directory, None, f"{directory}/round-{n}", schema)
+        stamp = time.time_ns() // 1000
+
+        def read_and_write(batches, write=write, stamp=stamp):
+            from airflow_eo.driver.reader import read_ranges
+
+            for batch in batches:
+                for i in batch.column(0).to_pylist():
+                    list(read_ranges({}, ()))  # nothing to read: the import and the call path
+                    rows = pa.RecordBatch.from_pylist(
+                        [{"topic": "warm-up", "partition": i, "offset": o, "timestamp": stamp, "timestampType": 0,
+                          "key": None, "value": b"v", "headers": None} for o in range(100)], schema=schema)
+                    yield from write(iter([rows]))
+
+        with for_session(spark):
+            written = task_frame(spark, [()] * tasks).mapInArrow(read_and_write, written_struct())
+        written.collect()
