@@ -45,11 +45,12 @@ from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
 from airflow_eo.table.audit_log import AuditLog
 from airflow_eo.table.ledger import Ledger, partition_app_id
+from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.metadata import CommitKind
 
 log = logging.getLogger(__name__)
 
-APPEND, MERGE = "append", "merge"
+APPEND = WriteMode.APPEND.value
 
 
 class Selection(str, enum.Enum):
@@ -84,14 +85,8 @@ def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
         dups = rec.meta.findings.duplicates
         newest[rec.batch] = BatchRanges(rec.batch, rec.version, tuple(rec.ranges), tuple(rec.skipped),
                                         dups.records if dups else 0, dups.to_dead_letters if dups else False,
-                                        write_mode_of(rec.meta))
+                                        rec.meta.write_mode.value)
     return [newest[b] for b in sorted(newest)]
-
-
-def write_mode_of(meta) -> str:
-    """How a batch wrote its rows: a merge commit records what it merged (``merge``); metadata
-    written before write modes existed says nothing: append."""
-    return MERGE if getattr(meta, "merge", None) is not None else APPEND
 
 
 def merge_counts(ledger: Ledger, ingest_id: str) -> tuple[list[MergeCounts], bool]:

@@ -39,65 +39,59 @@ class Cli(enum.Enum):
     REPEAT = "repeat"  # --flag VALUE, repeatable
 
 
-class Mode(str, enum.Enum):
+class OptionValue(str, enum.Enum):
+    """An option's closed set of values: shown as the user writes them (``mode='interval'``)."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    __str__ = str.__str__
+
+    @classmethod
+    def _parse(cls, value: Any, name: str, default: "OptionValue | None", what: str, hint: str) -> Any:
+        """``value`` as a member (lower-cased; None or "" is ``default``), or a ConfigError naming
+        the option, what it is not, and ``hint`` (what to use instead)."""
+        if value in (None, ""):
+            return default
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not {what}: use {hint}") from None
+
+
+class Mode(OptionValue):
     """How a run chooses its records (:mod:`airflow_eo.planner`)."""
 
     OFFSETS = "offsets"  # everything new since the last commit
     INTERVAL = "interval"  # the records of the run's data interval, by Kafka timestamp
 
-    def __repr__(self) -> str:  # messages say mode='interval', as the user wrote it
-        return repr(self.value)
-
-    __str__ = str.__str__
-
     @classmethod
     def parse(cls, value: Any) -> "Mode":
-        try:
-            return cls(value or cls.OFFSETS)
-        except ValueError:
-            raise ConfigError(f"mode={value!r} is not a planning mode: use 'offsets' (everything new since the last "
-                              "commit, the default) or 'interval' (the records of the run's data interval)") from None
+        return cls._parse(value, "mode", cls.OFFSETS, "a planning mode", "'offsets' (everything new since the last commit, the "
+                          "default) or 'interval' (the records of the run's data interval)")
 
 
-class WriteMode(str, enum.Enum):
+class WriteMode(OptionValue):
     """How a batch lands in the table (:mod:`airflow_eo.driver.merge`)."""
 
     APPEND = "append"  # every record a row, keyed by source offset
     MERGE = "merge"  # one row per merge key: a record upserts or deletes its key's row
 
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-    __str__ = str.__str__
-
     @classmethod
     def parse(cls, value: Any) -> "WriteMode":
-        try:
-            return cls(value or cls.APPEND)
-        except ValueError:
-            raise ConfigError(f"write_mode={value!r} is not a write mode: use 'append' (every record a row, the "
-                              "default) or 'merge' (one row per merge_key: upserts and deletes)") from None
+        return cls._parse(value, "write_mode", cls.APPEND, "a write mode", "'append' (every record a row, the default) or 'merge' "
+                          "(one row per merge_key: upserts and deletes)")
 
 
-class CdcFormat(str, enum.Enum):
+class CdcFormat(OptionValue):
     """The envelope change events arrive in (:mod:`airflow_eo.driver.cdc`)."""
 
     DEBEZIUM = "debezium"
 
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-    __str__ = str.__str__
-
     @classmethod
     def parse(cls, value: Any) -> "CdcFormat | None":
-        if value in (None, ""):
-            return None
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise ConfigError(f"cdc_format={value!r} is not supported: use 'debezium' (or leave it unset for "
-                              "values that are rows themselves)") from None
+        return cls._parse(value, "cdc_format", None, "supported", "'debezium' (or leave it unset for values that are rows "
+                          "themselves)")
 
 
 @dataclass(frozen=True)
@@ -174,20 +168,26 @@ def validate_ingest_id(ingest_id: str) -> str:
     return ingest_id
 
 
+def column_names(option: str, value: Any, example: str) -> tuple[str, ...]:
+    """An option naming columns of the transform's output: names, or comma-separated text
+    (``--partition-by a,b``), as a tuple of distinct non-empty names; else a ConfigError."""
+    items = [value] if isinstance(value, str) else list(value or ())
+    names = tuple(c.strip() if isinstance(c, str) else c
+                  for item in items for c in (item.split(",") if isinstance(item, str) else [item]))
+    if not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(f"{option} {list(names)!r}: give column names of the transform's output, e.g. {example}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{option} {list(names)!r} names a column twice")
+    return names
+
+
 def check_partition_by(columns: Iterable[str] | str | None) -> tuple[str, ...]:
-    """``columns`` (names, or comma-separated text: ``--partition-by a,b``) as a tuple, or a
-    ConfigError naming what is wrong with them."""
-    items = [columns] if isinstance(columns, str) else list(columns or ())
-    names = tuple(c.strip() for item in items for c in (item.split(",") if isinstance(item, str) else [item]))
+    """``partition_by`` as a tuple of names, or a ConfigError naming what is wrong with them."""
+    names = column_names("partition_by", columns, "['date']")
     for name in names:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"partition_by {list(names)!r}: give column names of the transform's output, "
-                              "e.g. ['date']")
         if name in KEY_COLUMNS:
             raise ConfigError(f"partition_by: {name!r} is a key column (topic, partition, offset), which every file "
                               "keeps; partition by a column the transform derives, e.g. to_date(timestamp) AS date")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"partition_by {list(names)!r} names a column twice")
     return names
 
 
@@ -245,20 +245,14 @@ def optional_enum_value(value: enum.Enum | None) -> str | None:
 
 def merge_key_of(value: Any) -> tuple[str, ...]:
     """``merge_key``: column names, or comma-separated text (``--merge-key id,tenant``)."""
-    items = [value] if isinstance(value, str) else list(value or ())
-    names = tuple(c.strip() for item in items for c in (item.split(",") if isinstance(item, str) else [item]))
+    names = column_names("merge_key", value, "['id'] or --merge-key id,tenant")
     for name in names:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"merge_key {list(names)!r}: give column names of the transform's output, e.g. "
-                              "['id'] or --merge-key id,tenant")
         if name in KEY_COLUMNS:
             raise ConfigError(f"merge_key: {name!r} is a provenance column (topic, partition, offset), which the "
                               "table keeps for the record that last wrote each row; key by a column of the data, "
                               "e.g. id")
         if name.startswith(INTERNAL_PREFIX):
             raise ConfigError(f"merge_key: {name!r} is a name airflow-eo uses itself; key by a column of the data")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"merge_key {list(names)!r} names a column twice")
     return names
 
 

@@ -31,22 +31,6 @@ from airflow_eo.table.ledger import BatchRecord, CommitKind, Ledger
 FIRST_WINDOW = 64  # commits asked for by a first read of a table; if more are needed, all of them next
 
 
-def write_mode_of(meta) -> str:
-    """``append`` or ``merge``, read tolerantly from a batch's metadata: its ``write_mode`` when it
-    records one, ``merge`` when it carries a merge record (``merge``), else ``append`` (commits of
-    versions before write modes existed appended).
-
-    >>> from types import SimpleNamespace as NS
-    >>> [write_mode_of(m) for m in (NS(), NS(merge=None), NS(merge=NS(key=("id",))), NS(write_mode="merge"))]
-    ['append', 'append', 'merge', 'merge']
-    """
-    value = getattr(meta, "write_mode", None)
-    value = getattr(value, "value", value)
-    if value:
-        return str(value)
-    return "merge" if getattr(meta, "merge", None) is not None else "append"
-
-
 @dataclass(frozen=True)
 class BatchCounts:
     """What the history keeps of an airflow-eo commit: whose, which batch, what kind, how much. Not
@@ -62,7 +46,7 @@ class BatchCounts:
     @classmethod
     def of(cls, record: BatchRecord) -> "BatchCounts":
         meta = record.meta
-        return cls(meta.ingest_id, meta.batch, meta.operation, meta.rows, meta.dead_letter_records, write_mode_of(meta))
+        return cls(meta.ingest_id, meta.batch, meta.operation, meta.rows, meta.dead_letter_records, meta.write_mode.value)
 
 
 @dataclass(frozen=True)

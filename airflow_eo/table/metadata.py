@@ -25,6 +25,7 @@ from typing import Iterable
 
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.planning import BatchPlan, OffsetRange, ReaderSchema, RunIdentity, SkippedRange, reader_schemas_of
+from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.files import StagedFile
 
 # The commitInfo key of every commit airflow-eo makes.
@@ -204,6 +205,12 @@ class BatchMetadata:
     @property
     def run_key(self) -> str:
         return self.run.run_key
+
+    @property
+    def write_mode(self) -> WriteMode:
+        """How the batch wrote its rows: a merge commit carries its merge record; commits written
+        before write modes existed appended."""
+        return WriteMode.MERGE if self.merge is not None else WriteMode.APPEND
 
     @property
     def dead_letter_records(self) -> int:

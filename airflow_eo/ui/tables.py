@@ -36,7 +36,7 @@ from airflow_eo.errors import AirflowEoError
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planning import Interval, OffsetRange, RunIdentity, TopicPartition  # noqa: F401 - Interval: doctest
 from airflow_eo.table.audit_log import AuditLog, AuditRecord
-from airflow_eo.table.history import FIRST_WINDOW, CommitHistory, write_mode_of
+from airflow_eo.table.history import FIRST_WINDOW, CommitHistory
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import DATA_OPERATIONS, BatchRecord, CommitKind, Ledger
 from airflow_eo.table.maintenance import Layout, layout
@@ -117,7 +117,7 @@ class BatchRow:
         meta = record.meta
         planned = _epoch_ms(meta.planned_at)
         seconds = (record.timestamp_ms - planned) / 1000 if planned is not None and record.timestamp_ms else None
-        return cls(record.version, record.timestamp_ms, meta.batch, meta.operation, write_mode_of(meta),
+        return cls(record.version, record.timestamp_ms, meta.batch, meta.operation, meta.write_mode.value,
                    tuple(r for r in meta.ranges if r.size), meta.rows, meta.files, meta.bytes,
                    round(seconds, 1) if seconds is not None and seconds >= 0 else None, meta.run, meta.attempt_id,
                    meta.dead_letter_records, meta.late_records, meta.duplicate_records)

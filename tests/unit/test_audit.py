@@ -187,10 +187,12 @@ def test_file_statistics_prune_what_a_slice_reads():
 
 
 def test_rows_are_compared_by_offset_unless_a_batch_was_written_in_merge_mode():
-    from airflow_eo.audit.run import rows_keep_offsets, write_mode_of
+    from airflow_eo.audit.run import rows_keep_offsets
     from airflow_eo.table.metadata import BatchMetadata
 
     old = BatchMetadata.from_json('{"ingest_id": "i", "batch": 1}')  # written before write modes existed
-    assert write_mode_of(old) == "append" and rows_keep_offsets([batch(1, (0, 3))])
+    assert old.write_mode.value == "append" and rows_keep_offsets([batch(1, (0, 3))])
+    merge = BatchMetadata.from_json('{"ingest_id": "i", "batch": 2, "merge": {"key": ["id"], "inserted": 1}}')
+    assert merge.write_mode.value == "merge"
     merged = BatchRanges(2, 2, (OffsetRange("t", 0, 3, 6),), write_mode="merge")
     assert not rows_keep_offsets([batch(1, (0, 3)), merged])
