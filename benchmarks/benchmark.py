@@ -42,6 +42,7 @@ medians and min-max of everything, and writes the same as JSON (``--out``)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -161,6 +162,23 @@ class Bench:
         if self.broker is not None:
             self.broker.kill()  # its state is throwaway: no multi-second save of a large JSON file
             self.broker = None
+
+    @contextlib.contextmanager
+    def classic_spark(self, part: str):
+        """A broker of the part's own and a classic local SparkSession, both stopped after it (the
+        warm part's Connect client marked this process: these parts run classic Spark)."""
+        from airflow_eo.driver.session import build_session
+
+        classic_process()
+        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
+        spark = build_session(f"airflow-eo bench {part}", {"spark.master": self.args.master,
+                                                           "spark.ui.enabled": "false",
+                                                           "spark.ui.showConsoleProgress": "false"})
+        try:
+            yield spark
+        finally:
+            spark.stop()
+            self.stop_broker()
 
     # -- 1-3 and 6: fetch, at-least-once, exactly-once, scaling ------------------------
     def throughput(self) -> None:
@@ -404,15 +422,11 @@ class Bench:
     def decode(self) -> None:
         from tests.registry_double import RegistryDouble
 
-        from airflow_eo.driver.session import build_session
-
         a = self.args
-        classic_process()  # the warm part's Connect client marked this process: this part runs classic Spark
-        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
-        registry = RegistryDouble().start()
-        spark = build_session("airflow-eo bench decode", {"spark.master": a.master, "spark.ui.enabled": "false",
-                                                                "spark.ui.showConsoleProgress": "false"})
-        try:
+        with contextlib.ExitStack() as stack:
+            registry = RegistryDouble().start()
+            stack.callback(registry.stop)
+            spark = stack.enter_context(self.classic_spark("decode"))
             for topic in ("decode-json", "decode-avro"):
                 bench_kafka.create_topic(self.broker.config, topic, a.partitions)
             say(f"loading {a.decode_records:,} nested records as JSON and as Avro")
@@ -428,22 +442,11 @@ class Bench:
                 self.record(f"decode.{side}", out["seconds"])
                 say(f"rep {rep + 1}/{a.repetitions}: decode {side} {out['seconds']:.2f}s")
             self.results["decode_records"] = a.decode_records
-        finally:
-            spark.stop()
-            registry.stop()
-            self.stop_broker()
-
 
     # -- dedup by key: a batch with dedup_key (one-day horizon) against the same batch without --
     def dedup(self) -> None:
-        from airflow_eo.driver.session import build_session
-
         a = self.args
-        classic_process()  # as in decode: classic Spark after the warm part's Connect client
-        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
-        spark = build_session("airflow-eo bench dedup", {"spark.master": a.master, "spark.ui.enabled": "false",
-                                                         "spark.ui.showConsoleProgress": "false"})
-        try:
+        with self.classic_spark("dedup") as spark:
             built = os.path.join(self.work, "dedup-table")
             say(f"building a table of {a.dedup_rows:,} rows in {a.dedup_files} files (keys over 30 days)")
             bench_dedup.build(built, a.dedup_files, a.dedup_rows, int(time.time() * 1000))
@@ -463,9 +466,6 @@ class Bench:
                 say(f"rep {rep + 1}/{a.repetitions}: {side} {out['seconds']:.2f}s ({out['duplicates']} duplicates)")
             self.results["dedup"] = {"table_rows": a.dedup_rows, "table_files": a.dedup_files,
                                      "batch_records": a.dedup_batch, "resent": len(resent), "horizon": "1d"}
-        finally:
-            spark.stop()
-            self.stop_broker()
 
     # -- maintenance: reading before / after compaction, and the compaction's cost ----------
     def maintenance(self) -> None:
@@ -490,19 +490,9 @@ class Bench:
 
     # -- merge by key: a batch merged against the same batch appended (bench_merge) ------------
     def merge(self) -> None:
-        from airflow_eo.driver.session import build_session
-
-        a = self.args
-        classic_process()  # as in decode: classic Spark after the warm part's Connect client
-        self.broker = EmbeddedBroker(data_dir=tempfile.mkdtemp(prefix="broker-", dir=self.work)).start()
-        spark = build_session("airflow-eo bench merge", {"spark.master": a.master, "spark.ui.enabled": "false",
-                                                         "spark.ui.showConsoleProgress": "false"})
-        try:
-            found = bench_merge.run(a, self.work, self.kafka_config, spark, say, self.record, interleaved)
+        with self.classic_spark("merge") as spark:
+            found = bench_merge.run(self.args, self.work, self.kafka_config, spark, say, self.record, interleaved)
             self.results["merge"] = {**found, **bench_merge.ratios_and_targets(found, self.times)}
-        finally:
-            spark.stop()
-            self.stop_broker()
 
 
 def machine() -> dict:
