@@ -59,7 +59,9 @@ class Ingestion:
         self.config = config
         self.submitter = submitter
         self._kafka = kafka  # None: a client of config.kafka_config per use
-        self.location = TableLocation.of(config.table_uri, config.storage_options)
+        # deltalake's storage options, as the dict its calls take (the spec keeps a read-only mapping)
+        self.storage_options = dict(config.storage_options) if config.storage_options else None
+        self.location = TableLocation.of(config.table_uri, self.storage_options)
         self.plans = PlanLog(self.location)
         self.staging = StagingArea(self.location)
         self.runner = AttemptRunner(self.staging, submitter, config.secrets)
@@ -68,7 +70,7 @@ class Ingestion:
         return self._kafka if self._kafka is not None else KafkaOffsets(self.config.kafka_config)
 
     def ledger(self) -> Ledger:
-        ledger = Ledger.open(self.config.table_uri, self.config.storage_options)
+        ledger = Ledger.open(self.config.table_uri, self.storage_options)
         ledger.check_writable(self.config.ingest_id, self.config.partition_by, self.config.spec.merge)
         return ledger
 
@@ -118,7 +120,7 @@ class Ingestion:
         """An ingest id's last committed batch, the table read once and only when asked."""
         @functools.cache
         def ledger() -> Ledger:
-            return Ledger.open(self.config.table_uri, self.config.storage_options)
+            return Ledger.open(self.config.table_uri, self.storage_options)
 
         return lambda ingest_id: ledger().last_batch(ingest_id) if ledger().exists else None
 
@@ -144,11 +146,12 @@ class Ingestion:
         if isinstance(plan, IngestResult):
             return self.mirror(plan)
         if plan is None:
-            plan = self.plan(run, ledger, interval)
-            if isinstance(plan, CommittedInterval):
-                log.info("interval %s is already in the table (batch %s); starting nothing", interval, plan.batch)
-                return self.committed_result(BatchPlan(self.config.ingest_id, plan.batch, (), run, interval=interval),
-                                             ledger, by_batch=True)
+            planned = self.plan(run, ledger, interval)
+            if isinstance(planned, CommittedInterval):
+                log.info("interval %s is already in the table (batch %s); starting nothing", interval, planned.batch)
+                return self.committed_result(BatchPlan(self.config.ingest_id, planned.batch, (), run,
+                                                       interval=interval), ledger, by_batch=True)
+            plan = planned
             if plan.is_empty:
                 log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
                 return self.mirror(self.result(RunStatus.NOTHING_NEW, plan, None, ledger))
@@ -205,7 +208,7 @@ class Ingestion:
         staged = StagedBatch(attempt.plan, (), partition_by=attempt.partition_by)
         try:  # what an empty Spark batch records, from the builder the driver uses
             commit(BatchCommit(staged, findings=BatchFindings.of(attempt)), self.config.table_uri,
-                   self.config.storage_options)
+                   self.storage_options)
         except AirflowEoError as exc:
             return exc
         return None
@@ -249,15 +252,15 @@ class Ingestion:
     def complete_dead_letters(self, ledger: Ledger) -> None:
         """Finish a dead-letter commit a crashed driver left behind its main commit."""
         if self.config.dead_letter_table_uri and \
-                commit_dead_letters_of(ledger, self.config.ingest_id, self.config.storage_options) is RunStatus.COMMITTED:
+                commit_dead_letters_of(ledger, self.config.ingest_id, self.storage_options) is RunStatus.COMMITTED:
             log.info("rolled forward the dead letters of batch %s", ledger.last_batch(self.config.ingest_id))
 
     def collect_orphans(self) -> list[str]:
         """Remove staged files of attempts that ended without committing (never a running one)."""
-        removed = collect_orphans(self.config.table_uri, self.config.storage_options,
+        removed = collect_orphans(self.config.table_uri, self.storage_options,
                                   self.config.staging_grace_seconds)
         self.staging.collect_scratch(self.config.staging_grace_seconds)
         if self.config.dead_letter_table_uri:
-            removed += collect_orphans(self.config.dead_letter_table_uri, self.config.storage_options,
+            removed += collect_orphans(self.config.dead_letter_table_uri, self.storage_options,
                                        self.config.staging_grace_seconds)
         return removed

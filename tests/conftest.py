@@ -141,8 +141,13 @@ def connect_server(tmp_path_factory):
     from airflow_eo.submit.connect_server import ConnectServer
 
     log = tmp_path_factory.mktemp("connect-server") / "server.log"
+    from airflow_eo.submit.connect import close_clients
+
     with ConnectServer(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}, log_file=str(log)) as server:
-        yield server
+        try:
+            yield server
+        finally:  # while the server still answers: no client left to release its session at exit
+            close_clients()
 
 
 class SparkPath:

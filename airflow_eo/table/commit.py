@@ -285,7 +285,7 @@ class ReprocessCommit:
 
     kind = CommitKind.REPROCESS
     creates_table = False
-    table_properties = None
+    table_properties: dict[str, str] | None = None
     exact_snapshot = True  # it removes the files its snapshot holds: a compaction may replace them meanwhile
 
     def __init__(self, staged: StagedBatch, *, reprocess_from: int, requested_by: RunIdentity | None = None,
@@ -344,7 +344,7 @@ class DeadLetterCommit:
 
     kind = CommitKind.DEAD_LETTERS
     creates_table = False
-    table_properties = None
+    table_properties: dict[str, str] | None = None
     exact_snapshot = False
 
     def __init__(self, staged: StagedBatch):
@@ -492,7 +492,7 @@ class MergeReprocessCommit:
 
     kind = CommitKind.REPROCESS
     creates_table = False
-    table_properties = None
+    table_properties: dict[str, str] | None = None
     exact_snapshot = True
 
     def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
@@ -571,6 +571,9 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
                                               configuration=rule.table_properties or None,
                                               commit_properties=properties)
             else:
+                if ledger.table is None:  # only rules that create tables commit to a path without one
+                    raise TableError(f"there is no Delta table at {ledger.table_uri} to commit batch "
+                                     f"{staged.plan.batch} to; nothing was committed")
                 ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
                                                       commit_properties=properties)
         except (CommitFailedError, DeltaError) as exc:
@@ -602,7 +605,7 @@ def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict
     last = ledger.last_batch(ingest_id)
     record = ledger.find_batch(ingest_id, batch=last, operation=CommitKind.BATCH) if last else None
     manifest = record.meta.findings.dead_letters if record else None
-    if manifest is None or not manifest.files:
+    if record is None or manifest is None or not manifest.files:
         return None
     plan = BatchPlan(ingest_id, last, record.ranges, record.meta.run, attempt_id=record.attempt_id)
     return commit(DeadLetterCommit(StagedBatch(plan, manifest.files)), manifest.uri, storage_options).status

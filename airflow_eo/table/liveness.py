@@ -50,14 +50,22 @@ _START_TOLERANCE = 0.5
 class Marker(Protocol):
     """What the rule reads of an attempt marker (:class:`airflow_eo.table.staging.AttemptMarker`)."""
 
-    started_at: float
-    ended_at: float | None
-    host: str
-    pid: int
-    pid_started: float
-    driver_host: str
-    driver_pid: int
-    driver_pid_started: float
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def ended_at(self) -> float | None: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def pid_started(self) -> float: ...
+    @property
+    def driver_host(self) -> str: ...
+    @property
+    def driver_pid(self) -> int: ...
+    @property
+    def driver_pid_started(self) -> float: ...
 
 
 class Liveness(enum.Enum):

@@ -90,7 +90,7 @@ def layout(ledger: Ledger) -> Layout:
     size = pc.sum(adds["size_bytes"]).as_py() if adds.num_rows else 0
     config = ledger.table.metadata().configuration
     interval = int(config.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
-    return Layout(adds.num_rows, int(size or 0), ledger.version, _last_checkpoint(ledger), interval)
+    return Layout(adds.num_rows, int(size or 0), ledger.table.version(), _last_checkpoint(ledger), interval)
 
 
 def _last_checkpoint(ledger: Ledger) -> int | None:
@@ -156,6 +156,7 @@ def maintain(table_uri: str, storage_options: dict | None = None,
 
 def _maintain(ledger: Ledger, table_uri: str, storage_options: dict | None, plan: MaintenancePlan) -> dict:
     table = ledger.table
+    assert table is not None  # maintain() refused a path without a table
     done: dict = {"table_uri": ledger.table_uri, "version_before": ledger.version}
     if plan.compact:
         optimizer = table.optimize

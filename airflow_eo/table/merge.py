@@ -128,8 +128,9 @@ def candidate_files(actions: pa.Table, keys: pa.Table, key_columns: tuple[str, .
         keys = keys.sort_by([(ranged[0], "ascending")])
     typed = {c: _stat_typed(keys, c, actions) for c in ranged}
     plain = {c: keys[c].combine_chunks() for c in parted}
-    first = ranged[0] if ranged and typed[ranged[0]] is not None else None
-    ordered = typed[first].to_pylist() if first else []
+    first_typed = typed[ranged[0]] if ranged else None
+    first = ranged[0] if first_typed is not None else None
+    ordered = first_typed.to_pylist() if first_typed is not None else []
     wanted = ["path", "size_bytes", *(f"{s}.{c}" for c in ranged if typed[c] is not None for s in ("min", "max")),
               *(f"partition.{c}" for c in parted if f"partition.{c}" in actions.column_names)]
     selected = [False] * keys.num_rows
@@ -142,9 +143,9 @@ def candidate_files(actions: pa.Table, keys: pa.Table, key_columns: tuple[str, .
             continue
         mask = pa.array([True] * (hi - lo), pa.bool_())
         for c in ranged[1:]:
-            low, high = row.get(f"min.{c}"), row.get(f"max.{c}")
-            if typed[c] is not None and low is not None and high is not None:
-                part = typed[c].slice(lo, hi - lo)
+            low, high, values = row.get(f"min.{c}"), row.get(f"max.{c}"), typed[c]
+            if values is not None and low is not None and high is not None:
+                part = values.slice(lo, hi - lo)
                 mask = pc.and_(mask, pc.and_(pc.greater_equal(part, low), pc.less_equal(part, high)))
         for c in parted:
             if f"partition.{c}" in row:
@@ -259,7 +260,7 @@ def key_stats(meta: pq.FileMetaData, key_columns: tuple[str, ...]) -> dict:
         exact = all(getattr(meta.row_group(rg).column(idx).statistics, attr, True)
                     for rg in range(meta.num_row_groups) for attr in ("is_min_value_exact", "is_max_value_exact"))
         bounds = column_bounds(meta, idx) if kind and exact else None
-        if bounds is None or bounds[0] is None:
+        if bounds is None or bounds[0] is None or kind is None:
             continue
         low, high, nulls = bounds
         out["minValues"][column] = _stat_value(low, kind, False)
