@@ -26,7 +26,7 @@ import uuid
 
 from airflow_eo.attempt import Env
 from airflow_eo.errors import AirflowEoError, ConfigError
-from airflow_eo.spec import add_arguments
+from airflow_eo.spec import WriteMode, add_arguments
 
 log = logging.getLogger("airflow_eo")
 
@@ -174,36 +174,36 @@ def cmd_status(args) -> int:
 
     status = table_status(args.table, args.ingest_id, _kafka_config(args), storage_options=_storage_options(args))
     if args.json:
-        print(json.dumps(status, indent=2))
+        print(json.dumps(status.to_dict(), indent=2))
         return 0
-    print(f"table {status['table_uri']}  version {status['version']}  last batch {status['last_batch']}"
-          f"{'  (merge by key)' if status.get('write_mode') == 'merge' else ''}")
+    print(f"table {status.table_uri}  version {status.version}  last batch {status.last_batch}"
+          f"{'  (merge by key)' if status.write_mode is WriteMode.MERGE else ''}")
     print(f"{'topic':<24}{'partition':>10}{'committed':>12}{'end':>12}{'lag':>10}")
-    for p in status["partitions"]:
-        print(f"{p['topic']:<24}{p['partition']:>10}{_n(p['committed']):>12}{_n(p['end']):>12}{_n(p['lag']):>10}")
-    lay = status["layout"]
-    print(f"files {lay['files']}  average {lay['average_file_bytes']:,} bytes  commits since checkpoint "
-          f"{lay['versions_since_checkpoint']}  maintenance due: {'; '.join(lay['due']) or 'none'}")
-    if status.get("intervals"):
-        iv = status["intervals"]
-        print(f"intervals: {len(iv['committed'])} committed, {len(iv['gaps'])} gap(s)")
-        for c in iv["committed"][-10:]:
-            print(f"  batch {c['batch']:>5}  {c['interval']}")
-        for g in iv["gaps"][:10]:
+    for p in status.partitions:
+        print(f"{p.topic:<24}{p.partition:>10}{_n(p.committed):>12}{_n(p.end):>12}{_n(p.lag):>10}")
+    lay = status.layout
+    print(f"files {lay.files}  average {lay.average_file_bytes:,} bytes  commits since checkpoint "
+          f"{lay.versions_since_checkpoint}  maintenance due: {'; '.join(status.due) or 'none'}")
+    if status.intervals:
+        gaps = status.interval_gaps
+        print(f"intervals: {len(status.intervals)} committed, {len(gaps)} gap(s)")
+        for c in status.intervals[-10:]:
+            print(f"  batch {c.batch:>5}  {c.interval}")
+        for g in gaps[:10]:
             print(f"  gap          {g}")
-    for a in status["attempts"]:
-        print(f"waiting for: attempt {a['attempt_id']} ({a['kind']}, batch {a['batch']}, run {a['run_key']}) on "
-              f"{a['host']} pid {a['pid']}, {a['age_seconds']:.0f} s old: {a['why']}")
-    audit = status.get("last_audit")
-    print(f"last audit: {audit['audited_at']} through version {audit['through_version']}: {audit['summary']}"
+    for a in status.attempts:
+        print(f"waiting for: attempt {a.attempt_id} ({a.kind}, batch {a.batch}, run {a.run_key}) on "
+              f"{a.host} pid {a.pid}, {a.age_seconds:.0f} s old: {a.why}")
+    audit = status.last_audit
+    print(f"last audit: {audit.audited_at} through version {audit.through_version}: {audit.summary}"
           if audit else "last audit: none (airflow-eo audit)")
     print("last batches:")
-    for b in status["batches"]:
-        late = f"  late {b['late']}" if b.get("late") else ""
-        merged = (f"  +{b['inserted']} ~{b['updated']} -{b['deleted']} rewrote {b['files_rewritten']} file(s)"
-                  if "inserted" in b else "")
-        print(f"  batch {b['batch']:>5}  version {b['version']:>5}  rows {b['rows']:>9}  {b['operation']}  "
-              f"{', '.join(b['ranges'])}{late}{merged}")
+    for b in status.batches:
+        late = f"  late {b.late}" if b.late else ""
+        m = b.merge
+        merged = f"  +{m.inserted} ~{m.updated} -{m.deleted} rewrote {m.files_rewritten} file(s)" if m else ""
+        print(f"  batch {b.batch:>5}  version {b.version:>5}  rows {b.rows:>9}  {b.operation}  "
+              f"{', '.join(b.ranges)}{late}{merged}")
     return 0
 
 

@@ -18,16 +18,25 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Mapping
 
 from airflow_eo.errors import AirflowEoError, TableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import PartitionBounds, StartingPosition, TopicPartition, backlog, partitions_without_offsets
+from airflow_eo.planning import (
+    Interval, PartitionBounds, StartingPosition, TopicPartition, backlog, partitions_without_offsets,
+)
 from airflow_eo.spec import FROM_EARLIEST
-from airflow_eo.intervals import gaps
+from airflow_eo.intervals import CommittedInterval, gaps
+from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, StagingArea
+
+if TYPE_CHECKING:
+    from airflow_eo.table.audit_log import AuditRecord
+    from airflow_eo.table.maintenance import Layout
+    from airflow_eo.table.metadata import MergeInfo
 
 log = logging.getLogger(__name__)
 
@@ -50,26 +59,114 @@ def measure_lag(kafka_config: Mapping[str, object], topics: list[str], ledger: L
     return {str(tp): n for tp, n in lag_of(kafka, bounds, ledger, ingest_id, starting_offsets).items()}
 
 
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One partition: the table's committed offset, Kafka's end and the lag (None: Kafka unknown)."""
+
+    topic: str
+    partition: int
+    committed: int | None
+    end: int | None = None
+    lag: int | None = None
+
+
+@dataclass(frozen=True)
+class BlockingAttempt:
+    """An attempt a new run of the table would wait for, and why (:func:`blocking_attempts`)."""
+
+    attempt_id: str
+    batch: int
+    kind: str
+    run_key: str
+    age_seconds: float
+    host: str
+    pid: int
+    driver: str | None
+    why: str
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """One of the table's last batches; a merge batch also says what it did to the rows."""
+
+    batch: int
+    version: int
+    rows: int
+    operation: str
+    run_key: str
+    ranges: tuple[str, ...]
+    late: int
+    merge: MergeInfo | None = None
+
+    def to_dict(self) -> dict:
+        out = {"batch": self.batch, "version": self.version, "rows": self.rows, "operation": self.operation,
+               "run_key": self.run_key, "ranges": list(self.ranges), "late": self.late}
+        if self.merge is not None:
+            out.update(inserted=self.merge.inserted, updated=self.merge.updated, deleted=self.merge.deleted,
+                       files_rewritten=self.merge.files_rewritten)
+        return out
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    """What ``airflow-eo status`` shows of a table (:func:`table_status`); ``to_dict`` is its JSON."""
+
+    table_uri: str
+    ingest_id: str
+    version: int | None
+    last_batch: int
+    write_mode: WriteMode
+    layout: Layout
+    due: tuple[str, ...]  # the layout's due maintenance, and a txn retention that would lose offsets
+    partitions: tuple[PartitionStatus, ...]
+    attempts: tuple[BlockingAttempt, ...]
+    batches: tuple[BatchStatus, ...]
+    intervals: tuple[CommittedInterval, ...] = ()  # interval mode: the committed intervals, oldest first
+    last_audit: AuditRecord | None = None
+
+    @property
+    def interval_gaps(self) -> list[Interval]:
+        return gaps(list(self.intervals))
+
+    def to_dict(self) -> dict:
+        return {
+            "intervals": {"committed": [{"batch": c.batch, "interval": str(c.interval),
+                                         "start_ms": c.interval.start_ms, "end_ms": c.interval.end_ms}
+                                        for c in self.intervals],
+                          "gaps": [str(g) for g in self.interval_gaps]} if self.intervals else None,
+            "table_uri": self.table_uri, "ingest_id": self.ingest_id, "version": self.version,
+            "last_batch": self.last_batch, "layout": {**self.layout.to_dict(), "due": list(self.due)},
+            "partitions": [asdict(p) for p in self.partitions], "attempts": [asdict(a) for a in self.attempts],
+            "last_audit": {"audited_at": self.last_audit.audited_at, "through_version": self.last_audit.through_version,
+                           "drift": self.last_audit.drift, "summary": self.last_audit.summary}
+            if self.last_audit else None,
+            "write_mode": self.write_mode.value, "batches": [b.to_dict() for b in self.batches],
+        }
+
+
 def blocking_attempts(ledger: Ledger, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                      now: float | None = None) -> list[dict]:
+                      now: float | None = None) -> list[BlockingAttempt]:
     """The attempts a new run of the table would wait for, with their age and where they run
     (:meth:`airflow_eo.table.staging.StagingArea.blocking_attempts`): so a user sees why a run waits."""
     now = time.time() if now is None else now
     markers = StagingArea(ledger.location()).blocking_attempts(None, ledger.last_batch, grace_seconds, now)
     here = socket.gethostname()
-    return [{"attempt_id": m.attempt_id, "batch": m.batch, "kind": m.kind or "ingest", "run_key": m.run_key,
-             "age_seconds": round(now - m.started_at, 1), "host": m.host, "pid": m.pid,
-             "driver": f"{m.driver_host}:{m.driver_pid}" if m.driver_pid else None,
-             "why": "a process of it is alive on this host" if here in (m.host, m.driver_host) else
-                    f"it runs on another host: waited for until {grace_seconds:.0f} s after its start"}
+    return [BlockingAttempt(m.attempt_id, m.batch, m.kind or "ingest", m.run_key, round(now - m.started_at, 1),
+                            m.host, m.pid, f"{m.driver_host}:{m.driver_pid}" if m.driver_pid else None,
+                            "a process of it is alive on this host" if here in (m.host, m.driver_host) else
+                            f"it runs on another host: waited for until {grace_seconds:.0f} s after its start")
             for m in sorted(markers, key=lambda m: m.started_at)]
 
 
-def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limit: int = 5,
-                 storage_options: dict | None = None, staging_grace_seconds: float = DEFAULT_GRACE_SECONDS) -> dict:
+def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, object] | None, limit: int = 5,
+                 storage_options: dict | None = None,
+                 staging_grace_seconds: float = DEFAULT_GRACE_SECONDS) -> TableStatus:
     """Per partition committed offset, Kafka end offset and lag; the last batches; the table's
     files and log (:class:`airflow_eo.table.maintenance.Layout`) and which maintenance is due;
     the attempts that make a new run wait."""
+    from airflow_eo.table.audit_log import AuditLog
+    from airflow_eo.table.maintenance import layout
+
     ledger = Ledger.open(table_uri, storage_options)
     if not ledger.exists:
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
@@ -77,7 +174,8 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
     ledger.check_owner(ingest_id)
     batches = ledger.batches(ingest_id, limit=50)[:limit]
     partitions = sorted({TopicPartition(r.topic, r.partition) for b in batches[:1] for r in b.ranges})
-    bounds, lag = {}, {}
+    bounds: dict[TopicPartition, PartitionBounds] = {}
+    lag: dict[TopicPartition, int] = {}
     if kafka_config and kafka_config.get("bootstrap.servers"):
         topics = sorted({tp.topic for tp in partitions})
         try:
@@ -88,34 +186,24 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: dict | None, limi
             log.warning("Kafka not reachable, lag unknown: %s", exc)
         partitions = sorted(set(partitions) | set(bounds))
     committed = ledger.committed_offsets(ingest_id, partitions)
-    rows = [{"topic": tp.topic, "partition": tp.partition, "committed": committed[tp],
-             "end": bounds[tp].end if tp in bounds else None, "lag": lag.get(tp)} for tp in partitions]
-    from airflow_eo.table.maintenance import layout
-
-    table_layout = layout(ledger).to_dict()
+    table_layout = layout(ledger)
+    due = list(table_layout.due)
     try:
         ledger.check_txn_retention()
     except AirflowEoError as exc:
-        table_layout["due"].insert(0, str(exc))
-    from airflow_eo.table.audit_log import AuditLog
-
-    audit = AuditLog(ledger.location()).last(ingest_id)
+        due.insert(0, str(exc))
     intervals = IntervalLedger(ledger, ingest_id)
-    committed_intervals = intervals.committed() if intervals.is_interval_table() else []
-    return {
-        "intervals": {"committed": [{"batch": c.batch, "interval": str(c.interval), "start_ms": c.interval.start_ms,
-                                     "end_ms": c.interval.end_ms} for c in sorted(committed_intervals, key=lambda c: c.interval)],
-                      "gaps": [str(g) for g in gaps(committed_intervals)]} if committed_intervals else None,
-        "table_uri": ledger.table_uri, "ingest_id": ingest_id, "version": ledger.version,
-        "last_batch": ledger.last_batch(ingest_id), "layout": table_layout, "partitions": rows,
-        "attempts": blocking_attempts(ledger, staging_grace_seconds),
-        "last_audit": {"audited_at": audit.audited_at, "through_version": audit.through_version,
-                       "drift": audit.drift, "summary": audit.summary} if audit else None,
-        "write_mode": "merge" if ledger.is_merge_table(ingest_id) else "append",
-        "batches": [{"batch": b.batch, "version": b.version, "rows": b.rows, "operation": b.operation.value,
-                     "run_key": b.run_key, "ranges": [str(r) for r in b.ranges if r.size],
-                     "late": b.meta.late_records,
-                     **({"inserted": b.meta.merge.inserted, "updated": b.meta.merge.updated,
-                         "deleted": b.meta.merge.deleted, "files_rewritten": b.meta.merge.files_rewritten}
-                        if b.meta.merge else {})} for b in batches],
-    }
+    return TableStatus(
+        table_uri=ledger.table_uri, ingest_id=ingest_id, version=ledger.version, last_batch=ledger.last_batch(ingest_id),
+        write_mode=WriteMode.MERGE if ledger.is_merge_table(ingest_id) else WriteMode.APPEND,
+        layout=table_layout, due=tuple(due),
+        partitions=tuple(PartitionStatus(tp.topic, tp.partition, committed[tp],
+                                         bounds[tp].end if tp in bounds else None, lag.get(tp)) for tp in partitions),
+        attempts=tuple(blocking_attempts(ledger, staging_grace_seconds)),
+        batches=tuple(BatchStatus(b.batch, b.version, b.rows, b.operation.value, b.run_key,
+                                  tuple(str(r) for r in b.ranges if r.size), b.meta.late_records, b.meta.merge)
+                      for b in batches),
+        intervals=tuple(sorted(intervals.committed(), key=lambda c: c.interval)) if intervals.is_interval_table()
+        else (),
+        last_audit=AuditLog(ledger.location()).last(ingest_id),
+    )

@@ -127,10 +127,10 @@ def _tell(story, paths: DemoPaths, records: int) -> int:
         _clear(story, paths, broker, run2)
         status = table_status(paths.table, DEMO_INGEST_ID, broker.config)
     verdict = _verdict(paths.table, records, run1.summary, run2.summary)
-    story.say(f"Delta table {paths.table}: version {status['version']}, {verdict.rows} rows", stamp=False)
-    for p in status["partitions"]:
-        story.say(f"  {p['topic']}[{p['partition']}]  committed offset {p['committed']:>6}  end {p['end']:>6}  "
-                  f"lag {p['lag']}", stamp=False)
+    story.say(f"Delta table {paths.table}: version {status.version}, {verdict.rows} rows", stamp=False)
+    for p in status.partitions:
+        story.say(f"  {p.topic}[{p.partition}]  committed offset {p.committed:>6}  end {p.end:>6}  lag {p.lag}",
+                  stamp=False)
     story.say(verdict.line, stamp=False)
     story.say(f"look further: airflow-eo status {paths.table} --ingest-id {DEMO_INGEST_ID}", stamp=False)
     story.say(f"              AIRFLOW_HOME={paths.airflow_home} airflow dags list-runs kafka_to_delta_scheduled",

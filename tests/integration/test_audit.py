@@ -145,7 +145,7 @@ def test_ingested_table_is_clean_and_lists_the_skip_and_what_kafka_no_longer_hol
     ])
     assert report["batches"] == [1, 2, 3] and report["checked_offsets"] == ingested.p0_end + 2
     # the result is recorded: status shows it, and the next default audit starts after it
-    assert table_status(ingested.table, INGEST_ID, None)["last_audit"]["through_version"] == report["through_version"]
+    assert table_status(ingested.table, INGEST_ID, None).last_audit.through_version == report["through_version"]
     code, again = audit(capsys, ingested)
     assert code == 0 and again["batches"] == [] and again["checked_offsets"] == 0
     code, named = audit(capsys, ingested, None, "--since-last-audit")  # the default, by its name

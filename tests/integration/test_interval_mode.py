@@ -180,13 +180,13 @@ def test_reprocess_of_an_interval_replaces_exactly_its_rows(broker, kafka_config
     ing = ingestion(table_uri, topic, kafka_config, InProcessSubmitter(spark))
     for i in (0, 2):
         ing.run(RunIdentity(f"r{i}"), intervals[i])
-    status = table_status(table_uri, "test", kafka_config)
+    status = table_status(table_uri, "test", kafka_config).to_dict()  # the JSON `airflow-eo status --json` prints
     assert [c["interval"] for c in status["intervals"]["committed"]] == [str(intervals[0]), str(intervals[2])]
     assert status["intervals"]["gaps"] == [str(intervals[1])]  # the hour never run
     ing.run(RunIdentity("r1"), intervals[1])
-    status = table_status(table_uri, "test", kafka_config)
-    assert status["intervals"]["gaps"] == [] and len(status["intervals"]["committed"]) == 3
-    assert sum(b["late"] for b in status["batches"]) == sum(
+    typed = table_status(table_uri, "test", kafka_config)
+    assert typed.interval_gaps == [] and len(typed.intervals) == 3
+    assert sum(b.late for b in typed.batches) == sum(
         b.meta.findings.late.records for b in Ledger.open(table_uri).batches("test", limit=None))
     before = sorted(keys_of(read_table(table_uri, ["topic", "partition", "offset"])))
     result = Reprocessor(ing).run(RunIdentity("reprocess-r1"), target_run_key="r1")
@@ -245,8 +245,8 @@ def test_an_interval_without_records_commits_its_boundaries_without_spark(broker
     # its boundaries are recorded: empty ranges where the first interval ended
     assert owned_ranges(table_uri, topic)[quiet] == {p: (1, 1) for p in range(PARTITIONS)}
     assert no_spark.run(RunIdentity("quiet-again"), quiet).status == "already_committed"
-    status = table_status(table_uri, "test", kafka_config)["intervals"]
-    assert [c["interval"] for c in status["committed"]] == [str(first), str(quiet)] and status["gaps"] == []
+    status = table_status(table_uri, "test", kafka_config)
+    assert [c.interval for c in status.intervals] == [first, quiet] and status.interval_gaps == []
     assert ing.run(RunIdentity("third"), third).rows == 3
     assert owned_ranges(table_uri, topic)[third] == {p: (1, 2) for p in range(PARTITIONS)}
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 6

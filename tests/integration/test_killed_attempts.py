@@ -122,10 +122,10 @@ def test_an_attempt_of_another_host_still_makes_a_run_wait_and_status_shows_it(k
     waited = ingestion(kafka_config, table_uri, topic).wait_for_turn(timeout=3, run_key="run-2", poll=0.5)
     assert waited >= 3  # the grace rule: another host's attempt is waited for up to the timeout
 
-    (shown,) = table_status(table_uri, INGEST_ID, kafka_config)["attempts"]
-    assert (shown["attempt_id"], shown["host"], shown["batch"], shown["run_key"]) == \
+    (shown,) = table_status(table_uri, INGEST_ID, kafka_config).attempts
+    assert (shown.attempt_id, shown.host, shown.batch, shown.run_key) == \
         ("f" * 16, "worker-elsewhere", 2, "other/run/ingest/-1")
-    assert 59 <= shown["age_seconds"] < 600 and "another host" in shown["why"]
+    assert 59 <= shown.age_seconds < 600 and "another host" in shown.why
     printed = subprocess.run([CLI, "status", table_uri, "--ingest-id", INGEST_ID], capture_output=True, text=True,
                              timeout=120)
     assert printed.returncode == 0, printed.stderr

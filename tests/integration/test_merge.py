@@ -204,9 +204,10 @@ def test_only_the_newest_batch_is_reprocessed(broker, kafka_config, spark, tmp_p
     from airflow_eo.status import table_status
 
     status = table_status(uri, INGEST, kafka_config)
-    assert status["write_mode"] == "merge"
-    newest = status["batches"][0]
-    assert newest["operation"] == "reprocess" and newest["updated"] == 25 and newest["deleted"] == 0
+    assert status.write_mode.value == "merge" and status.to_dict()["write_mode"] == "merge"
+    newest = status.batches[0]
+    assert newest.operation == "reprocess" and newest.merge.updated == 25 and newest.merge.deleted == 0
+    assert status.to_dict()["batches"][0]["updated"] == 25
 
 
 def test_interval_mode_merges_intervals_oldest_first(broker, kafka_config, spark, tmp_path, ingestion):

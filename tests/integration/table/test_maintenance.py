@@ -98,7 +98,7 @@ def test_a_table_whose_txn_actions_expire_is_refused_by_ingest_and_maintenance(k
     with pytest.raises(ConfigError, match="setTransactionRetentionDuration"):
         maintain(table_uri)
     assert DeltaTable(table_uri).version() == version + 1  # only the property change; nothing of ours
-    assert "setTransactionRetentionDuration" in table_status(table_uri, "test", None)["layout"]["due"][0]
+    assert "setTransactionRetentionDuration" in table_status(table_uri, "test", None).due[0]
 
 
 def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(broker, kafka_config, spark,
