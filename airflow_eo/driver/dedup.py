@@ -18,11 +18,14 @@ records anyway; that and sending them to the dead-letter table is the caller's j
 
 One pass, no cache: the batch is shuffled once by key and ranked, its first copies anti-joined
 with the stored keys; :meth:`Deduplicated.dropped` reads the count from the write's observed
-metrics (or counts again when there are none).
+metrics (or counts again when there are none). The stored keys are read from the table's files
+within the horizon (:func:`key_files`): by Spark's Parquet reader for a local table, in Spark
+tasks through the table's own filesystem and storage options for any other (``s3://`` needs no
+hadoop-aws jar; :mod:`airflow_eo.driver.scan`).
 
 Example::
 
-    >>> out = drop_duplicates(source, "headers['event-id']", table_files)    # doctest: +SKIP
+    >>> out = drop_duplicates(source, "headers['event-id']", stored)         # doctest: +SKIP
     >>> out.kept.write.parquet(target)                                       # doctest: +SKIP
     >>> out.kept.columns[-1], out.dropped()                                  # doctest: +SKIP
     ('_dedup_key', 2)
@@ -40,12 +43,14 @@ from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKi
 from airflow_eo.compat import observation_pending
 from airflow_eo.decoding.decoder import REASON_COLUMN
 from airflow_eo.driver.decode import functions_for
+from airflow_eo.driver.scan import TableFiles, read_table_files
 from airflow_eo.driver.transforms import join_by_offset
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import parse_duration
 from airflow_eo.planning import BatchPlan, read_slices
+from airflow_eo.table.files import TableFile, snapshot_files
 from airflow_eo.table.ledger import Ledger, batch_of_path
-from airflow_eo.table.storage import TableLocation, is_local
+from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
 
@@ -185,25 +190,30 @@ def _with_key(df, expr: str):
     return out
 
 
-def table_keys(spark, table_files, horizon_ms: int | None = None, exclude=()):
+def table_keys(spark, table_files: TableFiles | None, horizon_ms: int | None = None, exclude=()):
     """The non-null keys of ``table_files`` (not made distinct: the anti and semi joins that
     read them match a key once however often it is stored), or None when there are no files.
 
-    The schema is given, not inferred: a file written before dedup was turned on (no
+    The columns are given, not inferred: a file written before dedup was turned on (no
     :data:`DEDUP_COLUMN`) reads as nulls, i.e. holds no keys, and no job reads the footers.
+    A local table's files are read by Spark's Parquet reader, any other table's in Spark tasks
+    through its own filesystem (:func:`airflow_eo.driver.scan.read_table_files`).
     With ``horizon_ms`` (epoch milliseconds), rows whose ``timestamp`` is before it are
     ignored; rows without one (no such column, or null) still count, so this only narrows
-    what the caller's file pruning left. A table whose ``timestamp`` column is not a Spark
-    TIMESTAMP (a transform replaced it) cannot be read with a horizon: the read fails.
+    what the caller's file pruning left. A table whose ``timestamp`` column is not a
+    timestamp (a transform replaced it) cannot be read with a horizon: the read fails.
     """
-    files = [str(f) for f in table_files]
-    if not files:
-        return None
-    columns = f"`{DEDUP_COLUMN}` STRING" + (f", `{TIMESTAMP_COLUMN}` TIMESTAMP" if horizon_ms is not None else "")
+    import pyarrow as pa
+
+    columns = [pa.field(DEDUP_COLUMN, pa.string())]
+    if horizon_ms is not None:
+        columns.append(pa.field(TIMESTAMP_COLUMN, pa.timestamp("us", tz="UTC")))
     if exclude:  # a reprocess: the batch's own rows are not "already in the table"
-        columns += ", topic STRING, partition INT, offset LONG"
-    with functions_for(spark) as F:  # the DDL schema is parsed for the session's kind too
-        rows = spark.read.schema(columns).parquet(*files)
+        columns += [pa.field("topic", pa.string()), pa.field("partition", pa.int32()), pa.field("offset", pa.int64())]
+    rows = read_table_files(spark, table_files, pa.schema(columns))
+    if rows is None:
+        return None
+    with functions_for(spark) as F:
         present = F.col(DEDUP_COLUMN).isNotNull()
         for r in exclude:
             present = present & ~((F.col("topic") == r.topic) & (F.col("partition") == r.partition)
@@ -214,12 +224,12 @@ def table_keys(spark, table_files, horizon_ms: int | None = None, exclude=()):
         return rows.where(present).select(DEDUP_COLUMN)
 
 
-def drop_duplicates(source, expr: str, table_files, horizon_ms: int | None = None, exclude=(),
+def drop_duplicates(source, expr: str, table_files: TableFiles | None, horizon_ms: int | None = None, exclude=(),
                     partitions: int | None = None, observe: bool = True) -> Deduplicated:
     """Split the batch ``source`` by the dedup key ``expr`` against the keys in ``table_files``.
 
-    ``table_files``: the Parquet files (paths or URIs) of the table's snapshot, pruned by the
-    caller to the horizon; empty for a new table. ``partitions``: how many tasks rank the
+    ``table_files``: the data files of the table's snapshot, pruned by the caller to the
+    horizon; None (or no files) for a new table. ``partitions``: how many tasks rank the
     batch's keys (default: Spark's shuffle partitions). One pass over ``source``: the batch is
     shuffled once by key and ranked, then its first copies are anti-joined with the stored
     keys (a broadcast when Spark finds them small); kept + duplicates = the batch's rows.
@@ -252,7 +262,7 @@ def drop_duplicates(source, expr: str, table_files, horizon_ms: int | None = Non
 
 
 def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: BatchPlan,
-              now_ms: int) -> tuple[list[str], int | None]:
+              now_ms: int) -> tuple[list[TableFile], int | None]:
     """The table's data files that may hold keys within ``spec``'s horizon, and the horizon as
     epoch ms for a duration. ``"<n> batches"`` keeps the files of the last n batches' attempt
     directories (and every file outside them: a compaction mixes batches); a duration keeps the
@@ -260,26 +270,21 @@ def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: B
     ledger = Ledger.open(location.uri, storage_options)
     if ledger.table is None:
         return [], None
-    if not is_local(location.uri):
-        raise ConfigError(f"dedup_key on {location.uri} needs Spark to read the table's keys from object storage, "
-                          "which needs the hadoop-aws jar this deployment lacks: use dedup on local/HDFS tables; "
-                          "nothing was committed")
     import pyarrow as pa
 
     actions = pa.table(ledger.table.get_add_actions(flatten=True))
-    names = set(actions.column_names)
-    rows = actions.select([c for c in ("path", "max.timestamp") if c in names]).to_pylist()
+    newest = actions["max.timestamp"].to_pylist() if "max.timestamp" in actions.column_names else None
     batches = spec.horizon_batches()
     horizon_ms = None if batches or not spec.horizon else now_ms - int(parse_duration(spec.horizon) * 1000)
     kept = []
-    for row in rows:
-        batch = batch_of_path(row["path"])
+    for i, file in enumerate(snapshot_files(actions)):
+        batch = batch_of_path(file.path)
         if batches and batch is not None and batch < plan.batch - batches:
             continue
-        newest = row.get("max.timestamp")
-        if horizon_ms is not None and newest is not None and newest.timestamp() * 1000 < horizon_ms:
+        if horizon_ms is not None and newest is not None and newest[i] is not None \
+                and newest[i].timestamp() * 1000 < horizon_ms:
             continue
-        kept.append(location.join(row["path"]))
+        kept.append(file)
     return kept, horizon_ms
 
 
@@ -289,10 +294,11 @@ def deduplicate(source, attempt: Attempt, location: TableLocation, storage_optio
     as many tasks as read it, at most one per core (Spark's default of 200 shuffle partitions
     costs more than the ranking itself on a small batch)."""
     files, horizon_ms = key_files(location, storage_options, attempt.dedup, attempt.plan, now_ms)
+    stored = TableFiles(location.uri, tuple(files), storage_options)
     own = attempt.plan.data_ranges if attempt.kind is AttemptKind.REPROCESS else ()
     tasks = len(read_slices(attempt.plan.data_ranges, attempt.spark.max_offsets_per_task))
     cores = _parallelism(source.sparkSession)
-    return drop_duplicates(source, attempt.dedup.key, files, horizon_ms, own,
+    return drop_duplicates(source, attempt.dedup.key, stored, horizon_ms, own,
                            partitions=max(1, min(tasks, cores or tasks)), observe=observe)
 
 

@@ -18,7 +18,7 @@ After the read and the decoding, a merge batch takes these steps in the driver (
    snapshot's files that may hold them are chosen by statistics and partition values
    (:func:`airflow_eo.table.merge.candidate_files`) and rewritten without those keys' rows
    inside Spark tasks, through the table's own filesystem (local, ``s3://`` alike, both
-   Spark paths); the winners that upsert are staged as the batch's new files.
+   Spark paths: :func:`airflow_eo.driver.scan.over_files`); the winners that upsert are staged as the batch's new files.
 
 Example::
 
@@ -42,12 +42,13 @@ from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.driver import cdc
 from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, select_winners
 from airflow_eo.driver.decode import functions_for
+from airflow_eo.driver.scan import over_files
 from airflow_eo.driver.transforms import join_by_offset
 from airflow_eo.errors import ConfigError, MergeKeyError
 from airflow_eo.spec import CdcFormat
-from airflow_eo.table.files import StagedFile
+from airflow_eo.table.files import StagedFile, TableFile
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, TableFile, candidate_files, rewrite_file, with_key_stats
+from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files, rewrite_file, with_key_stats
 from airflow_eo.table.metadata import MergeInfo
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.staging import KEPT_SUFFIX
@@ -58,9 +59,6 @@ log = logging.getLogger(__name__)
 # what the transform's output needs beside its own columns: struct<delete, ts> of the record
 CHANGE_COLUMN = "_airflow_eo_change"
 INTERNAL = (CHANGE_COLUMN, DELETE_COLUMN, TS_COLUMN, CHANGES_COLUMN)
-# a rewrite task reads about this much of the table (at least one file): fewer, fuller tasks on
-# small tables, one task per file on large ones
-REWRITE_TASK_BYTES = 32 * 2**20
 REWRITE_SCHEMA = "rewrite string"
 
 
@@ -190,16 +188,11 @@ def rewrite_in_tasks(spark, location: TableLocation, storage_options, files: lis
     rewritten into ``target`` without those rows. Returns what was rewritten."""
     if not files:
         return []
-    from airflow_eo.driver.session import for_session
-
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, keys.schema) as stream:
         stream.write_table(keys)
-    tasks = min(len(files), max(1, -(-sum(f.size for f in files) // REWRITE_TASK_BYTES)))
-    with for_session(spark):
-        plan = spark.range(0, len(files), 1, tasks).mapInArrow(
-            _rewriter(location.uri, dict(storage_options) if storage_options else None, files, sink.getvalue(), key,
-                      target, tuple(ranges)), REWRITE_SCHEMA)
+    plan = over_files(spark, files, _rewriter(location.uri, dict(storage_options) if storage_options else None, files,
+                                              sink.getvalue(), key, target, tuple(ranges)), REWRITE_SCHEMA)
     return [Rewrite.from_json(row["rewrite"]) for row in plan.collect()]
 
 

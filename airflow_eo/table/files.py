@@ -1,8 +1,37 @@
-"""A staged file: one Parquet file an attempt wrote, as its Delta add action and the commit metadata name it."""
+"""A table's data files: the files an attempt staged, the files of a snapshot, and reading one through the table's filesystem.
+
+Reading goes through :class:`~airflow_eo.table.storage.TableLocation` (pyarrow's filesystem of
+the table, with the storage options deltalake commits with), so a Spark task reads an
+``s3://`` table's files without a Hadoop jar. :func:`read_columns` gives a file's rows as the
+caller asks for them: exactly the requested columns, typed as given; a column the file lacks
+(written before the column existed) reads as nulls, and a partition column (never stored in
+the file) as the file's value from the Delta log.
+
+Example::
+
+    >>> import pyarrow as pa
+    >>> rows = pa.record_batch({"id": pa.array([1, 2], pa.int64())})
+    >>> wanted = pa.schema([("id", pa.string()), ("date", pa.date32()), ("note", pa.string())])
+    >>> conform(rows, TableFile("date=2026-03-04/part-0.parquet", 10, {"date": "2026-03-04"}), wanted).to_pydict()
+    {'id': ['1', '2'], 'date': [datetime.date(2026, 3, 4), datetime.date(2026, 3, 4)], 'note': [None, None]}
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator, TypeVar
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from airflow_eo.table.partitioning import format_value, partition_values_of
+from airflow_eo.table.storage import TableLocation
+
+# rows per batch a reading task hands on: Arrow's default (a row group can hold millions)
+READ_BATCH_ROWS = 65_536
+_Rows = TypeVar("_Rows", pa.RecordBatch, pa.Table)
 
 
 @dataclass(frozen=True)
@@ -15,3 +44,92 @@ class StagedFile:
     num_records: int
     stats: str  # Delta stats JSON
     partition_values: dict = field(default_factory=dict)  # column -> value, from its directory (partitioning)
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """A data file of the table's snapshot: what reading it and its remove action need."""
+
+    path: str  # relative to the table root
+    size: int
+    partition_values: dict = field(default_factory=dict)  # column -> value as Delta writes it (text), or None
+
+
+def snapshot_files(actions: pa.Table) -> list[TableFile]:
+    """The files of a snapshot's add actions (``DeltaTable.get_add_actions(flatten=True)``).
+
+    The log holds a file's path as a URI, escaped once more (delta-rs writes the ``%2F`` of a
+    partition directory ``region=eu%2Fwest`` as ``%252F``): the file's path is its decoding,
+    which is what opening it and a remove action take (``DeltaTable.file_uris()`` decodes too).
+    Partition values come from the log's ``partition.<column>`` columns (the truth: another
+    writer may name directories differently), from the path when the log has none.
+    """
+    parted = [c for c in actions.column_names if c.startswith("partition.")]
+    files = []
+    for row in actions.select(["path", "size_bytes", *parted]).to_pylist():
+        path = unquote(row["path"])
+        values = {c.split(".", 1)[1]: format_value(row[c]) for c in parted} if parted else partition_values_of(path)
+        files.append(TableFile(path, row["size_bytes"], values))
+    return files
+
+
+def read_file(location: TableLocation, path: str) -> pa.Table:
+    """The whole data file ``path`` (relative to the table root)."""
+    with location.fs.open_input_file(location.join(path)) as handle:
+        return pq.ParquetFile(handle).read()
+
+
+def read_columns(location: TableLocation, file: TableFile, schema: pa.Schema,
+                 batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """``file``'s rows with exactly ``schema``'s columns (:func:`conform`), one row group's share at a
+    time; only the columns the file has are read."""
+    with location.fs.open_input_file(location.join(file.path)) as handle:
+        parquet = pq.ParquetFile(handle)
+        stored = set(parquet.schema_arrow.names)
+        present = [n for n in schema.names if n in stored and n not in file.partition_values]
+        if not present:  # nothing to read: each row group's rows, all from the log or null
+            for group in range(parquet.metadata.num_row_groups):
+                rows = parquet.metadata.row_group(group).num_rows
+                if rows:
+                    yield conform(pa.record_batch([pa.nulls(rows)], names=["_"]), file, schema)
+            return
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=present):
+            if batch.num_rows:
+                yield conform(batch, file, schema)
+
+
+def conform(rows: _Rows, file: TableFile, schema: pa.Schema) -> _Rows:
+    """``rows`` of ``file`` as ``schema`` says: its columns cast to the given types, a partition
+    column the file's value (from the log), a column neither has nulls."""
+    columns = []
+    for wanted in schema:
+        if wanted.name in file.partition_values:
+            value = file.partition_values[wanted.name]
+            column = pa.nulls(rows.num_rows, wanted.type) if value is None else \
+                _cast(pa.array([value] * rows.num_rows, pa.string()), wanted, file.path)
+        elif wanted.name in rows.schema.names:
+            column = _cast(rows.column(wanted.name), wanted, file.path)
+        else:
+            column = pa.nulls(rows.num_rows, wanted.type)
+        columns.append(column)
+    return type(rows).from_arrays(columns, schema=schema)
+
+
+def _cast(column, wanted: pa.Field, path: str):
+    if column.type == wanted.type:
+        return column
+    try:
+        try:
+            return pc.cast(column, wanted.type)
+        except pa.ArrowInvalid:
+            if not (pa.types.is_timestamp(wanted.type) and wanted.type.tz and pa.types.is_string(column.type)):
+                raise
+            # a partition value: Delta writes timestamps in UTC, without an offset
+            return pc.cast(pc.cast(column, pa.timestamp(wanted.type.unit)), wanted.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise ValueError(f"{path}: column {wanted.name!r} is {column.type}, which does not read as {wanted.type} "
+                         f"({_first_line(exc)})") from exc
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import uuid
 from bisect import bisect_left, bisect_right
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta, timezone
 
 import pyarrow as pa
@@ -42,22 +42,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_eo.offsets import OffsetRange
-from airflow_eo.table.files import StagedFile
+from airflow_eo.table.files import StagedFile, TableFile, conform, read_file
 from airflow_eo.table.partitioning import partition_segments, partition_values_of
 from airflow_eo.table.staging import column_bounds, staged_file
 from airflow_eo.table.storage import TableLocation
 
 DELETE_COLUMN = "_airflow_eo_delete"  # a changed key's winner deletes it (else it upserts)
 _ROW = "_airflow_eo_row"
-
-
-@dataclass(frozen=True)
-class TableFile:
-    """A data file of the table's snapshot: what its remove action needs."""
-
-    path: str  # relative to the table root
-    size: int
-    partition_values: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,12 +71,6 @@ class Rewrite:
         raw = json.loads(text)
         copy = raw.pop("copy")
         return cls(**{**raw, "removed": TableFile(**raw["removed"]), "copy": StagedFile(**copy) if copy else None})
-
-
-def table_files(actions: pa.Table) -> list[TableFile]:
-    """The snapshot's files (``DeltaTable.get_add_actions(flatten=True)``)."""
-    return [TableFile(p, s, partition_values_of(p)) for p, s in
-            zip(actions["path"].to_pylist(), actions["size_bytes"].to_pylist())]
 
 
 def _stat_typed(keys: pa.Table, column: str, actions: pa.Table) -> pa.Array | None:
@@ -170,19 +155,11 @@ def _in_ranges(table: pa.Table, ranges: tuple[OffsetRange, ...]) -> pa.Array:
     return inside
 
 
-def _key_probe(table: pa.Table, file: TableFile, keys: pa.Table, key_columns: tuple[str, ...]) -> pa.Table | None:
-    """The file's key columns (a partition column as the file's constant value), typed like
-    ``keys``, and each row's number; None when the file lacks a key column (it holds no key)."""
-    columns = {}
-    for c in key_columns:
-        if c in table.column_names:
-            columns[c] = pc.cast(table[c], keys.schema.field(c).type)
-        elif c in file.partition_values and file.partition_values[c] is not None:
-            columns[c] = pc.cast(pa.array([file.partition_values[c]] * table.num_rows, pa.string()),
-                                 keys.schema.field(c).type)
-        else:
-            return None
-    return pa.table({**columns, _ROW: pa.array(range(table.num_rows), pa.int64())})
+def _key_probe(table: pa.Table, file: TableFile, keys: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+    """The file's key columns typed like ``keys`` (a partition column as the file's value; a key
+    column the file lacks, or a null partition value, is null: it matches no key) and each row's number."""
+    probe = conform(table, file, pa.schema([keys.schema.field(c) for c in key_columns]))
+    return probe.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
 
 
 def rewrite_file(location: TableLocation, file: TableFile, keys: pa.Table, key_columns: tuple[str, ...],
@@ -190,13 +167,11 @@ def rewrite_file(location: TableLocation, file: TableFile, keys: pa.Table, key_c
     """Read ``file`` and, if it holds one of ``keys`` (key columns and :data:`DELETE_COLUMN`) or,
     for a reprocess, a row of ``ranges``, write its other rows into ``target_dir`` (under the
     file's own partition directories). None when the file holds none of them (left alone)."""
-    with location.fs.open_input_file(location.join(file.path)) as handle:
-        table = pq.ParquetFile(handle).read()
+    table = read_file(location, file.path)
     drop = [False] * table.num_rows
     updated = deleted = replaced = 0
-    probe = _key_probe(table, file, keys, key_columns)
-    if probe is not None and table.num_rows and keys.num_rows:
-        hits = probe.join(keys.select([*key_columns, DELETE_COLUMN]), keys=list(key_columns), join_type="inner")
+    if table.num_rows and keys.num_rows:
+        hits = _key_probe(table, file, keys, key_columns).join(keys.select([*key_columns, DELETE_COLUMN]), keys=list(key_columns), join_type="inner")
         for row, deletes in zip(hits[_ROW].to_pylist(), hits[DELETE_COLUMN].to_pylist()):
             drop[row] = True
             deleted += bool(deletes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 from datetime import datetime, timezone
 
@@ -18,7 +19,9 @@ from airflow_eo.driver.dedup import (
     DEDUP_COLUMN, check_dedup_expression, drop_duplicates,
 )
 from airflow_eo.driver.reader import KAFKA_SCHEMA, spark_kafka_struct
+from airflow_eo.driver.scan import TableFiles
 from airflow_eo.errors import ConfigError
+from airflow_eo.table.files import TableFile
 
 TS = datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
 
@@ -34,6 +37,12 @@ def frame(spark, rows):
 def keys_file(path, keys, **columns) -> str:
     pq.write_table(pa.table({DEDUP_COLUMN: pa.array(keys, pa.string()), **columns}), path)
     return str(path)
+
+
+def stored(paths) -> TableFiles:
+    """Local Parquet files in one directory as a table's stored files (read by Spark's reader)."""
+    root = os.path.dirname(paths[0])
+    return TableFiles(root, tuple(TableFile(os.path.basename(p), os.path.getsize(p)) for p in paths))
 
 
 def split(out) -> tuple[list, list]:
@@ -58,7 +67,7 @@ def test_the_first_occurrence_in_a_batch_wins_by_offset_then_partition_then_topi
         rec("t", 0, 2, b"d"), rec("t", 0, 3, b"d"), rec("t", 0, 4, b"d"),
         rec("t", 0, 9, b"e"),
     ]
-    kept, dups = split(drop_duplicates(frame(session, rows), "CAST(key AS STRING)", []))
+    kept, dups = split(drop_duplicates(frame(session, rows), "CAST(key AS STRING)", None))
     assert kept == [("t", 0, 2, "d"), ("t", 0, 5, "b"), ("t", 0, 7, "c"), ("t", 0, 9, "e"), ("t", 1, 0, "a")]
     assert dups == [("t", 0, 1, "a"), ("t", 0, 3, "d"), ("t", 0, 4, "d"), ("t", 1, 5, "b"), ("u", 0, 7, "c")]
 
@@ -71,7 +80,7 @@ def test_keys_already_in_the_table_are_dropped_and_files_without_the_column_hold
     pq.write_table(pa.table({"offset": [1, 2], "body": ["b", "c"]}), files[1])
     rows = [rec(offset=0, key=b"a"), rec(offset=1, key=b"b"), rec(offset=2, key=b"a"), rec(offset=3, key=b"c"),
             rec(offset=4, key=None)]
-    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files)
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", stored(files))
     kept, dups = split(out)
     assert kept == [("t", 0, 1, "b"), ("t", 0, 3, "c"), ("t", 0, 4, None)]
     assert dups == [("t", 0, 0, "a"), ("t", 0, 2, "a")]  # one in the table, one a later copy
@@ -83,14 +92,14 @@ def test_only_files_without_the_column_mean_no_keys(spark, tmp_path):
     old = tmp_path / "old.parquet"
     pq.write_table(pa.table({"_dedup_keyx": ["a"], "offset": [1]}), old)
     rows = [rec(offset=0, key=b"a"), rec(offset=1, key=b"a")]
-    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", [str(old)]))
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", stored([str(old)])))
     assert kept == [("t", 0, 0, "a")] and dups == [("t", 0, 1, "a")]
 
 
 def test_null_keys_are_never_duplicates(spark, tmp_path):
     files = [keys_file(tmp_path / "k.parquet", [None, None])]
     rows = [rec(offset=i, key=None) for i in range(4)] + [rec(offset=9, key=b"x")]
-    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", files))
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", stored(files)))
     assert [r[2] for r in kept] == [0, 1, 2, 3, 9] and dups == []
 
 
@@ -98,7 +107,7 @@ def test_a_binary_key_is_stored_base64_so_invalid_utf8_keys_do_not_collide(spark
     files = [keys_file(tmp_path / "k.parquet", [base64.b64encode(b"\xfe").decode()])]
     rows = [rec(offset=0, key=b"\xff"), rec(offset=1, key=b"\xfe"), rec(offset=2, key=b"\xfd"),
             rec(offset=3, key=b"\xff")]
-    kept, dups = split(drop_duplicates(frame(spark, rows), "key", files))
+    kept, dups = split(drop_duplicates(frame(spark, rows), "key", stored(files)))
     assert kept == [("t", 0, 0, "/w=="), ("t", 0, 2, "/Q==")]
     assert dups == [("t", 0, 1, "/g=="), ("t", 0, 3, "/w==")]
 
@@ -116,7 +125,7 @@ def test_a_header_is_read_by_name_the_last_of_that_name(session, tmp_path):
         rec(offset=5, headers=h(("event-id", b"e9"))),  # in the table
     ]
     files = [keys_file(tmp_path / "k.parquet", ["e9"])]
-    kept, dups = split(drop_duplicates(frame(session, rows), "CAST(headers['event-id'] AS STRING)", files))
+    kept, dups = split(drop_duplicates(frame(session, rows), "CAST(headers['event-id'] AS STRING)", stored(files)))
     assert kept == [("t", 0, 0, "e1"), ("t", 0, 2, "e2"), ("t", 0, 3, None), ("t", 0, 4, None)]
     assert dups == [("t", 0, 1, "e1"), ("t", 0, 5, "e9")]
 
@@ -124,7 +133,7 @@ def test_a_header_is_read_by_name_the_last_of_that_name(session, tmp_path):
 def test_a_json_path_key(spark):
     values = [{"id": 1}, {"id": 2}, {"id": 1, "v": 2}, {"other": 1}, {"id": 2}]
     rows = [rec(offset=i, value=json.dumps(v).encode()) for i, v in enumerate(values)] + [rec(offset=9, value=b"{bad")]
-    kept, dups = split(drop_duplicates(frame(spark, rows), "get_json_object(CAST(value AS STRING), '$.id')", []))
+    kept, dups = split(drop_duplicates(frame(spark, rows), "get_json_object(CAST(value AS STRING), '$.id')", None))
     assert kept == [("t", 0, 0, "1"), ("t", 0, 1, "2"), ("t", 0, 3, None), ("t", 0, 9, None)]
     assert dups == [("t", 0, 2, "1"), ("t", 0, 4, "2")]
 
@@ -135,7 +144,7 @@ def test_a_key_from_the_decoded_data_column(spark):
     with pytest.raises(ConfigError):
         check_dedup_expression(spark, "data.id")  # the plain Kafka source has no data
     check_dedup_expression(spark, "data.id", decoded.schema)
-    kept, dups = split(drop_duplicates(decoded, "data.id", []))
+    kept, dups = split(drop_duplicates(decoded, "data.id", None))
     assert [r[2] for r in kept] == [0, 1] and [r[2] for r in dups] == [2, 3]
 
 
@@ -146,7 +155,7 @@ def test_kept_and_duplicates_partition_the_batch_as_a_plain_reference_does(sessi
     in_table = {f"k{i}" for i in range(0, 25, 4)}
     files = [keys_file(tmp_path / "k1.parquet", sorted(in_table)[:3]),
              keys_file(tmp_path / "k2.parquet", sorted(in_table)[3:] + ["other"])]
-    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files)
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", stored(files))
     kept, dups = split(out)
     seen, want_kept, want_dups = set(in_table), [], []
     for topic, partition, offset, _, _, key, _, _ in sorted(rows, key=lambda r: (r[2], r[1], r[0])):
@@ -166,10 +175,10 @@ def test_the_horizon_ignores_table_rows_older_than_it(spark, tmp_path):
              keys_file(tmp_path / "no-ts.parquet", ["d"])]
     rows = [rec(offset=i, key=k) for i, k in enumerate([b"a", b"b", b"c", b"d"])]
     horizon = int(datetime(2026, 2, 1, tzinfo=timezone.utc).timestamp() * 1000)
-    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", files, horizon_ms=horizon))
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", stored(files), horizon_ms=horizon))
     assert [r[3] for r in kept] == ["a"]  # only "a" is older than the horizon
     assert [r[3] for r in dups] == ["b", "c", "d"]  # no timestamp: still counted
-    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", files))
+    kept, dups = split(drop_duplicates(frame(spark, rows), "CAST(key AS STRING)", stored(files)))
     assert kept == [] and len(dups) == 4
 
 
@@ -189,7 +198,7 @@ def test_a_bad_expression_is_a_one_line_config_error(spark, expr, says):
     assert "\n" not in message and says in message and repr(expr) in message
     assert ";;" not in message and "nothing was committed" in message
     with pytest.raises(ConfigError):
-        drop_duplicates(frame(spark, [rec()]), expr, [])
+        drop_duplicates(frame(spark, [rec()]), expr, None)
 
 
 def test_a_bad_expression_fails_before_any_action_on_spark_connect(spark_path):
@@ -204,7 +213,7 @@ def test_a_key_stored_twice_drops_its_record_once(session, tmp_path):
     # a duration horizon lets a resend past it be stored again: the table may hold a key twice
     files = [keys_file(tmp_path / "k1.parquet", ["a", "b"]), keys_file(tmp_path / "k2.parquet", ["a"])]
     rows = [rec(offset=0, key=b"a"), rec(offset=1, key=b"c"), rec(offset=2, key=b"a")]
-    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files, partitions=2)
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", stored(files), partitions=2)
     kept, dups = split(out)
     assert kept == [("t", 0, 1, "c")]
     assert dups == [("t", 0, 0, "a"), ("t", 0, 2, "a")]
@@ -221,7 +230,7 @@ def test_dropped_comes_from_the_write_and_is_recounted_exactly_without_one(sessi
     files = [keys_file(tmp_path / "k.parquet", ["k1", "k2", "zz"])]
     expected = len(rows) - len(set(r[5] for r in rows if r[5] is not None) - {b"k1", b"k2"}) - \
         sum(1 for r in rows if r[5] is None)
-    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", files, partitions=3)
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", stored(files), partitions=3)
     assert out.dropped() == expected  # nothing ran yet: counted exactly
     assert all(_observed(o) == {} for o in out.observed)
     out.kept.write.parquet(str(tmp_path / "kept"))
@@ -234,7 +243,7 @@ def test_dropped_comes_from_the_write_and_is_recounted_exactly_without_one(sessi
 
 def test_keyless_records_are_spread_over_the_tasks_and_all_kept(session):
     rows = [rec("t", p, o, None) for p in range(4) for o in range(25)] + [rec("t", 0, 99, b"x"), rec("t", 1, 99, b"x")]
-    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", [], partitions=4)
+    out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", None, partitions=4)
     with_task = out.kept.selectExpr("spark_partition_id() AS task", "key").where("key IS NULL")
     tasks = {r["task"] for r in with_task.collect()}
     assert len(tasks) > 1  # not one task holding every keyless record

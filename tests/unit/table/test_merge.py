@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_eo.planning import OffsetRange
+from airflow_eo.table.files import TableFile
 from airflow_eo.table.merge import (
-    DELETE_COLUMN, Rewrite, TableFile, candidate_files, key_stats, rewrite_file, with_key_stats,
+    DELETE_COLUMN, Rewrite, candidate_files, key_stats, rewrite_file, with_key_stats,
 )
 from airflow_eo.table.staging import staged_file
 from airflow_eo.table.storage import TableLocation
