@@ -24,6 +24,7 @@ import numpy as np
 from airflow_eo.errors import KafkaUnavailableError, ReadIncompleteError
 from airflow_eo.kafka import client_config
 from airflow_eo.offsets import TopicPartition
+from airflow_eo.table.files import add_actions_of
 from airflow_eo.table.storage import TableLocation
 
 KEYS = ("topic", "partition", "offset")
@@ -140,7 +141,6 @@ def _int(value) -> int | None:
 
 def table_files(table) -> list[FileStats]:
     """The data files of a ``deltalake.DeltaTable`` snapshot with their coordinate statistics."""
-    import pyarrow as pa
 
     def value(row: dict, key: str, side: str):  # a partition value is both the file's min and max
         for name in (f"partition.{key}", f"{side}.{key}"):
@@ -149,7 +149,7 @@ def table_files(table) -> list[FileStats]:
         return None
 
     out = []
-    for row in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+    for row in add_actions_of(table).to_pylist():
         topic, partition = row.get("partition.topic"), row.get("partition.partition")
         out.append(FileStats(FileRef(row["path"], None if topic is None else str(topic), _int(partition)),
                              value(row, "topic", "min"), value(row, "topic", "max"),

@@ -270,9 +270,7 @@ def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: B
     ledger = Ledger.open(location.uri, storage_options)
     if ledger.table is None:
         return [], None
-    import pyarrow as pa
-
-    actions = pa.table(ledger.table.get_add_actions(flatten=True))
+    actions = ledger.add_actions()
     newest = actions["max.timestamp"].to_pylist() if "max.timestamp" in actions.column_names else None
     batches = spec.horizon_batches()
     horizon_ms = None if batches or not spec.horizon else now_ms - int(parse_duration(spec.horizon) * 1000)

@@ -231,7 +231,7 @@ def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, 
         keys = changed.select([*key, DELETE_COLUMN])
         files, in_range = [], keys.slice(0, 0)
         if ledger.table is not None and keys.num_rows:
-            actions = pa.table(ledger.table.get_add_actions(flatten=True))
+            actions = ledger.add_actions()
             files, in_range = candidate_files(actions, keys, key, tuple(ledger.partition_columns))
         ranges = ()
         if attempt.kind is AttemptKind.REPROCESS:  # also the rows the batch itself wrote, by provenance

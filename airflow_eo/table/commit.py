@@ -418,7 +418,7 @@ class FileSwap:
                 "reads the table as it is now")
         added = files - self.snapshot_files
         if added and self.keys.num_rows and ledger.table is not None:
-            actions = pa.table(ledger.table.get_add_actions(flatten=True))
+            actions = ledger.add_actions()
             mask = pa.array([p in added for p in actions["path"].to_pylist()])
             suspects, _ = candidate_files(actions.filter(mask), self.keys, self.key, tuple(ledger.partition_columns))
             if suspects:

@@ -55,19 +55,30 @@ class TableFile:
     partition_values: dict = field(default_factory=dict)  # column -> value as Delta writes it (text), or None
 
 
-def snapshot_files(actions: pa.Table) -> list[TableFile]:
-    """The files of a snapshot's add actions (``DeltaTable.get_add_actions(flatten=True)``).
+def add_actions_of(table) -> pa.Table:
+    """A snapshot's add actions (``DeltaTable.get_add_actions(flatten=True)``: path, size,
+    partition values, stats), each ``path`` decoded: the one place log paths become file paths.
 
     The log holds a file's path as a URI, escaped once more (delta-rs writes the ``%2F`` of a
-    partition directory ``region=eu%2Fwest`` as ``%252F``): the file's path is its decoding,
-    which is what opening it and a remove action take (``DeltaTable.file_uris()`` decodes too).
-    Partition values come from the log's ``partition.<column>`` columns (the truth: another
-    writer may name directories differently), from the path when the log has none.
+    partition directory ``region=eu%2Fwest`` as ``%252F``, the ``%3A`` of a timestamp's as
+    ``%253A``): the file's path is its decoding, which is what opening it, an add action and a
+    remove action take (``DeltaTable.file_uris()`` decodes too). A remove action given the log's
+    form removes nothing, without an error.
+    """
+    actions = pa.table(table.get_add_actions(flatten=True))
+    decoded = pa.array([unquote(p) for p in actions["path"].to_pylist()], pa.string())
+    return actions.set_column(actions.schema.get_field_index("path"), "path", decoded)
+
+
+def snapshot_files(actions: pa.Table) -> list[TableFile]:
+    """The files of a snapshot's add actions (:func:`add_actions_of`, paths decoded). Partition
+    values come from the log's ``partition.<column>`` columns (the truth: another writer may
+    name directories differently), from the path when the log has none.
     """
     parted = [c for c in actions.column_names if c.startswith("partition.")]
     files = []
     for row in actions.select(["path", "size_bytes", *parted]).to_pylist():
-        path = unquote(row["path"])
+        path = row["path"]
         values = {c.split(".", 1)[1]: format_value(row[c]) for c in parted} if parted else partition_values_of(path)
         files.append(TableFile(path, row["size_bytes"], values))
     return files

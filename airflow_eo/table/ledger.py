@@ -24,7 +24,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -41,6 +41,9 @@ from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetada
 from airflow_eo.table.partitioning import check_table_partitioning
 from airflow_eo.spec import validate_ingest_id  # noqa: F401 - parsed with the spec; re-exported here
 from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 APP_PREFIX = "airflow-eo"
 
@@ -326,9 +329,14 @@ class Ledger:
         """Paths (relative to the root) of the files in this snapshot."""
         if self.table is None:
             return set()
-        import pyarrow as pa
+        return set(self.add_actions().column("path").to_pylist())
 
-        return set(pa.table(self.table.get_add_actions(flatten=True)).column("path").to_pylist())
+    def add_actions(self) -> "pa.Table":
+        """This snapshot's add actions with their paths decoded (:func:`airflow_eo.table.files.add_actions_of`)."""
+        from airflow_eo.table.files import add_actions_of  # pyarrow: imported when a table's files are needed
+
+        assert self.table is not None, "add actions of a table that does not exist"
+        return add_actions_of(self.table)
 
     def files_of_batch(self, batch: int, ranges: Iterable[OffsetRange]) -> tuple[dict[str, int], dict[str, int]]:
         """The files holding ``batch``'s rows, as (paths → sizes of files that hold only this
@@ -339,10 +347,7 @@ class Ledger:
         may mix batches; those whose key-column stats overlap ``ranges`` (or that have none)
         are the second kind: a reprocess rewrites them without the batch's rows.
         """
-        import pyarrow as pa
-
-        assert self.table is not None, "files_of_batch of a table that does not exist"  # callers hold a commit
-        actions = pa.table(self.table.get_add_actions(flatten=True))
+        actions = self.add_actions()
         wanted = ["path", "size_bytes", *(f"{s}.{k}" for s in ("min", "max") for k in ("topic", "partition", "offset"))]
         names = set(actions.column_names)
         rows = actions.select([c for c in wanted if c in names]).to_pylist()  # not every stat of every file

@@ -81,12 +81,11 @@ class Layout:
 
 def layout(ledger: Ledger) -> Layout:
     """The layout of the snapshot a :class:`~airflow_eo.table.ledger.Ledger` holds."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     if ledger.table is None:
         raise TableError(f"there is no Delta table at {ledger.table_uri}")
-    adds = pa.table(ledger.table.get_add_actions(flatten=True))
+    adds = ledger.add_actions()
     size = pc.sum(adds["size_bytes"]).as_py() if adds.num_rows else 0
     config = ledger.table.metadata().configuration
     interval = int(config.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))

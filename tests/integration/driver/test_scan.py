@@ -11,7 +11,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from airflow_eo.compat import spark_schema_of
 from airflow_eo.driver.scan import TableFiles, column_reader, over_files, read_table_files
-from airflow_eo.table.files import snapshot_files
+from airflow_eo.table.files import add_actions_of, snapshot_files
 
 TS = dt.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=dt.timezone.utc)
 DAY = dt.date(2026, 3, 4)
@@ -25,7 +25,7 @@ def write_table(uri: str, partition_by=None) -> TableFiles:
                        "day": pa.array([DAY] * 2, pa.date32()), "region": ["eu/west", "us"], "_dedup_key": ["k3", None]})
     write_deltalake(uri, first, partition_by=partition_by)
     write_deltalake(uri, second, mode="append", schema_mode="merge", partition_by=partition_by)
-    files = snapshot_files(pa.table(DeltaTable(uri).get_add_actions(flatten=True)))
+    files = snapshot_files(add_actions_of(DeltaTable(uri)))
     return TableFiles(uri, tuple(files))
 
 

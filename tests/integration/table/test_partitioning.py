@@ -127,3 +127,29 @@ def test_the_object_store_writer_lays_out_partitions_as_spark_does(spark, tmp_pa
         {f.path.split("/", 1)[1].rsplit("/", 1)[0] for f in spark_files}  # same directory names, escapes too
     for f in arrow:
         assert pq.read_schema(location.join(f.path)).names == ["topic", "partition", "offset"]
+
+
+def test_partition_values_that_need_escaping_reprocess_without_leaving_old_rows(broker, kafka_config, spark,
+                                                                               table_uri):
+    """A value with '/' or ':' lives in an escaped directory (``region=eu%2F1``), which the Delta
+    log escapes once more (``%252F``): a reprocess must remove the batch's files by their real
+    path, else the old rows stay beside the new ones (a remove of the log's form removes nothing)."""
+    sql = ("SELECT *, 'first' AS note, concat('eu/', CAST(partition % 2 AS STRING), ':', "
+           "date_format(timestamp, 'HH:mm')) AS region FROM source")
+    topic = new_topic(kafka_config, 3)
+    produce(kafka_config, topic, 24, partitions=3)
+    ing = partitioned(spark, kafka_config, table_uri, topic, sql=sql, partition_by=("region",), max_records_per_run=12)
+    first = ing.run(RunIdentity("run1"))
+    assert first.status == "committed" and ing.run(RunIdentity("run2")).status == "committed"
+    paths = [a["path"] for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist()]
+    assert all("%25" in p for p in paths)  # the log's form of the escaped directories
+    again = partitioned(spark, kafka_config, table_uri, topic, sql=sql.replace("'first'", "'again'"),
+                        partition_by=("region",))
+    assert Reprocessor(again).run(RunIdentity("run2")).status == REPROCESSED  # its own files, removed whole
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 24
+    maintain(table_uri, plan=MaintenancePlan(vacuum=False))  # files shared by both batches, per partition
+    assert Reprocessor(again).run(RunIdentity("run1")).status == REPROCESSED  # shared files rewritten
+    assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 24
+    rows = read_table(table_uri, ["partition", "offset", "note", "region"]).to_pylist()
+    assert all(r["note"] == "again" for r in rows)  # both batches' rows replaced, none left behind
+    assert all(r["region"].startswith(f"eu/{r['partition'] % 2}:") for r in rows)

@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from airflow_eo.driver.scan import TASK_BYTES, column_reader, tasks_for
-from airflow_eo.table.files import TableFile, snapshot_files
+from airflow_eo.table.files import TableFile, add_actions_of, snapshot_files
 
 DAY = dt.date(2026, 3, 4)
 TS = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
@@ -34,7 +34,7 @@ def table(tmp_path) -> str:
 
 
 def files_of(uri: str) -> list[TableFile]:
-    return snapshot_files(pa.table(DeltaTable(uri).get_add_actions(flatten=True)))
+    return snapshot_files(add_actions_of(DeltaTable(uri)))
 
 
 def ids(*indices: int) -> pa.RecordBatch:

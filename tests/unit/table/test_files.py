@@ -8,7 +8,7 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from airflow_eo.table.files import TableFile, conform, snapshot_files
+from airflow_eo.table.files import TableFile, add_actions_of, conform, snapshot_files
 
 ROWS = pa.table({"offset": pa.array([7, 8], pa.int32())})
 
@@ -28,10 +28,22 @@ def test_a_partition_value_that_is_not_of_the_asked_type_names_the_file():
         conform(ROWS, TableFile("n=x/p.parquet", 1, {"n": "x"}), pa.schema([("n", pa.int64())]))
 
 
-def test_snapshot_files_take_partition_values_from_the_log_and_decode_paths():
-    actions = pa.table({"path": ["d=2026-03-04/r=a%252Fb/p.parquet", "d=__HIVE_DEFAULT_PARTITION__/r=x/q.parquet"],
+class Snapshot:
+    """What add_actions_of reads of a DeltaTable: its add actions as the log spells them."""
+
+    def __init__(self, actions: pa.Table):
+        self.actions = actions
+
+    def get_add_actions(self, flatten: bool) -> pa.Table:
+        return self.actions
+
+
+def test_log_paths_are_decoded_once_and_partition_values_come_from_the_log():
+    raw = pa.table({"path": ["d=2026-03-04/r=a%252Fb/p.parquet", "d=__HIVE_DEFAULT_PARTITION__/r=x/q.parquet"],
                         "size_bytes": [10, 20], "partition.d": pa.array([dt.date(2026, 3, 4), None], pa.date32()),
                         "partition.r": ["a/b", "x"]})
+    actions = add_actions_of(Snapshot(raw))
+    assert actions["path"].to_pylist() == ["d=2026-03-04/r=a%2Fb/p.parquet", "d=__HIVE_DEFAULT_PARTITION__/r=x/q.parquet"]
     assert snapshot_files(actions) == [TableFile("d=2026-03-04/r=a%2Fb/p.parquet", 10, {"d": "2026-03-04", "r": "a/b"}),
                                        TableFile("d=__HIVE_DEFAULT_PARTITION__/r=x/q.parquet", 20, {"d": None, "r": "x"})]
     plain = pa.table({"path": ["b00000001-x/part-0.parquet"], "size_bytes": [5]})
