@@ -157,7 +157,8 @@ def test_each_tables_log_is_read_once_per_view(world, monkeypatch):
 
     monkeypatch.setattr(Ledger, "open", classmethod(spy))
     assert get(world, "").status_code == 200
-    assert sorted(opened) == sorted(world["tables"].values())
+    # The metadata DB is shared with the other Airflow tests of a session, whose tables are listed too.
+    assert len(opened) == len(set(opened)) and set(world["tables"].values()) <= set(opened)
     opened.clear()
     listed = get(world, "").text
     opened.clear()
