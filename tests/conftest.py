@@ -117,6 +117,10 @@ def build_config(table_uri: str, topics, kafka_config: dict, *, ingest_id: str =
     from airflow_eo.ingest import IngestConfig
 
     names = [topics] if isinstance(topics, str) else list(topics)
+    # The tests of the exactly-once core run their batches as Spark tasks, on both Spark paths, as
+    # their size would not (a batch within driver_read_max_offsets is read by the driver itself):
+    # the driver's own read has its tests (tests/integration/driver/test_direct.py, the CLI's, the kill tests)
+    options.setdefault("driver_read_max_offsets", 0)
     return IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=names, kafka_config=kafka_config, **options)
 
 
