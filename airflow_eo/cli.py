@@ -98,11 +98,8 @@ def _ingestion(args, interval=None):
     if args.remote:  # the warm path: each batch on a long-lived Spark Connect server
         from airflow_eo.submit.connect import ConnectSubmitter
 
-        from airflow_eo.driver.direct import driver_reads_every_batch
-
         submitter = ConnectSubmitter(args.remote, conf=conf)
-        if not driver_reads_every_batch(config.spec):  # else this process reads the batch: no client needed
-            submitter.prepare()  # the client's imports and channel while the batch is planned
+        submitter.prepare()  # the client's imports and channel while the batch is planned
     else:
         submitter = LocalSparkSubmit(master=args.master, conf=conf)
     _stop_spark_on_sigterm(submitter)

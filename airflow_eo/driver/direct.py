@@ -16,7 +16,8 @@ server's CPU per batch halves.
 consumer, the same pyarrow writer, the same file names (``part-<task>-<uuid>.parquet``), stats and
 reports — in the driver's process, one task after another, instead of as a Spark job. No job is
 scheduled and no Python worker takes a turn; a spark-submit driver then starts no SparkContext at
-all (:func:`airflow_eo.driver.main.main`) and a Spark Connect client leaves its server alone. The
+all (:func:`airflow_eo.driver.main.main`) and a Spark Connect client runs no job on its server (it
+still attaches, so a server that is down or refuses the client's token fails the batch as any other). The
 plan, its log, the compare-and-set commit and the verification are unchanged: only where step 3-4's
 one task runs differs. 0 turns it off.
 
@@ -45,7 +46,6 @@ from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKi
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
 from airflow_eo.driver.writer import staged_from_reports, task_writer, written_struct
-from airflow_eo.spec import Mode
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation
 
@@ -85,15 +85,6 @@ def direct_columns(spec: IngestSpec) -> tuple[str, ...] | None:
     if columns is None or not set(KEY_COLUMNS) <= set(columns) or not set(spec.table.partition_by) <= set(columns):
         return None  # Spark's path reports the missing columns
     return columns
-
-
-def driver_reads_every_batch(spec: IngestSpec) -> bool:
-    """Whether every offset-mode batch of ``spec`` is read by the driver itself (its
-    ``max_records_per_run`` within ``driver_read_max_offsets``, its rows on the direct path): such
-    an ingest never needs a Spark session (``airflow-eo ingest --remote`` then attaches none)."""
-    cap = spec.planning.max_records_per_run
-    return spec.planning.mode is not Mode.INTERVAL and cap is not None and direct_columns(spec) is not None and \
-        0 < cap <= spec.spark.driver_read_max_offsets
 
 
 @dataclass(frozen=True)

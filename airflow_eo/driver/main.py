@@ -5,7 +5,9 @@ or, with :class:`InProcessSubmitter`, in the calling process (a local SparkSessi
 Spark Connect session whose server does the reading and writing). The plan was logged and
 the attempt recorded before it starts; this code only executes it:
 
-1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed);
+1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed) — a small batch
+   on the direct path in this process, without Spark (:attr:`airflow_eo.driver.direct.DirectStage.in_driver`:
+   spark-submit's job then starts no SparkContext, a Connect client runs no job on its server);
 2. **decode** keys and values (:mod:`airflow_eo.decoding` in the read step, JSON by
    :mod:`airflow_eo.driver.decode`), undecodable records to the dead-letter table
    (:mod:`airflow_eo.driver.dead_letters`);

@@ -331,8 +331,8 @@ class SparkSettings:
     driver_read_max_offsets: int = option(
         "driver_read_max_offsets", "a batch of at most this many offsets whose rows Spark need not see (no "
         "decoding, dedup or merge; no transform, or a list of Kafka columns) is read and staged by the driver "
-        "itself: no Spark job (a spark-submit driver starts no SparkContext, a Connect client leaves the server "
-        "alone); 0: always Spark tasks", DEFAULT_DRIVER_READ_MAX_OFFSETS, parse=int)
+        "itself: no Spark job (a spark-submit driver starts no SparkContext, a Connect client runs no job on "
+        "the server); 0: always Spark tasks", DEFAULT_DRIVER_READ_MAX_OFFSETS, parse=int)
 
     def __post_init__(self):
         if self.max_offsets_per_task <= 0:

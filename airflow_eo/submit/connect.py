@@ -30,7 +30,6 @@ import uuid
 from airflow_eo import __version__
 from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.compat import client_closed, close_client_once, limit_client_retries
-from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.main import run_attempt
 from airflow_eo.errors import ConfigError, SparkUnavailableError
 
@@ -212,9 +211,6 @@ class ConnectSubmitter:
         detach(spark)
 
     def submit(self, attempt: Attempt, secrets: Secrets) -> None:
-        if not DirectStage.needs_spark(attempt):  # the driver (this process) reads the small batch itself
-            run_attempt(None, attempt, secrets)
-            return
         tag = TAG_PREFIX + attempt.attempt_id
         try:
             spark = self.session()

@@ -167,26 +167,13 @@ def test_a_server_on_another_version_is_refused_before_anything_runs(connect_ser
 def test_an_unreachable_server_is_a_retryable_error_within_seconds(kafka_config, tmp_path):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
-    # as Spark tasks: a batch this small is read by the driver itself otherwise (below)
-    config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="warm", topics=[topic], kafka_config=kafka_config,
-                          driver_read_max_offsets=0)
+    # a batch this small is read by the client itself (driver_read_max_offsets), which attaches to the server first
+    config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="warm", topics=[topic], kafka_config=kafka_config)
     started = time.monotonic()
     with pytest.raises(SparkUnavailableError, match="Spark Connect server sc://127.0.0.1"):
         Ingestion(config, ConnectSubmitter(f"sc://127.0.0.1:{free_port()}")).run(RunIdentity("nobody-home"))
     assert time.monotonic() - started < 30
     assert Ledger.open(str(tmp_path / "t")).exists is False
-
-
-def test_a_batch_the_driver_reads_itself_needs_no_server(broker, kafka_config, tmp_path):
-    """Within driver_read_max_offsets (default 100,000) the client reads and stages the batch: no
-    call reaches the server, so even none listening does not stop it."""
-    topic = new_topic(kafka_config, 2)
-    produce(kafka_config, topic, 10, partitions=2)
-    config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="warm", topics=[topic], kafka_config=kafka_config)
-    submitter = ConnectSubmitter(f"sc://127.0.0.1:{free_port()}")
-    result = Ingestion(config, submitter).run(RunIdentity("no-server-needed"))
-    assert (result.status, result.rows, submitter.submissions) == ("committed", 10, 0)
-    assert assert_exactly_once(str(tmp_path / "t"), broker.bootstrap_servers, [topic], ingest_id="warm") == 10
 
 
 def test_connect_server_command_binds_loopback_and_stops_on_sigterm(tmp_path):
@@ -273,7 +260,7 @@ def test_a_server_with_a_token_refuses_clients_without_it_and_serves_those_with_
         topic = new_topic(kafka_config, 1)
         produce(kafka_config, topic, 5, partitions=1)
         config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="auth", topics=[topic],
-                              kafka_config=kafka_config, driver_read_max_offsets=0)  # on the server
+                              kafka_config=kafka_config)  # read by the client: the server is asked all the same
         os.environ.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
         with pytest.raises(ConfigError, match="refused this client") as refused:
             Ingestion(config, ConnectSubmitter(f"sc://127.0.0.1:{server.port}")).run(RunIdentity("no-token"))

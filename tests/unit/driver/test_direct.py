@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.driver.direct import DirectStage, driver_reads_every_batch, projected_columns
+from airflow_eo.driver.direct import DirectStage, projected_columns
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.spec.parts import Transform
 
@@ -76,19 +76,3 @@ def test_a_direct_batch_within_driver_read_max_offsets_is_read_by_the_driver(per
 def test_a_small_batch_whose_rows_need_spark_still_runs_spark(options):
     attempt = _attempt(10, **options)
     assert DirectStage.of(attempt) is None and DirectStage.needs_spark(attempt)
-
-
-@pytest.mark.parametrize("options, every_batch", [
-    ({"max_records_per_run": 1000}, True),
-    ({"max_records_per_run": 100_000}, True),
-    ({"max_records_per_run": 100_001}, False),
-    ({}, False),  # no cap: a batch may be any size
-    ({"max_records_per_run": 1000, "driver_read_max_offsets": 0}, False),
-    ({"max_records_per_run": 1000, "transform_sql": "SELECT *, 1 AS one FROM source"}, False),
-    ({"max_records_per_run": 1000, "mode": "interval"}, False),  # an interval's batch is not capped
-])
-def test_an_ingest_needs_no_spark_session_when_every_batch_is_read_by_the_driver(options, every_batch):
-    from airflow_eo.spec import IngestSpec
-
-    spec = IngestSpec.of(table_uri="/data/orders", ingest_id="orders", topics="orders", **options)
-    assert driver_reads_every_batch(spec) is every_batch
