@@ -314,17 +314,17 @@ class Bench:
         a = self.args
         self.start_broker(DATA_TOPIC, a.records)
         out: dict = {"first_over_steady": [], "first_seconds": [], "small_seconds": [], "eo_over_alo": [],
-                     "server_start_seconds": []}
+                     "server_start_seconds": [], "small_spark_seconds": []}
         steady, phases = [], []
-        steps = ["steady", "small", "alo_eo"]
+        steps = ["steady", "small", "small_spark", "alo_eo"]
         for rep in range(a.repetitions):
             with bench_paths.ServerCommand(a.master, self.work) as server:
                 out["server_start_seconds"].append(server.start_seconds)
                 say(f"rep {rep + 1}/{a.repetitions}: a fresh connect-server, ready in {server.start_seconds:.1f}s")
 
-                def ingest(records: int, server=server):
+                def ingest(records: int, server=server, extra: tuple[str, ...] = ()):
                     return bench_paths.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records,
-                                                  remote=server.url, token=server.token)
+                                                  remote=server.url, token=server.token, extra=extra)
 
                 say("  the first 1M batch on it")
                 _, first = self.paired("warm.first", lambda: ingest(a.records), a.records)
@@ -339,6 +339,12 @@ class Bench:
                         phases.append(small["phases"])
                         out["small_seconds"].append(small["seconds"])
                         self.record("warm.small", small["seconds"])
+                        say(f"  {small['seconds']:.2f}s {small['phases']}")
+                    elif step == "small_spark":
+                        small = self.load.measure("warm.small_spark", lambda: ingest(a.small_records,
+                                                                                      extra=bench_paths.SPARK_TASKS))
+                        out["small_spark_seconds"].append(small["seconds"])
+                        self.record("warm.small_spark", small["seconds"])
                         say(f"  {small['seconds']:.2f}s {small['phases']}")
                     else:
                         pair = ["alo", "eo"] if rep % 2 == 0 else ["eo", "alo"]
@@ -392,11 +398,12 @@ class Bench:
         interleaved; then an unreachable broker."""
         a = self.args
         self.start_broker(DATA_TOPIC, a.records)
-        out: dict = {"small_seconds": [], "unreachable_seconds": []}
-        full, steps = [], ["full", "small"]
+        out: dict = {"small_seconds": [], "small_spark_seconds": [], "unreachable_seconds": []}
+        full, steps = [], ["full", "small", "small_spark"]
 
-        def ingest(records: int):
-            return bench_paths.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records, master=a.master)
+        def ingest(records: int, extra: tuple[str, ...] = ()):
+            return bench_paths.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, records, master=a.master,
+                                          extra=extra)
 
         for rep in range(a.repetitions):
             for step in (steps if rep % 2 == 0 else steps[::-1]):
@@ -404,9 +411,10 @@ class Bench:
                 if step == "full":
                     full.append(self.paired("cold.full", lambda: ingest(a.records), a.records))
                 else:
-                    small = self.load.measure("cold.small", lambda: ingest(a.small_records))
-                    out["small_seconds"].append(small["seconds"])
-                    self.record("cold.small", small["seconds"])
+                    label, extra = f"cold.{step}", bench_paths.SPARK_TASKS if step == "small_spark" else ()
+                    small = self.load.measure(label, lambda extra=extra: ingest(a.small_records, extra))
+                    out[f"{step}_seconds"].append(small["seconds"])
+                    self.record(label, small["seconds"])
                     say(f"  {small['seconds']:.2f}s {small['phases']}")
         self.stop_broker()
         for _ in range(a.repetitions):

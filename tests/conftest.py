@@ -117,6 +117,11 @@ def build_config(table_uri: str, topics, kafka_config: dict, *, ingest_id: str =
     from airflow_eo.ingest import IngestConfig
 
     names = [topics] if isinstance(topics, str) else list(topics)
+    # Tests run their batches as Spark tasks, on the Spark path they name, as their size would not:
+    # a batch within driver_read_max_offsets is read by the driver itself (its own tests: the
+    # "driver" path of tests/integration/test_ingest.py, tests/integration/driver/test_direct.py,
+    # the CLI's and the kill tests, which run with the defaults)
+    options.setdefault("driver_read_max_offsets", 0)
     return IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=names, kafka_config=kafka_config, **options)
 
 
@@ -124,7 +129,10 @@ def build_ingestion(table_uri: str, topics, kafka_config: dict, submitter, *, in
     """An ``Ingestion`` (:func:`build_config`) that runs its attempts with ``submitter``. The one place
     tests build it."""
     from airflow_eo.ingest import Ingestion
+    from airflow_eo.spec import DEFAULT_DRIVER_READ_MAX_OFFSETS
 
+    if isinstance(submitter, DriverSubmitter):  # the spec's own default: small batches read by the driver
+        options.setdefault("driver_read_max_offsets", DEFAULT_DRIVER_READ_MAX_OFFSETS)
     return Ingestion(build_config(table_uri, topics, kafka_config, ingest_id=ingest_id, **options), submitter)
 
 
@@ -150,8 +158,22 @@ def connect_server(tmp_path_factory):
             close_clients()
 
 
+class DriverSubmitter:
+    """Runs attempts in this process with the spec's default ``driver_read_max_offsets``: a direct
+    batch is read by the driver itself (the session only for batches that need Spark)."""
+
+    def __init__(self, spark):
+        self.spark = spark
+
+    def submit(self, attempt, secrets):
+        from airflow_eo.driver.main import run_attempt
+
+        run_attempt(self.spark, attempt, secrets)
+
+
 class SparkPath:
-    """One way to run attempts: the session's local SparkSession, or the warm Connect server."""
+    """One way to run attempts: the session's local SparkSession, the warm Connect server, or the
+    driver's own read of small direct batches (``driver``)."""
 
     def __init__(self, name: str, spark=None, url: str | None = None):
         self.name, self.spark, self.url = name, spark, url
@@ -161,6 +183,8 @@ class SparkPath:
         from airflow_eo.driver.main import InProcessSubmitter
         from airflow_eo.submit.connect import ConnectSubmitter
 
+        if self.name == "driver":
+            return DriverSubmitter(self.spark)
         return InProcessSubmitter(self.spark) if self.url is None else ConnectSubmitter(self.url)
 
     def session(self):
@@ -187,10 +211,14 @@ class SparkPath:
             detach(session)
 
 
+def open_spark_path(request, spark) -> SparkPath:
+    url = request.getfixturevalue("connect_server").url if request.param == "connect" else None
+    return SparkPath(request.param, spark, url)
+
+
 @pytest.fixture(params=["local", "connect"])
 def spark_path(request, spark):
     """The exactly-once core on both paths: in-process local Spark and Spark Connect."""
-    url = request.getfixturevalue("connect_server").url if request.param == "connect" else None
-    path = SparkPath(request.param, spark, url)
+    path = open_spark_path(request, spark)
     yield path
     path.close()

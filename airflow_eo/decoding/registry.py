@@ -20,15 +20,18 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from airflow_eo.errors import AirflowEoError, ConfigError, SchemaRegistryUnavailableError
 
 
+@functools.cache
 def _transport_errors() -> tuple:
     """The HTTP client's "could not talk to the server" errors: confluent-kafka's registry client
-    uses httpx2 when it is installed, httpx otherwise."""
+    uses httpx2 when it is installed, httpx otherwise (imported at the first call: the HTTP client
+    costs every command ~0.1 s that talks to no registry)."""
     import importlib
 
     found: list = [OSError]
@@ -39,8 +42,6 @@ def _transport_errors() -> tuple:
             continue
     return tuple(found)
 
-
-_TRANSPORT_ERRORS = _transport_errors()
 
 # Confluent wire format: magic byte 0, a 4-byte big-endian schema id, then the Avro binary body
 WIRE_MAGIC = 0
@@ -115,7 +116,7 @@ class SchemaRegistry:
             raise ConfigError(f"the Schema Registry at {self.url} rejected {what}: {exc.error_message}") from exc
         except AirflowEoError:
             raise
-        except _TRANSPORT_ERRORS as exc:  # refused, timeout, DNS; a bug of ours is not "unreachable"
+        except _transport_errors() as exc:  # refused, timeout, DNS; a bug of ours is not "unreachable"
             raise SchemaRegistryUnavailableError(
                 f"the Schema Registry at {self.url} is not reachable ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); nothing was committed, "

@@ -10,6 +10,17 @@ per file: path, size, rows, Delta stats and rows per Kafka partition. No record 
 the JVM and the driver reads no file back. Measured on 1M records (docs/performance.md): the
 server's CPU per batch halves.
 
+**A small direct batch is read by the driver itself** (:attr:`DirectStage.in_driver`): at most
+``driver_read_max_offsets`` offsets (default 100,000: what Spark would read in one task anyway,
+:data:`airflow_eo.driver.source.MIN_OFFSETS_PER_TASK`) run the same task function — the same
+consumer, the same pyarrow writer, the same file names (``part-<task>-<uuid>.parquet``), stats and
+reports — in the driver's process, one task after another, instead of as a Spark job. No job is
+scheduled and no Python worker takes a turn; a spark-submit driver then starts no SparkContext at
+all (:func:`airflow_eo.driver.main.main`) and a Spark Connect client runs no job on its server (it
+still attaches, so a server that is down or refuses the client's token fails the batch as any other). The
+plan, its log, the compare-and-set commit and the verification are unchanged: only where step 3-4's
+one task runs differs. 0 turns it off.
+
 Everything else takes Spark's path in :mod:`airflow_eo.driver.main`: a SQL statement that is
 not a bare column list, a callable, decoding, dedup, a merge by key, and interval batches whose columns leave
 out ``timestamp`` (their late records are counted from the source rows). The files are the
@@ -31,7 +42,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets, Transform
+from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, IngestSpec, Secrets, Transform
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
 from airflow_eo.driver.writer import staged_from_reports, task_writer, written_struct
@@ -65,23 +76,41 @@ def projected_columns(transform: Transform) -> tuple[str, ...] | None:
     return tuple(names) if len(set(names)) == len(names) else None
 
 
+def direct_columns(spec: IngestSpec) -> tuple[str, ...] | None:
+    """The Kafka columns a batch of ``spec`` stages on the direct path, or None when its rows need
+    Spark (see the module); an interval batch also needs ``timestamp`` (:meth:`DirectStage.of`)."""
+    if spec.decode.enabled or spec.dedup.enabled or spec.merge.enabled:
+        return None
+    columns = projected_columns(spec.transform)
+    if columns is None or not set(KEY_COLUMNS) <= set(columns) or not set(spec.table.partition_by) <= set(columns):
+        return None  # Spark's path reports the missing columns
+    return columns
+
+
 @dataclass(frozen=True)
 class DirectStage:
-    """Read, project and stage in the read tasks: the attempt's columns and their Arrow schema."""
+    """Read, project and stage in the read tasks: the attempt's columns and their Arrow schema, and
+    whether the driver runs the one task itself."""
 
     columns: tuple[str, ...]
+    in_driver: bool = False
 
     @classmethod
     def of(cls, attempt: Attempt) -> "DirectStage | None":
         """The direct path for ``attempt``, or None when its rows need Spark (see the module)."""
-        if attempt.decode.enabled or attempt.dedup.enabled or attempt.merge.enabled:
+        columns = direct_columns(attempt.spec)
+        if columns is None:
             return None
-        columns = projected_columns(attempt.transform)
-        if columns is None or not set(KEY_COLUMNS) <= set(columns) or not set(attempt.partition_by) <= set(columns):
-            return None  # Spark's path reports the missing columns
         if attempt.plan.interval is not None and attempt.kind is AttemptKind.INGEST and TIMESTAMP_COLUMN not in columns:
             return None
-        return cls(columns)
+        limit = attempt.spark.driver_read_max_offsets  # 0: off
+        return cls(columns, in_driver=limit > 0 and sum(r.size for r in attempt.plan.data_ranges) <= limit)
+
+    @staticmethod
+    def needs_spark(attempt: Attempt) -> bool:
+        """Whether ``attempt`` runs Spark at all (not when the driver reads its batch itself)."""
+        direct = DirectStage.of(attempt)
+        return direct is None or not direct.in_driver
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -89,34 +118,41 @@ class DirectStage:
 
     def stage(self, spark, attempt: Attempt, secrets: Secrets, location: TableLocation,
               target: str) -> tuple[list[StagedFile], dict[str, int]]:
-        """Run the read tasks, each writing its files under ``target``; the staged files and the
-        rows per Kafka partition, from what the successful tasks reported."""
-        return read_and_stage(spark, attempt.plan.data_ranges, dict(secrets.kafka_config),
-                              attempt.spark.max_offsets_per_task, location, target, secrets.storage_options,
-                              self.columns, attempt.partition_by)
+        """Run the read tasks (as Spark tasks, or here when :attr:`in_driver`), each writing its files
+        under ``target``; the staged files and the rows per Kafka partition, from what the successful
+        tasks reported."""
+        return read_and_stage(None if self.in_driver else spark, attempt.plan.data_ranges,
+                              dict(secrets.kafka_config), attempt.spark.max_offsets_per_task, location, target,
+                              secrets.storage_options, self.columns, attempt.partition_by)
 
 
 def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int, location: TableLocation,
                    target: str, storage_options: dict | None = None, columns: tuple[str, ...] = tuple(KAFKA_SCHEMA.names),
                    partition_by: tuple[str, ...] = ()) -> tuple[list[StagedFile], dict[str, int]]:
     """Read ``ranges`` and write their ``columns`` as Parquet under ``target`` in the same Spark
-    tasks; the staged files and the rows per Kafka partition (no ledger, no commit: the
-    benchmark's at-least-once side calls this too)."""
-    from airflow_eo.driver.session import for_session
-
+    tasks — or, with ``spark`` None, the same tasks one after another in this process; the staged
+    files and the rows per Kafka partition (no ledger, no commit: the benchmark's at-least-once
+    side calls this too)."""
     tasks = read_tasks(ranges, max_offsets_per_task)
     read = task_reader(tasks, dict(kafka_config))
     schema = pa.schema([KAFKA_SCHEMA.field(c) for c in columns])
     write = task_writer(location.uri, storage_options, target, schema, partition_by)
     selected = None if tuple(columns) == tuple(KAFKA_SCHEMA.names) else list(columns)
 
-    def read_and_write(batches):
+    def read_and_write(batches, task: int | None = None):
         records = read(batches)
-        yield from write(records if selected is None else (b.select(selected) for b in records))
+        yield from write(records if selected is None else (b.select(selected) for b in records), task)
+
+    if spark is None:  # the driver runs the tasks: task i gets the row Spark would give it
+        written = [row for i in range(len(tasks))
+                   for report in read_and_write(iter([pa.RecordBatch.from_arrays([pa.array([i], pa.int64())], ["id"])]), i)
+                   for row in report.to_pylist()]
+        return staged_from_reports(location, target, written)
+    from airflow_eo.driver.session import for_session
 
     with for_session(spark):
-        written = task_frame(spark, tasks).mapInArrow(read_and_write, written_struct())
-    return staged_from_reports(location, target, written.collect())
+        frame = task_frame(spark, tasks).mapInArrow(read_and_write, written_struct())
+    return staged_from_reports(location, target, frame.collect())
 
 def warm_up(spark, directory: str, tasks: int, rounds: int = 3) -> None:
     """Run what a direct batch runs, without Kafka, ``rounds`` times on ``tasks`` tasks at once:

@@ -5,7 +5,9 @@ or, with :class:`InProcessSubmitter`, in the calling process (a local SparkSessi
 Spark Connect session whose server does the reading and writing). The plan was logged and
 the attempt recorded before it starts; this code only executes it:
 
-1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed);
+1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed) — a small batch
+   on the direct path in this process, without Spark (:attr:`airflow_eo.driver.direct.DirectStage.in_driver`:
+   spark-submit's job then starts no SparkContext, a Connect client runs no job on its server);
 2. **decode** keys and values (:mod:`airflow_eo.decoding` in the read step, JSON by
    :mod:`airflow_eo.driver.decode`), undecodable records to the dead-letter table
    (:mod:`airflow_eo.driver.dead_letters`);
@@ -45,7 +47,7 @@ from airflow_eo.driver.session import build_session, classic_process
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform
 from airflow_eo.driver.writer import stage
-from airflow_eo.errors import error_line
+from airflow_eo.errors import ConfigError, error_line
 from airflow_eo.faults import failpoint
 from airflow_eo.spec import add_arguments, options_from_args
 from airflow_eo.planning import read_slices
@@ -101,8 +103,14 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     failpoint("before_read")
     planned_offsets = sum(r.size for r in plan.data_ranges)
     direct = DirectStage.of(attempt)  # identity or a projection of the Kafka columns: the read tasks write
+    if spark is None and (direct is None or not direct.in_driver):
+        raise ValueError(f"batch {plan.batch} needs Spark ({planned_offsets} offsets; the driver reads a direct "
+                         f"batch of at most {attempt.spark.driver_read_max_offsets} itself) but was given no session")
     if direct is not None:
-        with Progress(spark, plan.batch, planned_offsets):
+        if direct.in_driver:
+            log.info("batch %s: %d offsets (driver_read_max_offsets %d): the driver reads and stages them itself, "
+                     "no Spark job", plan.batch, planned_offsets, attempt.spark.driver_read_max_offsets)
+        with Progress(None if direct.in_driver else spark, plan.batch, planned_offsets):
             planned = time.monotonic()
             files, rows = direct.stage(spark, attempt, secrets, staging.loc, staging.attempt_path(plan))
         late = None
@@ -288,13 +296,14 @@ def main(argv: list[str]) -> int:
     if not args.attempt_id and not (args.ingest_id and args.topics):
         parser.error("give --attempt-id, or --ingest-id and --topics for a standalone run")
     classic_process()  # a Spark Connect client that started this job left its mark in the environment
-    spark = build_session("airflow-eo kafka_to_delta")
+    job = _JobSession()
     try:
-        from pyspark import SparkFiles
-
-        secrets = Secrets.from_env(search=(os.getcwd(), SparkFiles.getRootDirectory()))
+        secrets = job.secrets()
         if args.attempt_id:
-            outcome = run_recorded_attempt(spark, args.table_uri, args.attempt_id, secrets)
+            attempt = StagingArea(TableLocation.of(args.table_uri, secrets.storage_options)).read_attempt(args.attempt_id)
+            # a batch the driver reads itself needs no SparkContext: its start and stop are most of a small job
+            spark = job.session() if DirectStage.needs_spark(attempt) else None
+            outcome = run_attempt(spark, attempt, secrets)
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0
         # Standalone: this driver plans too, running the same loop as `airflow-eo ingest`.
@@ -302,8 +311,35 @@ def main(argv: list[str]) -> int:
         from airflow_eo.planning import RunIdentity
 
         config = IngestConfig(credentials=secrets, **options_from_args(args, _read_text))  # with --table-uri
-        result = Ingestion(config, InProcessSubmitter(spark)).run(RunIdentity(run_key=args.run_key))
+        result = Ingestion(config, InProcessSubmitter(job.session())).run(RunIdentity(run_key=args.run_key))
         print(RESULT_PREFIX + json.dumps(result.to_dict()), flush=True)
         return 0
     finally:
-        spark.stop()
+        job.stop()
+
+
+class _JobSession:
+    """The spark-submit job's SparkSession, started only when the job needs it."""
+
+    def __init__(self):
+        self._spark = None
+
+    def session(self):
+        if self._spark is None:
+            self._spark = build_session("airflow-eo kafka_to_delta")
+        return self._spark
+
+    def secrets(self) -> Secrets:
+        """The job's secrets: from its environment, or the secrets file in its working directory or,
+        where Spark put ``--files`` elsewhere (Kubernetes), in SparkFiles' directory (which needs the session)."""
+        try:
+            return Secrets.from_env(search=(os.getcwd(),))
+        except ConfigError:
+            from pyspark import SparkFiles
+
+            self.session()
+            return Secrets.from_env(search=(os.getcwd(), SparkFiles.getRootDirectory()))
+
+    def stop(self) -> None:
+        if self._spark is not None:
+            self._spark.stop()

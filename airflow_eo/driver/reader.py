@@ -21,6 +21,8 @@ Example::
 from __future__ import annotations
 
 import bisect
+import sys
+import threading
 import time
 from typing import Iterator, Mapping, Sequence
 
@@ -94,6 +96,7 @@ def read_ranges(
     keys = [(r.topic, r.partition) for r in wanted]
     if len(set(keys)) != len(keys):
         raise ValueError(f"one range per partition and task, got {wanted}")
+    _import_pandas_meanwhile()
     consumer = Consumer({
         **_PREFETCH,
         **client_config(config),
@@ -105,6 +108,15 @@ def read_ranges(
         yield from _Reading(consumer, wanted, batch_rows, stall_timeout).batches()
     finally:
         consumer.close()
+
+
+def _import_pandas_meanwhile() -> None:
+    """pyarrow imports pandas (~0.2 s of CPU) at its first conversion of Python values, which the
+    columns are built from: a thread starts that import now, while the consumer connects and waits
+    for its first fetch, instead of after it (pyarrow's import is locked: a conversion meanwhile waits
+    for it). Nothing when pandas is imported already (a later read, a Spark worker that had a task)."""
+    if "pandas" not in sys.modules:
+        threading.Thread(target=pa.array, args=([0],), name="airflow-eo-pyarrow-pandas", daemon=True).start()
 
 
 class _Partition:

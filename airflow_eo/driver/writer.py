@@ -114,23 +114,25 @@ class _OpenFile:
 
 def task_writer(table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema,
                 partition_by: tuple[str, ...] = ()):
-    """The function each Spark task runs (pickled to the executors' Python workers): it streams
+    """The function each Spark task runs (pickled to the executors' Python workers; the driver calls it
+    with ``task`` for a batch it reads itself): it streams
     its Arrow batches into one Parquet file per partition directory they fall into, and yields
     one row per file (:data:`WRITTEN_SCHEMA`: path, size, modification time, rows, the Delta
     stats from the file's own footer; the task's rows per Kafka partition as JSON on its first
     file's row), so the driver reads nothing back."""
     file_schema = pa.schema([f for f in arrow_schema if f.name not in partition_by])
 
-    def write(batches):
+    def write(batches, task: int | None = None):
         import json
         import time
 
-        from pyspark import TaskContext
-
         from airflow_eo.table.staging import file_stats
 
+        if task is None:  # a Spark task; the driver reading a batch itself names its task (no pyspark import)
+            from pyspark import TaskContext
+
+            task = TaskContext.get().partitionId() if TaskContext.get() else 0
         location = TableLocation.of(table_uri, storage_options)
-        task = TaskContext.get().partitionId() if TaskContext.get() else 0
         open_files: dict[str, _OpenFile] = {}  # directory -> file; empty tasks write none
         kafka_rows: dict[str, int] = {}  # the task's rows per Kafka partition, over all its files
         try:

@@ -23,6 +23,9 @@ from airflow_eo.spec.columns import LATEST, Format, format_of
 KEY_COLUMNS = ("topic", "partition", "offset")
 INTERNAL_PREFIX = "_airflow_eo_"  # columns airflow-eo adds while it works on a batch (never in a table)
 DEFAULT_MAX_OFFSETS_PER_TASK = 1_000_000
+# A direct batch this small is one Spark task anyway (airflow_eo.driver.source.MIN_OFFSETS_PER_TASK): the
+# driver reads and stages it itself, without Spark's fixed costs (docs/performance.md)
+DEFAULT_DRIVER_READ_MAX_OFFSETS = 100_000
 # Staged files of an attempt whose marker is older than this (and whose process is gone) are orphans
 DEFAULT_GRACE_SECONDS = 24 * 3600
 # Expires Delta txn actions, i.e. a table's committed offsets: refused at creation and later.

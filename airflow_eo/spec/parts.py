@@ -13,7 +13,7 @@ from airflow_eo.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
 from airflow_eo.planning import OnDataLoss, StartingPosition
 from airflow_eo.spec.columns import FORMATS, LATEST, ColumnSpec, Format, Source, column_of, format_of, version_of
 from airflow_eo.spec.options import (
-    DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, TXN_RETENTION, CdcFormat, Cli, Mode, WriteMode,
+    DEFAULT_DRIVER_READ_MAX_OFFSETS, DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, TXN_RETENTION, CdcFormat, Cli, Mode, WriteMode,
     check_partition_by, check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer,
     key_format_of, merge_key_of, normalize_table_uri, number, option, optional_enum_value, optional_table_uri,
     schema_version_of, starting_position, switch, table_properties_of, text, topic_list, validate_ingest_id,
@@ -328,7 +328,15 @@ class SparkSettings:
 
     max_offsets_per_task: int = option("max_offsets_per_task", "offsets one Spark task reads at most: a batch's "
                                        "ranges are cut into slices of this size", DEFAULT_MAX_OFFSETS_PER_TASK, parse=int)
+    driver_read_max_offsets: int = option(
+        "driver_read_max_offsets", "a batch of at most this many offsets whose rows Spark need not see (no "
+        "decoding, dedup or merge; no transform, or a list of Kafka columns) is read and staged by the driver "
+        "itself: no Spark job (a spark-submit driver starts no SparkContext, a Connect client runs no job on "
+        "the server); 0: always Spark tasks", DEFAULT_DRIVER_READ_MAX_OFFSETS, parse=int)
 
     def __post_init__(self):
         if self.max_offsets_per_task <= 0:
             raise ConfigError(f"max offsets per Spark task must be positive, got {self.max_offsets_per_task}")
+        if self.driver_read_max_offsets < 0:
+            raise ConfigError(f"driver_read_max_offsets must be 0 (always Spark tasks) or positive, got "
+                              f"{self.driver_read_max_offsets}")

@@ -2,8 +2,9 @@
 
 Most tests run on both in-process paths (fixture ``spark_path``): the session's local
 SparkSession, and the warm Spark Connect server (the ``--remote`` / ``spark_connect`` path,
-reading and writing on the server, committing here). The tests about process crashes go
-through real spark-submit, because a crash is a process dying.
+reading and writing on the server, committing here) — and a third time with the spec's default
+``driver_read_max_offsets``, where these small batches are read and staged by the driver itself.
+The tests about process crashes go through real spark-submit, because a crash is a process dying.
 """
 
 import threading
@@ -23,12 +24,21 @@ from airflow_eo.attempt import Secrets
 from airflow_eo.driver.main import run_recorded_attempt
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from airflow_eo.attempt import Transform
-from tests.conftest import build_config
+from tests.conftest import build_config, open_spark_path
 from tests.helpers import (
     assert_exactly_once,
     add_partitions, broker_records, committed_offsets, new_topic, produce,
     read_table, transactional_producer,
 )
+
+
+@pytest.fixture(params=["local", "connect", "driver"])
+def spark_path(request, spark):
+    """The exactly-once core on both Spark paths and, with the spec's default
+    driver_read_max_offsets, in the driver itself (these batches are small)."""
+    path = open_spark_path(request, spark)
+    yield path
+    path.close()
 
 
 class NoSpark:

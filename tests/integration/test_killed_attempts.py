@@ -37,10 +37,10 @@ class NeverSubmit:
         raise AssertionError("no Spark job expected")
 
 
-def cli_ingest(kafka_config, table, topic, run_key, scratch, remote=None, failpoints="", timeout=300):
+def cli_ingest(kafka_config, table, topic, run_key, scratch, remote=None, failpoints="", timeout=300, extra=()):
     """``airflow-eo ingest`` in a session of its own (so a group kill takes exactly its processes)."""
     cmd = [CLI, "ingest", "--table", table, "--ingest-id", INGEST_ID, "--topics", topic,
-           "--bootstrap-servers", kafka_config["bootstrap.servers"], "--run-key", run_key, "--json"]
+           "--bootstrap-servers", kafka_config["bootstrap.servers"], "--run-key", run_key, "--json", *extra]
     cmd += ["--remote", remote] if remote else ["--master", "local[1]", "--conf", "spark.ui.enabled=false"]
     env = {**os.environ, "AIRFLOW_EO_SCRATCH_DIR": scratch, "AIRFLOW_EO_FAILPOINTS": failpoints}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
@@ -73,12 +73,16 @@ def remote(request):
     return request.getfixturevalue("connect_server").url if request.param == "connect" else None
 
 
-@pytest.mark.parametrize("killed_at", ["before_submit", "before_read@group"])
+# A batch this small is read by the driver itself (driver_read_max_offsets); the last case makes it
+# run as Spark tasks, so a driver with a SparkContext (or a Connect job's operations) is killed too.
+@pytest.mark.parametrize("killed_at, extra", [
+    ("before_submit", ()), ("before_read@group", ()), ("before_read@group", ("--driver-read-max-offsets", "0")),
+], ids=["before_submit", "before_read@group", "before_read@group-spark-tasks"])
 def test_a_killed_attempt_stalls_neither_its_retry_nor_the_next_run(kafka_config, table_uri, scratch, remote,
-                                                                     killed_at):
+                                                                     killed_at, extra):
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 40, partitions=2)
-    killed = cli_ingest(kafka_config, table_uri, topic, "run-1", scratch, remote, failpoints=killed_at)
+    killed = cli_ingest(kafka_config, table_uri, topic, "run-1", scratch, remote, failpoints=killed_at, extra=extra)
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
     (dead,) = markers(table_uri)
     assert dead.ended_at is None and dead.host == socket.gethostname() and dead.pid and dead.pid_started
@@ -96,12 +100,12 @@ def test_a_killed_attempt_stalls_neither_its_retry_nor_the_next_run(kafka_config
     assert ing.wait_for_turn(timeout=120, run_key="run-2") < 5  # another run: no wait either
     assert time.monotonic() - started < 10
 
-    retry = cli_ingest(kafka_config, table_uri, topic, "run-1", scratch, remote)
+    retry = cli_ingest(kafka_config, table_uri, topic, "run-1", scratch, remote, extra=extra)
     assert retry.returncode == 0, retry.stderr[-3000:]
     result = json.loads(retry.stdout)
     assert (result["status"], result["batch"], result["rows"]) == ("committed", 1, 40)
     produce(kafka_config, topic, 10, partitions=2, start=40)
-    following = cli_ingest(kafka_config, table_uri, topic, "run-2", scratch, remote)
+    following = cli_ingest(kafka_config, table_uri, topic, "run-2", scratch, remote, extra=extra)
     assert following.returncode == 0, following.stderr[-3000:]
     assert (json.loads(following.stdout)["status"], json.loads(following.stdout)["batch"]) == ("committed", 2)
     assert_exactly_once(kafka_config, table_uri, topic)

@@ -34,9 +34,11 @@ SQL = "SELECT topic, partition, offset, value FROM source"
 
 
 def cli_ingest(url: str, table_uri: str, topic: str, kafka_config: dict, run_key: str) -> subprocess.Popen:
+    """A client whose batch the server reads and stages (a batch this small would be read by the
+    client itself otherwise: its death then stops its read, tests/integration/test_killed_attempts.py)."""
     return subprocess.Popen(
         [AIRFLOW_EO, "ingest", "--table", table_uri, "--ingest-id", "warm", "--topics", topic,
-         "--remote", url, "--run-key", run_key, "--transform-sql", SQL, "--json"],
+         "--remote", url, "--run-key", run_key, "--transform-sql", SQL, "--json", "--driver-read-max-offsets", "0"],
         env={**os.environ, Env.KAFKA_CONFIG: f'{{"bootstrap.servers": "{kafka_config["bootstrap.servers"]}"}}'},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -80,7 +82,7 @@ def test_client_killed_mid_batch_ten_times_under_live_produce(broker, kafka_conf
         for i in range(10):
             proc = cli_ingest(connect_server.url, table_uri, topic, kafka_config, f"warm-{i}")
             wait_for_driver(table_uri, proc)  # the client is inside its attempt: reading, staging or committing
-            time.sleep(rng.uniform(0.0, 0.6))
+            time.sleep(rng.uniform(0.0, 0.25))  # a client commits a batch this small within ~0.3 s of recording its attempt
             if proc.poll() is None:
                 proc.kill()  # kill -9 of the client: the attempt's driver
                 kills += 1
@@ -165,11 +167,13 @@ def test_a_server_on_another_version_is_refused_before_anything_runs(connect_ser
 def test_an_unreachable_server_is_a_retryable_error_within_seconds(kafka_config, tmp_path):
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 10, partitions=1)
+    # a batch this small is read by the client itself (driver_read_max_offsets), which attaches to the server first
     config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="warm", topics=[topic], kafka_config=kafka_config)
     started = time.monotonic()
     with pytest.raises(SparkUnavailableError, match="Spark Connect server sc://127.0.0.1"):
         Ingestion(config, ConnectSubmitter(f"sc://127.0.0.1:{free_port()}")).run(RunIdentity("nobody-home"))
     assert time.monotonic() - started < 30
+    assert Ledger.open(str(tmp_path / "t")).exists is False
 
 
 def test_connect_server_command_binds_loopback_and_stops_on_sigterm(tmp_path):
@@ -256,7 +260,7 @@ def test_a_server_with_a_token_refuses_clients_without_it_and_serves_those_with_
         topic = new_topic(kafka_config, 1)
         produce(kafka_config, topic, 5, partitions=1)
         config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id="auth", topics=[topic],
-                              kafka_config=kafka_config)
+                              kafka_config=kafka_config)  # read by the client: the server is asked all the same
         os.environ.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
         with pytest.raises(ConfigError, match="refused this client") as refused:
             Ingestion(config, ConnectSubmitter(f"sc://127.0.0.1:{server.port}")).run(RunIdentity("no-token"))

@@ -104,6 +104,7 @@ def test_replace_parses_and_checks_again():
     ({"mode": "daily"}, "mode='daily' is not a planning mode"),
     ({"close_after": "soon"}, "duration"),
     ({"max_records_per_run": "many"}, "max_records_per_run='many'"),
+    ({"driver_read_max_offsets": -1}, "driver_read_max_offsets must be 0 .always Spark tasks. or positive"),
     ({"partition_by": ["offset"]}, "key column"),
     ({"partition_by": "a,a"}, "twice"),
     ({"table_properties": ["novalue"]}, "KEY=VALUE"),

@@ -41,7 +41,9 @@ def test_ingestion_on_standalone_cluster_client_mode(spark_cluster, kafka_config
     produce(kafka_config, topic, 300)
     table = str(tmp_path / "table")
     wrapper, calls = python_wrapper(tmp_path)
-    config = IngestConfig(table_uri=table, ingest_id="standalone", topics=[topic], kafka_config=kafka_config)
+    # the executors read: a batch this small would be read by the driver itself otherwise
+    config = IngestConfig(table_uri=table, ingest_id="standalone", topics=[topic], kafka_config=kafka_config,
+                          driver_read_max_offsets=0)
     submitter = LocalSparkSubmit(master=spark_cluster.master_url, conf=CONF,
                                  extra_env={"PYSPARK_PYTHON": wrapper}, timeout=150)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.driver.direct import projected_columns
+from airflow_eo.driver.direct import DirectStage, projected_columns
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.spec.parts import Transform
 
@@ -39,3 +39,40 @@ def test_anything_else_needs_spark(sql):
 
 def test_a_callable_needs_spark():
     assert projected_columns(Transform(callable="pkg.mod:fn")) is None
+
+
+def _attempt(offsets_per_partition: int, interval=None, **options):
+    from airflow_eo.attempt import Attempt
+    from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
+    from airflow_eo.spec import IngestSpec
+
+    spec = IngestSpec.of(table_uri="/data/orders", ingest_id="orders", topics="orders", **options)
+    ranges = tuple(OffsetRange("orders", p, 100, 100 + offsets_per_partition) for p in range(4))
+    return Attempt(BatchPlan("orders", 1, ranges, RunIdentity("r1"), attempt_id="3f2a9c0d1e6b4a52",
+                             interval=interval), spec)
+
+
+@pytest.mark.parametrize("per_partition, limit, in_driver", [
+    (250, None, True),  # 1,000 offsets: the default reads them in the driver
+    (25_000, None, True),  # 100,000: the default's limit, what Spark reads in one task anyway
+    (25_001, None, False),
+    (250, 1000, True),
+    (251, 1000, False),
+    (250, 0, False),  # 0 turns the rule off
+    (0, 0, False),
+])
+def test_a_direct_batch_within_driver_read_max_offsets_is_read_by_the_driver(per_partition, limit, in_driver):
+    options = {} if limit is None else {"driver_read_max_offsets": limit}
+    attempt = _attempt(per_partition, transform_sql="SELECT topic, partition, offset, value FROM source", **options)
+    direct = DirectStage.of(attempt)
+    assert direct is not None and direct.columns == ("topic", "partition", "offset", "value")
+    assert direct.in_driver is in_driver and DirectStage.needs_spark(attempt) is not in_driver
+
+
+@pytest.mark.parametrize("options", [
+    {"transform_sql": "SELECT topic, partition, offset, upper(value) AS v FROM source"},
+    {"dedup_key": "key"},
+])
+def test_a_small_batch_whose_rows_need_spark_still_runs_spark(options):
+    attempt = _attempt(10, **options)
+    assert DirectStage.of(attempt) is None and DirectStage.needs_spark(attempt)
