@@ -320,19 +320,24 @@ def _ratio_row(metric: str, summary: dict | None, must: float, aim: float) -> di
                 summary["ratio"] >= must)
 
 
-def _seconds_row(metric: str, values: list[float] | None, must: float, aim: float) -> dict | None:
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+
+
+def _seconds_row(metric: str, values: list[float] | None, must: float, aim: float,
+                 raw: list[float] | None = None) -> dict | None:
+    """A time against its targets; ``raw``: one plain consumer reading the same records, right before each."""
     if not values:
         return None
     median = statistics.median(values)
-    return _row(metric, f"<= {must} s", f"<= {aim} s", f"{median:.2f} s ({min(values):.2f}-{max(values):.2f})", "",
-                median <= must)
+    return _row(metric, f"<= {must} s", f"<= {aim} s", _spread(values), _spread(raw) if raw else "", median <= must)
 
 
 def _info_row(metric: str, values: list[float] | None) -> dict | None:
     """A measurement beside the targets (no target of its own)."""
     if not values:
         return None
-    return _row(metric, "", "", f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})", "", None)
+    return _row(metric, "", "", _spread(values), "", None)
 
 
 def rows(results: dict) -> list[dict]:
@@ -348,16 +353,21 @@ def rows(results: dict) -> list[dict]:
             f"({min(warm['first_over_steady']):.2f}-{max(warm['first_over_steady']):.2f}; first "
             f"{statistics.median(warm['first_seconds']):.2f} s)", "",
             statistics.median(warm["first_over_steady"]) <= 1.3),
-        _seconds_row(f"warm, {small}-record batch, whole command", warm.get("small_seconds"), 1.5, 1.0),
+        _seconds_row(f"warm, {small}-record batch, whole command", warm.get("small_seconds"), 1.5, 1.0,
+                     warm.get("small_raw_seconds")),
         _info_row(f"warm, {small}-record batch as Spark tasks ({' '.join(SPARK_TASKS)})", warm.get("small_spark_seconds")),
-        _seconds_row(f"cold, {small}-record batch, whole command", cold.get("small_seconds"), 8.0, 6.0),
+        _seconds_row(f"cold, {small}-record batch, whole command", cold.get("small_seconds"), 8.0, 6.0,
+                     cold.get("small_raw_seconds")),
         _info_row(f"cold, {small}-record batch as Spark tasks ({' '.join(SPARK_TASKS)})", cold.get("small_spark_seconds")),
         _ratio_row(f"cold, {n} records: raw / whole command", cold.get("full_1m"), 0.15, 0.25),
         None if not warm.get("scale") else _row(
             f"warm, {warm['scale']['records']:,} records: time per million / {n}'s", "<= 1.1x (server memory flat)", "",
             f"{warm['scale']['per_million_ratio']:.2f}x ({warm['scale']['seconds']:.1f} s vs steady "
             f"{warm['scale']['seconds_1m']:.2f} s); server peak PSS {warm['scale']['peak_pss_mb']:.0f} MB vs "
-            f"{warm['scale']['peak_pss_mb_1m']:.0f} MB for {n} on the same broker", "",
+            f"{warm['scale']['peak_pss_mb_1m']:.0f} MB for {n} on the same broker",
+            f"{warm['scale']['raw_seconds']:.1f} s (raw / ingest {warm['scale']['raw_seconds'] / warm['scale']['seconds']:.2f}"
+            f"; {n} on the same broker: raw {warm['scale']['raw_seconds_1m_same_broker']:.1f} s, ingest "
+            f"{warm['scale']['seconds_1m_same_broker']:.1f} s)" if "raw_seconds" in warm["scale"] else "",
             warm["scale"]["per_million_ratio"] <= 1.1
             and warm["scale"]["peak_pss_mb"] <= 1.25 * warm["scale"]["peak_pss_mb_1m"]),
         _seconds_row("unreachable broker, until the error", cold.get("unreachable_seconds"), 10.0, 5.0),

@@ -298,13 +298,19 @@ class Bench:
         a = self.args
         return [OffsetRange(DATA_TOPIC, p, 0, records // a.partitions) for p in range(a.partitions)]
 
-    def paired(self, label: str, run_ingest, records: int) -> tuple[float, float]:
-        """The raw consumer on the same records right before an ingest: (raw, ingest) seconds."""
+    def raw_seconds(self, label: str, records: int) -> float:
+        """One plain consumer reading the first ``records`` of the data topic (what an ingest of
+        ``records`` reads), timed."""
         raw = self.load.measure(f"{label} (raw)", lambda: bench_paths.raw_single_consumer(
             self.kafka_config, self.ranges(records)))["seconds"]
+        self.record(f"{label}.raw", raw)
+        return raw
+
+    def paired(self, label: str, run_ingest, records: int) -> tuple[float, float]:
+        """The raw consumer on the same records right before an ingest: (raw, ingest) seconds."""
+        raw = self.raw_seconds(label, records)
         out = self.load.measure(label, run_ingest)
         say(f"  raw {raw:.2f}s, ingest {out['seconds']:.2f}s" + (f" {out['phases']}" if out.get("phases") else ""))
-        self.record(f"{label}.raw", raw)
         self.record(label, out["seconds"])
         return raw, out["seconds"]
 
@@ -314,7 +320,7 @@ class Bench:
         a = self.args
         self.start_broker(DATA_TOPIC, a.records)
         out: dict = {"first_over_steady": [], "first_seconds": [], "small_seconds": [], "eo_over_alo": [],
-                     "server_start_seconds": [], "small_spark_seconds": []}
+                     "server_start_seconds": [], "small_spark_seconds": [], "small_raw_seconds": []}
         steady, phases = [], []
         steps = ["steady", "small", "small_spark", "alo_eo"]
         for rep in range(a.repetitions):
@@ -335,6 +341,7 @@ class Bench:
                         out["first_over_steady"].append(first / steady[-1][1])
                         out["first_seconds"].append(first)
                     elif step == "small":
+                        out["small_raw_seconds"].append(self.raw_seconds("warm.small", a.small_records))
                         small = self.load.measure("warm.small", lambda: ingest(a.small_records))
                         phases.append(small["phases"])
                         out["small_seconds"].append(small["seconds"])
@@ -381,24 +388,29 @@ class Bench:
         self.start_broker(DATA_TOPIC, big)
         with bench_paths.ServerCommand(a.master, self.work) as server:
             took, peak = {}, {}
+            raw = {}
             for label, records in (("warm-up", a.records), ("1m", a.records), ("big", big)):
+                if label != "warm-up":  # the broker's own scaling: one plain consumer on the same records first
+                    raw[label] = self.raw_seconds(f"warm.scale.{label}", records)
                 with bench_paths.PeakPss(server.pid) as pss:
                     took[label] = self.load.measure(f"warm.scale.{label}", lambda records=records: bench_paths.cli_ingest(
                         self.fresh("eo"), DATA_TOPIC, self.kafka_config, records, remote=server.url,
                         token=server.token))["seconds"]
                 peak[label] = pss.peak
-                say(f"  {records:,} records: {took[label]:.1f}s, server peak PSS {pss.peak:.0f} MB")
+                say(f"  {records:,} records: {took[label]:.1f}s" + (f" (raw {raw[label]:.1f}s)" if label in raw else "")
+                    + f", server peak PSS {pss.peak:.0f} MB")
         self.stop_broker()
         return {"records": big, "seconds": took["big"], "seconds_1m": steady_seconds, "peak_pss_mb": peak["big"],
                 "peak_pss_mb_1m": peak["1m"], "seconds_1m_same_broker": took["1m"],
-                "per_million_ratio": (took["big"] / big) / (steady_seconds / a.records)}
+                "per_million_ratio": (took["big"] / big) / (steady_seconds / a.records),
+                "raw_seconds": raw["big"], "raw_seconds_1m_same_broker": raw["1m"]}
 
     def cold(self) -> None:
         """spark-submit: a 1M batch (with the raw consumer right before it) and a small batch,
         interleaved; then an unreachable broker."""
         a = self.args
         self.start_broker(DATA_TOPIC, a.records)
-        out: dict = {"small_seconds": [], "small_spark_seconds": [], "unreachable_seconds": []}
+        out: dict = {"small_seconds": [], "small_spark_seconds": [], "small_raw_seconds": [], "unreachable_seconds": []}
         full, steps = [], ["full", "small", "small_spark"]
 
         def ingest(records: int, extra: tuple[str, ...] = ()):
@@ -412,6 +424,8 @@ class Bench:
                     full.append(self.paired("cold.full", lambda: ingest(a.records), a.records))
                 else:
                     label, extra = f"cold.{step}", bench_paths.SPARK_TASKS if step == "small_spark" else ()
+                    if step == "small":
+                        out["small_raw_seconds"].append(self.raw_seconds(label, a.small_records))
                     small = self.load.measure(label, lambda extra=extra: ingest(a.small_records, extra))
                     out[f"{step}_seconds"].append(small["seconds"])
                     self.record(label, small["seconds"])
