@@ -21,9 +21,10 @@ from airflow_eo.planning import OffsetRange
 
 # noida-db answers a fetch with everything up to the end of the partition, ignoring the
 # client's fetch.max.bytes: at ~2.5 M records of 200 bytes one response is ~500 MB, beyond
-# librdkafka's default receive.message.max.bytes (100 MB). Raise the client's limit (1e9 is
-# librdkafka's maximum) so the large runs can read at all. Apache Kafka honours fetch sizes.
-CLIENT_EXTRA = {"receive.message.max.bytes": 1_000_000_000}
+# librdkafka's default receive.message.max.bytes (100 MB); one consumer of all 4 partitions of
+# the 10M-record set gets ~2.1 GB at once. Raise the client's limit to librdkafka's maximum
+# (2^31 - 1) so the large runs can read at all. Apache Kafka honours fetch sizes.
+CLIENT_EXTRA = {"receive.message.max.bytes": 2**31 - 1}
 
 
 def create_topic(config: dict, name: str, partitions: int) -> None:

@@ -157,14 +157,15 @@ class ServerCommand:
         self.start_seconds = 0.0
 
     def __enter__(self) -> "ServerCommand":
-        from airflow_eo.submit.connect_server import free_port
+        from airflow_eo.submit.connect_server import die_with_parent, free_port
 
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [AIRFLOW_EO, "connect-server", "--port", str(free_port()), "--master", self.master,
              "--token-file", self.token_file],
             stdout=subprocess.PIPE, stderr=open(os.path.join(self.work, "connect-server.log"), "ab"), text=True,
-            env={k: v for k, v in os.environ.items() if k != TOKEN_ENV})
+            env={k: v for k, v in os.environ.items() if k != TOKEN_ENV},
+            preexec_fn=die_with_parent(os.getpid()))  # a killed benchmark takes its server (and the JVM) along
         self.url = self.process.stdout.readline().strip()
         if not self.url.startswith("sc://"):
             self.stop()
