@@ -169,7 +169,9 @@ class ServerCommand:
         self.url = self.process.stdout.readline().strip()
         if not self.url.startswith("sc://"):
             self.stop()
-            raise RuntimeError(f"airflow-eo connect-server did not start; see {self.work}/connect-server.log")
+            with open(os.path.join(self.work, "connect-server.log"), errors="replace") as log:
+                tail = log.read()[-3000:]  # the work directory goes with the benchmark
+            raise RuntimeError(f"airflow-eo connect-server did not start (exit {self.process.returncode}):\n{tail}")
         self.start_seconds = time.perf_counter() - started
         return self
 
