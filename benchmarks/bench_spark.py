@@ -134,8 +134,10 @@ def run_alo(submitter: LocalSparkSubmit, kafka_config: dict, ranges: list[Offset
 
 
 def eo_config(table_uri: str, topic: str, kafka_config: dict, records: int) -> IngestConfig:
+    # a Spark job whatever the size, as the at-least-once side is: a batch within
+    # driver_read_max_offsets would be read by the driver itself, without Spark (and its event log)
     return IngestConfig(table_uri=table_uri, ingest_id="bench", topics=[topic], kafka_config=kafka_config,
-                        max_records_per_run=records)
+                        max_records_per_run=records, driver_read_max_offsets=0)
 
 
 def planned_ranges(config: IngestConfig) -> list[OffsetRange]:
