@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import CommitKind
-from tests.helpers import read_table
+from tests.helpers import read_table, visible_records
 
 PARTITIONS = 3
 # the merge tests' transform: the key from the Kafka key (so tombstones have one), the value's v
@@ -87,26 +87,7 @@ class ChangeProducer:
 def broker_changes(bootstrap: str, topic: str) -> dict[tuple[int, int], tuple[str, bytes | None, int]]:
     """Every visible record: (partition, offset) → (key, value, timestamp ms), read_committed, with
     kafka-python (not the pipeline's client)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed",
-                             consumer_timeout_ms=3000)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        found = {}
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            batch = consumer.poll(timeout_ms=1000)
-            if not batch:
-                break
-            for records in batch.values():
-                for r in records:
-                    found[(r.partition, r.offset)] = (r.key.decode(), r.value, r.timestamp)
-        return found
-    finally:
-        consumer.close()
+    return {(r.partition, r.offset): (r.key.decode(), r.value, r.timestamp) for r in visible_records(bootstrap, topic)}
 
 
 def winner_of(records: list[tuple]) -> tuple:

@@ -128,8 +128,8 @@ def duplicates(table: pa.Table) -> dict:
     return {k: n for k, n in Counter(keys_of(table)).items() if n > 1}
 
 
-def broker_records(bootstrap: str, topic: str, read_committed: bool = True) -> dict[tuple[str, int, int], bytes]:
-    """Every visible record of a topic, read with kafka-python (independent of the pipeline)."""
+def visible_records(bootstrap: str, topic: str, read_committed: bool = True):
+    """Every visible record of a topic as kafka-python's records (independent of the pipeline)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
@@ -142,17 +142,19 @@ def broker_records(bootstrap: str, topic: str, read_committed: bool = True) -> d
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
-        found = {}
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             batch = consumer.poll(timeout_ms=1000)
             if not batch:
                 break
             for records in batch.values():
-                for r in records:
-                    found[(r.topic, r.partition, r.offset)] = r.value
-        return found
+                yield from records
     finally:
         consumer.close()
+
+
+def broker_records(bootstrap: str, topic: str, read_committed: bool = True) -> dict[tuple[str, int, int], bytes]:
+    """Every visible record of a topic, read with kafka-python (independent of the pipeline)."""
+    return {(r.topic, r.partition, r.offset): r.value for r in visible_records(bootstrap, topic, read_committed)}
 
 
 def committed_offsets(table_uri: str, ingest_id: str, topic: str, partitions: int) -> dict[int, int | None]:

@@ -93,6 +93,21 @@ def make(ingestion, tmp_path, kafka):
     return build
 
 
+def captured_metrics(monkeypatch) -> dict[str, object]:
+    """What ``metrics.emit_run_metrics`` sends to Airflow's Stats, by metric name (the Stats
+    boundary replaced)."""
+    from airflow_eo.operators import metrics
+
+    emitted: dict[str, object] = {}
+
+    class Stats:
+        def __getattr__(self, kind):
+            return lambda name, value, tags=None: emitted.setdefault(name, value)
+
+    monkeypatch.setattr(metrics, "_stats", Stats)
+    return emitted
+
+
 def summary_fields(result) -> tuple:
     return result.files, result.bytes > 0, result.rows, result.dead_letters
 
@@ -128,13 +143,7 @@ def test_a_reprocess_result_counts_in_metrics_and_lineage(make, monkeypatch):
     ing, _ = make()
     ing.run(RunIdentity("run-1"))
     summary = Reprocessor(ing).run(RunIdentity("fix-1"), "run-1").to_dict()
-    emitted: dict[str, object] = {}
-
-    class Stats:
-        def __getattr__(self, kind):
-            return lambda name, value, tags=None: emitted.setdefault(name, value)
-
-    monkeypatch.setattr(metrics, "_stats", Stats)
+    emitted = captured_metrics(monkeypatch)
     metrics.emit_run_metrics(summary)
     for name in ("records_committed", "bytes_committed", "batch_duration"):
         assert emitted[f"airflow_eo.{name}"], name
@@ -273,13 +282,7 @@ def test_a_merge_result_reports_its_counts_in_the_summary_metrics_and_lineage(mo
     appended = build_result(RunStatus.COMMITTED, plan, BatchRecord(7, None, replace(meta, merge=None)),
                             table_uri="/t", lag={}).to_dict()
     assert appended["write_mode"] == "append" and appended["deleted"] == 0
-    emitted: dict[str, object] = {}
-
-    class Stats:
-        def __getattr__(self, kind):
-            return lambda name, value, tags=None: emitted.setdefault(name, value)
-
-    monkeypatch.setattr(metrics, "_stats", Stats)
+    emitted = captured_metrics(monkeypatch)
     metrics.emit_run_metrics(summary)
     assert [emitted[f"airflow_eo.{m}"] for m in ("rows_inserted", "rows_updated", "rows_deleted",
                                                 "files_rewritten")] == [3, 2, 4, 1]
