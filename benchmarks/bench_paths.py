@@ -121,10 +121,13 @@ SPARK_TASKS = ("--driver-read-max-offsets", "0")
 
 def cli_ingest(table_uri: str, topic: str, kafka_config: dict, records: int, remote: str | None = None,
                master: str = "local[*]", token: str | None = None, expect_error: bool = False,
-               extra: tuple[str, ...] = ()) -> dict:
-    """One ``airflow-eo ingest`` of the first ``records`` offsets into a fresh table: wall and phases."""
+               extra: tuple[str, ...] = (), starts: dict[int, int] | None = None) -> dict:
+    """One ``airflow-eo ingest`` of ``records`` offsets into a fresh table, from the first offsets or
+    from ``starts`` (partition → offset): wall and phases."""
     cmd = [AIRFLOW_EO, "ingest", "--table", table_uri, "--ingest-id", "bench", "--topics", topic,
            "--max-records-per-run", str(records), "--transform-sql", SQL, "--json", *extra]
+    if starts:
+        cmd += ["--starting-offsets", json.dumps({topic: {str(p): o for p, o in starts.items()}})]
     cmd += ["--remote", remote] if remote else ["--master", master, "--conf", "spark.ui.enabled=false"]
     env = {**os.environ, **Secrets(kafka_config).to_env(), Env.SPARK_LOCAL_IP: "127.0.0.1"}
     env.pop(TOKEN_ENV, None)
