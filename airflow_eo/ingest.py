@@ -228,7 +228,7 @@ class Ingestion:
         record = ledger.find_batch(plan.ingest_id, run_key=None if by_batch else plan.run.run_key, batch=plan.batch,
                                    operation=CommitKind.BATCH if by_batch else None)
         if by_batch and record is not None:  # report the interval's recorded ranges
-            plan = replace(plan, ranges=record.ranges)
+            plan = replace(plan, ranges=record.meta.ranges)
         return self.result(RunStatus.ALREADY_COMMITTED, plan, record, ledger)
 
     def result(self, status: RunStatus, plan: BatchPlan, record: BatchRecord | None, ledger: Ledger,

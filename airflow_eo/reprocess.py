@@ -97,8 +97,9 @@ class Reprocessor:
         wanted = frozenset(r for r in ranges if r.size)
         ledger, ingest_id = self.ing.ledger(), self.ing.config.ingest_id
         for record in ledger.batches(ingest_id, limit=None):
-            if record.operation is CommitKind.BATCH and frozenset(r for r in record.ranges if r.size) == wanted:
-                return record.run_key
+            meta = record.meta
+            if meta.operation is CommitKind.BATCH and frozenset(r for r in meta.ranges if r.size) == wanted:
+                return meta.run_key
         raise ConfigError(
             f"no committed batch of ingest {ingest_id} in {ledger.table_uri} has exactly the ranges "
             f"{', '.join(sorted(map(str, wanted)))} (or its commit left the log after a log cleanup): give all "

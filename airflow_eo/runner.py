@@ -107,7 +107,7 @@ def verdict(attempt: Attempt, ledger: Ledger, error: BaseException | None) -> Ve
     if landed(attempt, ledger):
         record = ledger.find_batch(plan.ingest_id, batch=plan.batch)  # the newest commit of the batch
         mine, theirs = _STATUSES[attempt.kind]
-        if record is None or record.attempt_id == plan.attempt_id:
+        if record is None or record.meta.attempt_id == plan.attempt_id:
             if error is not None:
                 log.warning("the Spark job failed (%s) after its commit landed: batch %s is %s", error, plan.batch,
                             mine.value)

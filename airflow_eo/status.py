@@ -173,7 +173,7 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
                          "for object storage); a table is created by its first `airflow-eo ingest`")
     ledger.check_owner(ingest_id)
     batches = ledger.batches(ingest_id, limit=50)[:limit]
-    partitions = sorted({TopicPartition(r.topic, r.partition) for b in batches[:1] for r in b.ranges})
+    partitions = sorted({TopicPartition(r.topic, r.partition) for b in batches[:1] for r in b.meta.ranges})
     bounds: dict[TopicPartition, PartitionBounds] = {}
     lag: dict[TopicPartition, int] = {}
     if kafka_config and kafka_config.get("bootstrap.servers"):
@@ -200,8 +200,8 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
         partitions=tuple(PartitionStatus(tp.topic, tp.partition, committed[tp],
                                          bounds[tp].end if tp in bounds else None, lag.get(tp)) for tp in partitions),
         attempts=tuple(blocking_attempts(ledger, staging_grace_seconds)),
-        batches=tuple(BatchStatus(b.batch, b.version, b.rows, b.operation.value, b.run_key,
-                                  tuple(str(r) for r in b.ranges if r.size), b.meta.late_records, b.meta.merge)
+        batches=tuple(BatchStatus(b.meta.batch, b.version, b.meta.rows, b.meta.operation.value, b.meta.run_key,
+                                  tuple(str(r) for r in b.meta.ranges if r.size), b.meta.late_records, b.meta.merge)
                       for b in batches),
         intervals=tuple(sorted(intervals.committed(), key=lambda c: c.interval)) if intervals.is_interval_table()
         else (),

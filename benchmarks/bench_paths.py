@@ -26,13 +26,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import psutil
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from bench_memory import tree_pss_mb
 from airflow_eo.attempt import Env, Secrets
 from airflow_eo.planning import OffsetRange
 
@@ -198,39 +198,6 @@ class ServerCommand:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def tree_pss_mb(pid: int) -> float:
-    """Proportional set size of a process and its children (shared pages counted once)."""
-    total = 0
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        try:
-            total += proc.memory_full_info().pss
-        except psutil.Error:
-            continue
-    return total / 2**20
-
-
-class PeakPss:
-    """Peak PSS of a process tree (the server: JVM and Python workers) while the block runs."""
-
-    def __init__(self, pid: int, interval: float = 0.25):
-        self.pid, self.interval, self.peak = pid, interval, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, tree_pss_mb(self.pid))
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> "PeakPss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def warm_at_least_once(url: str, token: str, kafka_config: dict, ranges: list[OffsetRange], out_dir: str) -> dict:

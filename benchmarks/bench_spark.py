@@ -1,4 +1,4 @@
-"""Spark side of the benchmark: the at-least-once baseline, the exactly-once run, peak memory.
+"""Spark side of the benchmark: the at-least-once baseline and the exactly-once run (their peak memory: bench_memory).
 
 Both sides start spark-submit with the same master and settings (those of
 :class:`airflow_eo.submit.spark_submit.LocalSparkSubmit`) plus Spark's event log, so each run also yields
@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import subprocess
-import threading
 import time
 import uuid
 
@@ -60,46 +59,6 @@ def spark_phases(directory: str) -> dict:
         elif kind == "SparkListenerJobEnd" and event["Job ID"] in job_starts:
             jobs += (event["Completion Time"] - job_starts.pop(event["Job ID"])) / 1000
     return {"in_spark": (end - start) / 1000 if start and end else None, "jobs": jobs or None}
-
-
-class TreeRss:
-    """Peak memory of this process's children (spark-submit, its JVM, Python workers), sampled
-    every ``interval`` seconds; processes in ``exclude`` (the broker) are left out.
-
-    Measured as PSS (proportional set size): PySpark forks its Python workers from a
-    daemon, and RSS would count the pages they share with it once per worker."""
-
-    def __init__(self, exclude: set[int], interval: float = 0.2):
-        self.exclude, self.interval = exclude, interval
-        self.peak = {"total": 0, "jvm": 0, "python": 0}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "TreeRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            sample = {"total": 0, "jvm": 0, "python": 0}
-            for child in me.children(recursive=True):
-                try:
-                    if child.pid in self.exclude or child.ppid() in self.exclude:
-                        continue
-                    rss = child.memory_full_info().pss
-                    kind = "jvm" if child.name() == "java" else ("python" if "python" in child.name() else None)
-                except psutil.Error:
-                    continue
-                sample["total"] += rss
-                if kind:
-                    sample[kind] += rss
-            self.peak = {k: max(v, sample[k]) for k, v in self.peak.items()}
-            self._stop.wait(self.interval)
 
 
 def spark_processes(exclude: set[int]) -> list[int]:

@@ -58,6 +58,7 @@ import psutil  # noqa: E402
 
 import bench_kafka  # noqa: E402
 import bench_ledger  # noqa: E402
+import bench_memory  # noqa: E402
 import bench_spark  # noqa: E402
 import bench_decode  # noqa: E402
 import bench_dedup  # noqa: E402
@@ -284,7 +285,7 @@ class Bench:
         for multiple, records in ((1, a.records), (a.memory_multiplier, big)):
             config = bench_spark.eo_config(self.fresh("eo-mem"), DATA_TOPIC, self.kafka_config, records)
             say(f"peak memory: exactly-once run of {records:,} records")
-            with bench_spark.TreeRss(exclude={self.broker.process.pid}) as rss:
+            with bench_memory.TreeRss(exclude={self.broker.process.pid}) as rss:
                 out, _ = bench_spark.run_eo(a.master, self.submitter.conf, config, self.fresh("events"))
             peaks[f"x{multiple}"] = {"records": records, "seconds": out["seconds"],
                                      "peak_pss_mb": {k: v / 2**20 for k, v in rss.peak.items()}}
@@ -402,7 +403,7 @@ class Bench:
             for label, records in (("warm-up", a.records), ("1m", a.records), ("big", big)):
                 if label != "warm-up":  # the broker's own scaling: one plain consumer on the same records first
                     raw[label] = self.raw_seconds(f"warm.scale.{label}", records)
-                with bench_paths.PeakPss(server.pid) as pss:
+                with bench_memory.PeakPss(server.pid) as pss:
                     took[label] = self.load.measure(f"warm.scale.{label}", lambda records=records: bench_paths.cli_ingest(
                         self.fresh("eo"), DATA_TOPIC, self.kafka_config, records, remote=server.url,
                         token=server.token))["seconds"]

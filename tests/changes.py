@@ -105,11 +105,11 @@ def expected_rows(table_uri: str, ingest_id: str, bootstrap: str, topic: str,
     the broker's visible records; id → (v, topic, partition, offset)."""
     visible = broker_changes(bootstrap, topic)
     batches = sorted((b for b in Ledger.open(table_uri, storage_options).batches(ingest_id, limit=None)
-                      if b.operation is CommitKind.BATCH), key=lambda b: b.batch)
+                      if b.meta.operation is CommitKind.BATCH), key=lambda b: b.meta.batch)
     state: dict[str, tuple] = {}
     for b in batches:
         by_key: dict[str, list] = {}
-        for r in b.ranges:
+        for r in b.meta.ranges:
             for offset in range(r.start, r.end):
                 found = visible.get((r.partition, offset))
                 if found is not None:
@@ -154,7 +154,7 @@ def assert_model_holds(table_uri: str, ingest_id: str, bootstrap: str, topic: st
     ledger = Ledger.open(table_uri, storage_options)
     last = ledger.find_batch(ingest_id, batch=ledger.last_batch(ingest_id))
     if last is not None:
-        ends = {r.tp: r.end for r in last.ranges}
+        ends = {r.tp: r.end for r in last.meta.ranges}
         assert ledger.committed_offsets(ingest_id, list(ends)) == ends
     return len(got)
 

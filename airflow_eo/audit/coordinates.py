@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -114,47 +114,60 @@ class FileRef:
     partition: int | None = None
 
 
+V = TypeVar("V", str, int)
+
+
+@dataclass(frozen=True)
+class Bounds(Generic[V]):
+    """The least and the greatest value of a column in a file, as its statistics say (None: not recorded)."""
+
+    low: V | None = None
+    high: V | None = None
+
+    def admits(self, value: V) -> bool:
+        """Whether ``value`` may be in the file (unknown bounds: yes)."""
+        return self.low is None or self.high is None or self.low <= value <= self.high
+
+    @property
+    def only(self) -> V | None:
+        """The one value of the file, when the bounds pin it (None: several, or unknown)."""
+        return self.low if self.low is not None and self.low == self.high else None
+
+
 @dataclass(frozen=True)
 class FileStats:
-    """A data file and what its statistics say of its coordinates (None: not recorded)."""
+    """A data file and what its statistics say of its coordinates."""
 
     ref: FileRef
-    topic_min: str | None = None
-    topic_max: str | None = None
-    partition_min: int | None = None
-    partition_max: int | None = None
-    offset_min: int | None = None
-    offset_max: int | None = None
+    topic: Bounds[str] = Bounds()
+    partition: Bounds[int] = Bounds()
+    offset: Bounds[int] = Bounds()
 
     def may_hold(self, tp: TopicPartition, lo: int, hi: int | None) -> bool:
         """Whether rows of ``tp`` at offsets in ``[lo, hi)`` may be in the file (unknown: yes)."""
-        return (self.topic_min is None or self.topic_max is None or self.topic_min <= tp.topic <= self.topic_max) and \
-            (self.partition_min is None or self.partition_max is None or
-             self.partition_min <= tp.partition <= self.partition_max) and \
-            (self.offset_max is None or self.offset_max >= lo) and \
-            (self.offset_min is None or hi is None or self.offset_min < hi)
+        offset = self.offset
+        return self.topic.admits(tp.topic) and self.partition.admits(tp.partition) and \
+            (offset.high is None or offset.high >= lo) and (offset.low is None or hi is None or offset.low < hi)
 
 
 def _int(value) -> int | None:
     return None if value is None else int(value)
 
 
+def _bounds(row: dict, key: str, cast: Callable[[Any], V]) -> Bounds[V]:
+    """A column's bounds in a file's add action: a partition value is both (the file lacks the column)."""
+    fixed = row.get(f"partition.{key}")
+    low, high = (fixed, fixed) if fixed is not None else (row.get(f"min.{key}"), row.get(f"max.{key}"))
+    return Bounds(None if low is None else cast(low), None if high is None else cast(high))
+
+
 def table_files(table) -> list[FileStats]:
     """The data files of a ``deltalake.DeltaTable`` snapshot with their coordinate statistics."""
-
-    def value(row: dict, key: str, side: str):  # a partition value is both the file's min and max
-        for name in (f"partition.{key}", f"{side}.{key}"):
-            if row.get(name) is not None:
-                return row[name]
-        return None
-
     out = []
     for row in add_actions_of(table).to_pylist():
         topic, partition = row.get("partition.topic"), row.get("partition.partition")
         out.append(FileStats(FileRef(row["path"], None if topic is None else str(topic), _int(partition)),
-                             value(row, "topic", "min"), value(row, "topic", "max"),
-                             _int(value(row, "partition", "min")), _int(value(row, "partition", "max")),
-                             _int(value(row, "offset", "min")), _int(value(row, "offset", "max"))))
+                             _bounds(row, "topic", str), _bounds(row, "partition", int), _bounds(row, "offset", int)))
     return out
 
 
@@ -166,9 +179,9 @@ class FileIndex:
         self.by_tp: dict[TopicPartition, list[FileStats]] = {}
         self.others: list[FileStats] = []  # files of several partitions, or without statistics
         for f in files:
-            if f.topic_min is not None and f.topic_min == f.topic_max and f.partition_min is not None \
-                    and f.partition_min == f.partition_max:
-                self.by_tp.setdefault(TopicPartition(f.topic_min, f.partition_min), []).append(f)
+            topic, partition = f.topic.only, f.partition.only
+            if topic is not None and partition is not None:
+                self.by_tp.setdefault(TopicPartition(topic, partition), []).append(f)
             else:
                 self.others.append(f)
 
@@ -185,9 +198,9 @@ class FileIndex:
         top = None
         for f in self._of(tp):
             if f.may_hold(tp, 0, None):
-                if f.offset_max is None:
+                if f.offset.high is None:
                     return None
-                top = f.offset_max if top is None else max(top, f.offset_max)
+                top = f.offset.high if top is None else max(top, f.offset.high)
         return top
 
 

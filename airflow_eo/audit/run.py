@@ -80,12 +80,13 @@ def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
     """Each batch's newest data commit the log still holds (a reprocess replaces its ingest), by batch."""
     newest: dict[int, BatchRanges] = {}
     for rec in ledger.batches(ingest_id, limit=None):  # newest first
-        if rec.batch in newest or rec.operation not in (CommitKind.BATCH, CommitKind.REPROCESS):
+        meta = rec.meta
+        if meta.batch in newest or meta.operation not in (CommitKind.BATCH, CommitKind.REPROCESS):
             continue
-        dups = rec.meta.findings.duplicates
-        newest[rec.batch] = BatchRanges(rec.batch, rec.version, tuple(rec.ranges), tuple(rec.skipped),
-                                        dups.records if dups else 0, dups.to_dead_letters if dups else False,
-                                        rec.meta.write_mode.value)
+        dups = meta.findings.duplicates
+        newest[meta.batch] = BatchRanges(meta.batch, rec.version, tuple(meta.ranges), tuple(meta.skipped),
+                                         dups.records if dups else 0, dups.to_dead_letters if dups else False,
+                                         meta.write_mode.value)
     return [newest[b] for b in sorted(newest)]
 
 
@@ -93,11 +94,11 @@ def merge_counts(ledger: Ledger, ingest_id: str) -> tuple[list[MergeCounts], boo
     """Every merge commit the log holds, oldest first, and whether they start at the first batch
     (log cleanup drops old commit details: then the table's rows cannot be summed from them)."""
     records = [(r, r.meta.merge) for r in ledger.batches(ingest_id, limit=None)
-               if r.operation in (CommitKind.BATCH, CommitKind.REPROCESS)]
+               if r.meta.operation in (CommitKind.BATCH, CommitKind.REPROCESS)]
     merged = [(r, m) for r, m in records if m is not None]
     oldest = merged[-1][0] if merged else None
-    commits = [MergeCounts(r.batch, r.version, m.inserted, m.deleted) for r, m in reversed(merged)]
-    return commits, oldest is not None and oldest.batch == 1 and oldest.operation is CommitKind.BATCH
+    commits = [MergeCounts(r.meta.batch, r.version, m.inserted, m.deleted) for r, m in reversed(merged)]
+    return commits, oldest is not None and oldest.meta.batch == 1 and oldest.meta.operation is CommitKind.BATCH
 
 
 def table_rows(ledger: Ledger) -> int:

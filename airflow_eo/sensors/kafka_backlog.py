@@ -44,14 +44,11 @@ class KafkaBacklogSensor(BaseSensorOperator):
                  kafka_conn_id: str = "kafka_default", min_records: int = 1, deferrable: bool = True,
                  starting_offsets: object = "earliest", storage_conn_id: str | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.topics = topics
-        self.table_uri = table_uri
-        self.ingest_id = ingest_id
-        self.kafka_conn_id = kafka_conn_id
-        self.min_records = min_records
-        self.deferrable = deferrable
+        # the ingest whose backlog counts (templated, as the operator's options), its connections, the wait
+        self.topics, self.table_uri, self.ingest_id = topics, table_uri, ingest_id
         self.starting_offsets = starting_offsets
-        self.storage_conn_id = storage_conn_id
+        self.kafka_conn_id, self.storage_conn_id = kafka_conn_id, storage_conn_id
+        self.min_records, self.deferrable = min_records, deferrable
 
     def _topics(self) -> list[str]:
         return list(parse_option("topics", self.topics))

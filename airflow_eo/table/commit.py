@@ -607,7 +607,7 @@ def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict
     manifest = record.meta.findings.dead_letters if record else None
     if record is None or manifest is None or not manifest.files:
         return None
-    plan = BatchPlan(ingest_id, last, record.ranges, record.meta.run, attempt_id=record.attempt_id)
+    plan = BatchPlan(ingest_id, last, record.meta.ranges, record.meta.run, attempt_id=record.meta.attempt_id)
     return commit(DeadLetterCommit(StagedBatch(plan, manifest.files)), manifest.uri, storage_options).status
 
 

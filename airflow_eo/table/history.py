@@ -27,6 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from airflow_eo.table.ledger import BatchRecord, CommitKind, Ledger
+from airflow_eo.table.metadata import BatchMetadata
 
 FIRST_WINDOW = 64  # commits asked for by a first read of a table; if more are needed, all of them next
 
@@ -44,8 +45,7 @@ class BatchCounts:
     write_mode: str
 
     @classmethod
-    def of(cls, record: BatchRecord) -> "BatchCounts":
-        meta = record.meta
+    def of(cls, meta: BatchMetadata) -> "BatchCounts":
         return cls(meta.ingest_id, meta.batch, meta.operation, meta.rows, meta.dead_letter_records, meta.write_mode.value)
 
 
@@ -62,7 +62,7 @@ class Commit:
     def from_commit_info(cls, info: dict) -> "Commit":
         stamp, record = info.get("timestamp"), BatchRecord.from_commit_info(info)
         return cls(int(info["version"]), int(stamp) if stamp is not None else None, str(info.get("operation") or ""),
-                   BatchCounts.of(record) if record is not None else None)
+                   BatchCounts.of(record.meta) if record is not None else None)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from airflow_eo.spec import MergeSpec
 from airflow_eo.errors import ConfigError, TableError
 from airflow_eo.intervals import interval_state
 from airflow_eo.planning import (
-    BatchPlan, CommitCheck, OffsetRange, SkippedRange, TopicPartition, batch_state,
+    BatchPlan, CommitCheck, OffsetRange, TopicPartition, batch_state,
 )
 # METADATA_KEY: re-exported, the commitInfo key is named from here too
 from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind  # noqa: F401
@@ -118,43 +118,6 @@ class BatchRecord:
         except (ValueError, KeyError, TypeError):
             return None
         return cls(version=int(info.get("version", -1)), timestamp_ms=info.get("timestamp"), meta=meta)
-
-    # the fields every reader asks for, named as before
-    @property
-    def ingest_id(self) -> str:
-        return self.meta.ingest_id
-
-    @property
-    def batch(self) -> int:
-        return self.meta.batch
-
-    @property
-    def attempt_id(self) -> str:
-        return self.meta.attempt_id
-
-    @property
-    def run_key(self) -> str:
-        return self.meta.run_key
-
-    @property
-    def ranges(self) -> tuple[OffsetRange, ...]:
-        return self.meta.ranges
-
-    @property
-    def rows(self) -> int:
-        return self.meta.rows
-
-    @property
-    def rows_per_partition(self) -> dict[str, int]:
-        return self.meta.rows_per_partition
-
-    @property
-    def skipped(self) -> tuple[SkippedRange, ...]:
-        return self.meta.skipped
-
-    @property
-    def operation(self) -> CommitKind:
-        return self.meta.operation
 
 
 _OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")
@@ -372,8 +335,8 @@ class Ledger:
         state = batch_state(plan, committed, last)
         if state is CommitCheck.ALREADY_COMMITTED:  # only then is the history worth reading
             record = self.find_batch(plan.ingest_id, batch=plan.batch, operation=CommitKind.BATCH)
-            state = batch_state(plan, committed, last, record.ranges if record else None,
-                                record.run_key if record else None)
+            state = batch_state(plan, committed, last, record.meta.ranges if record else None,
+                                record.meta.run_key if record else None)
         return state
 
     def _interval_state(self, plan: BatchPlan, last: int) -> CommitCheck:
@@ -386,8 +349,8 @@ class Ledger:
         state = interval_state(plan, last, batch, end)
         if state is CommitCheck.ALREADY_COMMITTED:  # as for offset batches: the run that committed it
             record = self.find_batch(plan.ingest_id, batch=plan.batch, operation=CommitKind.BATCH)
-            state = interval_state(plan, last, batch, end, record.ranges if record else None,
-                                   record.run_key if record else None)
+            state = interval_state(plan, last, batch, end, record.meta.ranges if record else None,
+                                   record.meta.run_key if record else None)
         return state
 
     def batches(self, ingest_id: str, limit: int | None = 20) -> list[BatchRecord]:
@@ -399,7 +362,7 @@ class Ledger:
         found = []
         for info in self._history[limit]:
             record = BatchRecord.from_commit_info(info)
-            if record is not None and record.ingest_id == ingest_id and record.operation in DATA_OPERATIONS:
+            if record is not None and record.meta.ingest_id == ingest_id and record.meta.operation in DATA_OPERATIONS:
                 found.append(record)
         return found
 
@@ -417,10 +380,11 @@ class Ledger:
         while searched < span:
             window = min(window, span)
             for record in self.batches(ingest_id, limit=window):
-                if (attempt_id is None or record.attempt_id == attempt_id) and \
-                        (run_key is None or record.run_key == run_key) and \
-                        (batch is None or record.batch == batch) and \
-                        (operation is None or record.operation == operation):
+                meta = record.meta
+                if (attempt_id is None or meta.attempt_id == attempt_id) and \
+                        (run_key is None or meta.run_key == run_key) and \
+                        (batch is None or meta.batch == batch) and \
+                        (operation is None or meta.operation == operation):
                     return record
             searched, window = window, window * 16
         return None

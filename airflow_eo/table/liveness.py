@@ -47,27 +47,6 @@ log = logging.getLogger(__name__)
 _START_TOLERANCE = 0.5
 
 
-class Marker(Protocol):
-    """What the rule reads of an attempt marker (:class:`airflow_eo.table.staging.AttemptMarker`)."""
-
-    @property
-    def started_at(self) -> float: ...
-    @property
-    def ended_at(self) -> float | None: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def pid(self) -> int: ...
-    @property
-    def pid_started(self) -> float: ...
-    @property
-    def driver_host(self) -> str: ...
-    @property
-    def driver_pid(self) -> int: ...
-    @property
-    def driver_pid_started(self) -> float: ...
-
-
 class Liveness(enum.Enum):
     ENDED = "ended"  # its marker says so (committed or not)
     RUNNING = "running"  # may still commit
@@ -101,6 +80,20 @@ class ProcessId:
         return ProcessState.ALIVE if _alive(self.pid, self.started) else ProcessState.GONE
 
 
+class Marker(Protocol):
+    """What the rule reads of an attempt marker (:class:`airflow_eo.table.staging.AttemptMarker`):
+    when it started and ended, and its two processes."""
+
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def ended_at(self) -> float | None: ...
+    @property
+    def submitter(self) -> ProcessId: ...
+    @property
+    def driver(self) -> ProcessId: ...
+
+
 def process_start_time(pid: int) -> float:
     """When ``pid`` started (epoch seconds), or 0.0 when it does not exist."""
     try:
@@ -125,10 +118,10 @@ def liveness(marker: Marker, grace_seconds: float, now: float | None = None) -> 
     """The one rule (see the module docstring)."""
     if marker.ended_at is not None:
         return Liveness.ENDED
-    driver = ProcessId(marker.driver_host, marker.driver_pid, marker.driver_pid_started).state()
+    driver = marker.driver.state()
     if driver is ProcessState.GONE:
         return Liveness.DEAD
-    submitter = ProcessId(marker.host, marker.pid, marker.pid_started).state()
+    submitter = marker.submitter.state()
     if submitter is ProcessState.GONE and driver is ProcessState.NOT_STARTED:
         return Liveness.DEAD
     now = time.time() if now is None else now

@@ -87,6 +87,16 @@ class AttemptMarker:
         except (ValueError, TypeError):
             return None  # torn or foreign: treated as no marker (age decides)
 
+    @property
+    def submitter(self) -> ProcessId:
+        """The process that submitted it."""
+        return ProcessId(self.host, self.pid, self.pid_started)
+
+    @property
+    def driver(self) -> ProcessId:
+        """The process that commits it (no PID: not started yet)."""
+        return ProcessId(self.driver_host, self.driver_pid, self.driver_pid_started)
+
 
 class StagingArea:
     """Attempt directories and markers of one table."""

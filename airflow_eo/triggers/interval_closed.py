@@ -35,7 +35,7 @@ from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.planner import IntervalClosing, IntervalPlanner
 from airflow_eo.planning import Interval
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.triggers.polling import measurements
+from airflow_eo.triggers.polling import poll_until
 
 # past the moment close_after closes the interval, so the check that follows sees it closed
 _CLOSING_MARGIN_SECONDS = 0.05
@@ -99,23 +99,23 @@ class IntervalClosedTrigger(BaseTrigger):
         return await asyncio.to_thread(interval_closing, kafka_config, storage, self.table_uri, self.ingest_id,
                                        self.topics, self.close_after, self.interval)
 
+    def decide(self, found: IntervalClosing) -> TriggerEvent | float:
+        """The event a closed interval fires, else the seconds until the next check: the poll
+        interval, or less when ``close_after`` closes the interval sooner."""
+        waited = time.time() - self.started_at
+        if found.closed:
+            self.log.info("interval %s of %s is %s after %.0f s of waiting", self.interval, self.ingest_id,
+                          "committed" if found.committed_batch is not None else "closed", waited)
+            return TriggerEvent({"status": "closed", "interval": {"start_ms": self.interval.start_ms,
+                                                                  "end_ms": self.interval.end_ms},
+                                 "committed_batch": found.committed_batch, "waited_seconds": round(waited, 1)})
+        self.log.info("interval %s of %s not closed: %s without a record at or after %s; closes by %s at the "
+                      "latest (close_after)", self.interval, self.ingest_id, ", ".join(map(str, found.open)),
+                      _iso(self.interval.end_ms), _iso(found.closes_by_ms))
+        until_closed = found.closes_by_ms / 1000 - time.time() + _CLOSING_MARGIN_SECONDS
+        return min(self.poll_interval, until_closed)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        async for found in measurements(self.closing, poll_interval=self.poll_interval,
-                                        max_failures=self.max_failures, log=self.log,
-                                        what=f"whether interval {self.interval} of {self.ingest_id} is closed"):
-            if isinstance(found, TriggerEvent):  # a permanent error, or one failure too many
-                yield found
-                return
-            waited = time.time() - self.started_at
-            if found.closed:
-                self.log.info("interval %s of %s is %s after %.0f s of waiting", self.interval, self.ingest_id,
-                              "committed" if found.committed_batch is not None else "closed", waited)
-                yield TriggerEvent({"status": "closed", "interval": {"start_ms": self.interval.start_ms,
-                                                                     "end_ms": self.interval.end_ms},
-                                    "committed_batch": found.committed_batch, "waited_seconds": round(waited, 1)})
-                return
-            self.log.info("interval %s of %s not closed: %s without a record at or after %s; closes by %s at the "
-                          "latest (close_after)", self.interval, self.ingest_id, ", ".join(map(str, found.open)),
-                          _iso(self.interval.end_ms), _iso(found.closes_by_ms))
-            until_closed = found.closes_by_ms / 1000 - time.time() + _CLOSING_MARGIN_SECONDS
-            await asyncio.sleep(max(0.0, min(self.poll_interval, until_closed)))
+        yield await poll_until(self.closing, self.decide, poll_interval=self.poll_interval,
+                               max_failures=self.max_failures, log=self.log,
+                               what=f"whether interval {self.interval} of {self.ingest_id} is closed")

@@ -24,7 +24,7 @@ from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.spec import parse_option
 from airflow_eo.status import measure_lag
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.triggers.polling import measurements
+from airflow_eo.triggers.polling import poll_until
 
 
 def measure_backlog(kafka_config: dict, topics: list[str] | str, table_uri: str, ingest_id: str,
@@ -86,20 +86,17 @@ class KafkaBacklogTrigger(BaseTrigger):
         return await asyncio.to_thread(measure_backlog, config, self.topics, self.table_uri, self.ingest_id,
                                        storage, self.starting_offsets)
 
+    def decide(self, per_partition: dict[str, int]) -> TriggerEvent | float:
+        """The event a measured backlog fires (ready, or timed out), else the seconds until the next check."""
+        total = sum(per_partition.values())
+        self.log.info("backlog of %s for %s: %d (want %d)", self.topics, self.ingest_id, total, self.min_records)
+        event = {"backlog": total, "per_partition": per_partition, "min_records": self.min_records}
+        if total >= self.min_records:
+            return TriggerEvent({"status": "ready", **event})
+        if self.timeout is not None and time.time() - self.started_at >= self.timeout:
+            return TriggerEvent({"status": "timeout", **event})
+        return self.poll_interval
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        async for per_partition in measurements(self.backlog, poll_interval=self.poll_interval,
-                                                max_failures=self.max_failures, log=self.log,
-                                                what=f"backlog of {self.topics}"):
-            if isinstance(per_partition, TriggerEvent):  # a permanent error, or one failure too many
-                yield per_partition
-                return
-            total = sum(per_partition.values())
-            self.log.info("backlog of %s for %s: %d (want %d)", self.topics, self.ingest_id, total, self.min_records)
-            event = {"backlog": total, "per_partition": per_partition, "min_records": self.min_records}
-            if total >= self.min_records:
-                yield TriggerEvent({"status": "ready", **event})
-                return
-            if self.timeout is not None and time.time() - self.started_at >= self.timeout:
-                yield TriggerEvent({"status": "timeout", **event})
-                return
-            await asyncio.sleep(self.poll_interval)
+        yield await poll_until(self.backlog, self.decide, poll_interval=self.poll_interval,
+                               max_failures=self.max_failures, log=self.log, what=f"backlog of {self.topics}")

@@ -273,11 +273,11 @@ class TableReader:
         ours = ledger.batches(ingest_id, limit=PAGE_COMMITS)  # the page's own read: whole records
         rows = tuple(BatchRow.of(r) for r in ours[:batches])
         partitions = sorted({TopicPartition(r.topic, r.partition) for b in rows for r in b.ranges} |
-                            {TopicPartition(r.topic, r.partition) for record in ours[:1] for r in record.ranges})
+                            {TopicPartition(r.topic, r.partition) for record in ours[:1] for r in record.meta.ranges})
         committed = ledger.committed_offsets(ingest_id, partitions)
         offsets = tuple(PartitionOffset(tp.topic, tp.partition, committed[tp]) for tp in partitions)
         spans: tuple[Span, ...] = ()
         if is_interval:  # late records belong to a batch's first commit (a reprocess records none)
-            late = {r.batch: r.meta.late_records for r in ours if r.operation is CommitKind.BATCH}
+            late = {r.meta.batch: r.meta.late_records for r in ours if r.meta.operation is CommitKind.BATCH}
             spans = time_line(interval.committed(), late, now_ms)
         return TableDetail(state, rows, offsets, spans, table_layout)

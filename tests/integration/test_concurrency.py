@@ -41,7 +41,7 @@ def test_the_race_loser_gets_a_conflict_not_the_winners_batch(broker, kafka_conf
         ing.execute(loser)  # the loser's attempt reaches the compare-and-set
     assert lost.value.retryable
     record = Ledger.open(table_uri).find_batch("race", batch=1)
-    assert record.run_key == "dag/winner/ingest/-1" and record.attempt_id == winner.attempt_id
+    assert record.meta.run_key == "dag/winner/ingest/-1" and record.meta.attempt_id == winner.attempt_id
     # its retry plans anew from the table: nothing new, nothing claimed
     retry = ing.run(RunIdentity("dag/loser/ingest/-1"))
     assert retry.status == "nothing_new" and retry.batch is None and retry.attempt_id is None

@@ -63,8 +63,8 @@ def test_several_topics_several_runs_exactly_once(broker, kafka_config, spark_pa
     assert committed_offsets(table_uri, "test", t1, 3) == {0: 300, 1: 300, 2: 300}
     assert committed_offsets(table_uri, "test", t2, 2) == {0: 200, 1: 200}
     history = Ledger.open(table_uri).batches("test")
-    assert [b.batch for b in history] == [3, 2, 1]
-    assert sum(b.rows for b in history) == 1300
+    assert [b.meta.batch for b in history] == [3, 2, 1]
+    assert sum(b.meta.rows for b in history) == 1300
 
 
 def test_new_records_between_runs_and_nothing_new_commits_nothing(broker, kafka_config, spark_path, table_uri, ingestion):
@@ -223,7 +223,7 @@ def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark_
     result = run(skipping)
     assert result.rows == 5
     latest = Ledger.open(table_uri).batches("test", limit=1)[0]
-    assert [(s.start, s.end) for s in latest.skipped] == [(10, 15)]
+    assert [(s.start, s.end) for s in latest.meta.skipped] == [(10, 15)]
 
 
 def test_topic_recreated_is_refused(broker, kafka_config, spark_path, table_uri, ingestion):

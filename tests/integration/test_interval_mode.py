@@ -159,10 +159,10 @@ def test_backfills_forward_backward_shuffled_and_racing_give_one_table(broker, k
         table = read_table(uri, ["topic", "partition", "offset"])
         by_batch = {c.batch: c.interval for c in IntervalLedger(Ledger.open(uri), "test").committed()}
         for record in Ledger.open(uri).batches("test", limit=None):
-            iv = by_batch[record.batch]
+            iv = by_batch[record.meta.batch]
             assert record.meta.findings.late.records == late[iv], (name, iv)  # late counts from the batch metadata
             mine = {k for k, v in owner.items() if v == iv}
-            assert {(r.topic, r.partition, o) for r in record.ranges for o in range(r.start, r.end)} == mine
+            assert {(r.topic, r.partition, o) for r in record.meta.ranges for o in range(r.start, r.end)} == mine
         assert {k for k in keys_of(table)} == set(owner)
     # a rerun of any committed interval (a new run, or a clear) is a verified no-op without Spark
     version = DeltaTable(tables["forward"]).version()
@@ -240,7 +240,7 @@ def test_an_interval_without_records_commits_its_boundaries_without_spark(broker
     assert (result.status, result.batch, result.rows, result.spark_started) == ("committed", 2, 0, False)
     assert result.ranges == [] and result.version == Ledger.open(table_uri).version
     record = Ledger.open(table_uri).find_batch("test", batch=2)
-    assert record.attempt_id == result.attempt_id and record.meta.findings.late.records == 0
+    assert record.meta.attempt_id == result.attempt_id and record.meta.findings.late.records == 0
     assert record.meta.findings.duplicates.records == 0 and record.meta.files == 0
     # its boundaries are recorded: empty ranges where the first interval ended
     assert owned_ranges(table_uri, topic)[quiet] == {p: (1, 1) for p in range(PARTITIONS)}

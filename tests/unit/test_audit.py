@@ -170,19 +170,19 @@ def test_slices_cover_rows_past_every_range_and_statistics():
 
 
 def test_file_statistics_prune_what_a_slice_reads():
-    from airflow_eo.audit.coordinates import FileIndex, FileRef, FileStats
+    from airflow_eo.audit.coordinates import Bounds, FileIndex, FileRef, FileStats
 
-    a = FileStats(FileRef("a.parquet"), "t", "t", 0, 0, 0, 99)
-    b = FileStats(FileRef("b.parquet"), "t", "t", 1, 1, 0, 49)
-    by_value = FileStats(FileRef("topic=t/c.parquet", "t", 0), "t", "t", 0, 0, None, None)  # no offset stats
+    a = FileStats(FileRef("a.parquet"), Bounds("t", "t"), Bounds(0, 0), Bounds(0, 99))
+    b = FileStats(FileRef("b.parquet"), Bounds("t", "t"), Bounds(1, 1), Bounds(0, 49))
+    by_value = FileStats(FileRef("topic=t/c.parquet", "t", 0), Bounds("t", "t"), Bounds(0, 0))  # no offset stats
     assert a.may_hold(TP, 50, 60) and not a.may_hold(TP, 100, None) and not b.may_hold(TP, 0, None)
     assert not a.may_hold(TP, 0, 0) and by_value.may_hold(TP, 10**9, None)
-    assert not FileStats(FileRef("u"), "u", "u").may_hold(TP, 0, None)
+    assert not FileStats(FileRef("u"), Bounds("u", "u")).may_hold(TP, 0, None)
     index = FileIndex([a, b])
     assert index.highest_offset(TP) == 99 and FileIndex([b]).highest_offset(TP) is None
     assert FileIndex([a, by_value]).highest_offset(TP) is None  # unknown: the last slice stays open
     assert index.files(TP, 50, 60) == (a.ref,) and index.files(TopicPartition("t", 1), 0, None) == (b.ref,)
-    spanning = FileStats(FileRef("d.parquet"), "t", "t", 0, 1, 10, 20)  # rows of two partitions: asked for both
+    spanning = FileStats(FileRef("d.parquet"), Bounds("t", "t"), Bounds(0, 1), Bounds(10, 20))  # rows of two partitions: asked for both
     assert FileIndex([a, spanning]).files(TopicPartition("t", 1), 0, None) == (spanning.ref,)
 
 

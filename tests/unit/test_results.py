@@ -215,7 +215,7 @@ def test_a_table_of_the_previous_version_is_read_and_continued(make, tmp_path):
     old = write_old_table(str(tmp_path / "orders"))
     ing, driver = make()
     record = Ledger.open(ing.config.table_uri).find_batch("orders_raw", batch=1)
-    assert record.meta.to_dict() == old and record.run_key == OLD_RUN["run_key"]
+    assert record.meta.to_dict() == old and record.meta.run_key == OLD_RUN["run_key"]
 
     replay = ing.run(RunIdentity(**OLD_RUN))  # the old run's retry: its logged plan is committed
     assert replay.status is RunStatus.ALREADY_COMMITTED and not driver.attempts

@@ -51,9 +51,9 @@ def attempts(table):
 
 def assert_summary_matches_log(summary, table):
     record = Ledger.open(table).find_batch("orders", attempt_id=summary["attempt_id"])
-    assert record is not None and record.batch == summary["batch"] and record.version == summary["version"]
-    assert [r.__dict__ for r in record.ranges if r.end > r.start] == summary["ranges"]
-    assert record.rows == summary["rows"]
+    assert record is not None and record.meta.batch == summary["batch"] and record.version == summary["version"]
+    assert [r.__dict__ for r in record.meta.ranges if r.end > r.start] == summary["ranges"]
+    assert record.meta.rows == summary["rows"]
 
 
 def assert_exactly_once(world, kafka_config):
@@ -158,7 +158,7 @@ def test_mapped_ingest_of_two_tables_commits_each_table_once(world, kafka_config
     for index, (kwargs, summary) in enumerate(zip(tables, summaries)):
         assert summary["rows"] == 20 + index and summary["run_key"] == f"eo_mapped/{dr.run_id}/ingest/{index}"
         record = Ledger.open(kwargs["table_uri"]).find_batch(kwargs["ingest_id"], attempt_id=summary["attempt_id"])
-        assert record is not None and record.rows == summary["rows"]
+        assert record is not None and record.meta.rows == summary["rows"]
         table = read_table(kwargs["table_uri"])
         assert duplicates(table) == {}
         assert set(keys_of(table)) == set(broker_records(kafka_config["bootstrap.servers"], kwargs["topics"][0]))

@@ -46,7 +46,8 @@ def files_of(table_uri: str) -> list[dict]:
 
 
 def batch_metadata(table_uri: str) -> list[tuple]:
-    return [(b.batch, b.ranges, b.rows, b.rows_per_partition, b.operation) for b in Ledger.open(table_uri).batches("test")]
+    return [(m.batch, m.ranges, m.rows, m.rows_per_partition, m.operation)
+            for m in (b.meta for b in Ledger.open(table_uri).batches("test"))]
 
 
 def test_the_driver_stages_what_spark_tasks_stage(broker, kafka_config, spark_path, tmp_path, ingestion):

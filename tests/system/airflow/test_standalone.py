@@ -187,8 +187,9 @@ def assert_summary_matches_log(summary, table_uri):
     """The batch, version, ranges and rows a run reports are those of a commit in the log."""
     record = Ledger.open(table_uri).find_batch(INGEST_ID, attempt_id=summary["attempt_id"])
     assert record is not None, f"no commit of attempt {summary['attempt_id']} in the Delta log"
-    assert (record.batch, record.version, record.rows) == (summary["batch"], summary["version"], summary["rows"])
-    assert [r.__dict__ for r in record.ranges if r.end > r.start] == summary["ranges"]
+    assert (record.meta.batch, record.version, record.meta.rows) == \
+        (summary["batch"], summary["version"], summary["rows"])
+    assert [r.__dict__ for r in record.meta.ranges if r.end > r.start] == summary["ranges"]
     history = {h["version"] for h in DeltaTable(table_uri).history()}
     assert summary["version"] in history
 

@@ -126,7 +126,7 @@ def test_two_ingestions_of_one_table_at_once(flow):
         t.join(400)
     flow.assert_exact()
     ledger = Ledger.open(flow.table_uri)
-    batches = [r.batch for r in ledger.batches(INGEST_ID, limit=None)]
+    batches = [r.meta.batch for r in ledger.batches(INGEST_ID, limit=None)]
     assert len(batches) == len(set(batches)), f"a batch number committed twice: {batches}"
     assert ledger.last_batch(INGEST_ID) == before + 1
     winners = [k for k, o in outcomes.items() if o.result is not None and o.result.status == COMMITTED]

@@ -63,7 +63,7 @@ def test_ingestion_on_standalone_cluster_client_mode(spark_cluster, kafka_config
     # one commit, by the driver: exactly one table version holds this attempt's batch
     ledger = Ledger.open(table)
     assert ledger.version == 0
-    assert [(b.batch, b.attempt_id) for b in ledger.batches("standalone")] == [(1, result.attempt_id)]
+    assert [(b.meta.batch, b.meta.attempt_id) for b in ledger.batches("standalone")] == [(1, result.attempt_id)]
     assert "committed batch" not in spark_cluster.executor_logs()
 
 

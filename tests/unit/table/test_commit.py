@@ -84,7 +84,7 @@ def test_a_batch_commit_creates_the_table_and_sets_offsets_counter_and_metadata(
     assert ledger.committed_offsets(INGEST, [first.plan.ranges[0].tp]) == {first.plan.ranges[0].tp: 10}
     assert ledger.last_batch(INGEST) == 1 and rows(uri) == {o: f"v{o}" for o in range(10)}
     record = ledger.find_batch(INGEST, batch=1)
-    assert (record.rows, record.run_key, record.ranges) == (10, RUN1.run_key, first.plan.ranges)
+    assert (record.meta.rows, record.meta.run_key, record.meta.ranges) == (10, RUN1.run_key, first.plan.ranges)
     assert all(p.startswith(attempt_dir_name(first.plan) + "/") for p in ledger.file_paths())
 
 

@@ -121,9 +121,10 @@ def test_batch_records_read_what_the_previous_version_wrote(tmp_path):
     commit_batch(uri, second, 5)
     ledger = Ledger.open(uri)
     records = ledger.batches(INGEST)
-    assert [(r.batch, r.rows, r.attempt_id) for r in records] == [(2, 5, "a2"), (1, 10, "a1")]  # newest first
-    assert records[1].ranges == (OffsetRange("orders", 0, 0, 10),) and records[1].run_key == RUN.run_key
-    assert ledger.find_batch(INGEST, attempt_id="a1").batch == 1
+    assert [(r.meta.batch, r.meta.rows, r.meta.attempt_id) for r in records] == \
+        [(2, 5, "a2"), (1, 10, "a1")]  # newest first
+    assert records[1].meta.ranges == (OffsetRange("orders", 0, 0, 10),) and records[1].meta.run_key == RUN.run_key
+    assert ledger.find_batch(INGEST, attempt_id="a1").meta.batch == 1
     assert ledger.find_batch(INGEST, run_key=RUN.run_key, batch=2).version == ledger.version
     assert ledger.find_batch(INGEST, batch=3) is None and ledger.batches("other") == []
     assert len(ledger.file_paths()) == 2

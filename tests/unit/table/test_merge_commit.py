@@ -144,7 +144,7 @@ def test_merge_batches_keep_one_row_per_key_and_record_what_they_did(tmp_path):
     assert outcome.status == COMMITTED
     assert table_rows(uri) == [(1, "a"), (2, "B"), (4, "d"), (5, "e")]
     record = Ledger.open(uri).find_batch(INGEST, batch=2)
-    assert record.operation is CommitKind.BATCH and record.ranges == plan(2, 4, 8).ranges
+    assert record.meta.operation is CommitKind.BATCH and record.meta.ranges == plan(2, 4, 8).ranges
     merge = record.meta.merge
     assert (merge.key, merge.inserted, merge.updated, merge.deleted, merge.files_rewritten) == (KEY, 1, 1, 1, 1)
     assert Ledger.open(uri).committed_offsets(INGEST, [plan(2, 4, 8).ranges[0].tp]) == {plan(1, 0, 1).ranges[0].tp: 8}
