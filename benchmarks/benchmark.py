@@ -353,7 +353,7 @@ class Bench:
                     elif step == "small":
                         tail = self.tail(a.small_records)
                         out["small_raw_seconds"].append(self.raw_seconds("warm.small", a.small_records, tail))
-                        small = self.load.measure("warm.small", lambda: ingest(a.small_records, starts=tail))
+                        small = self.load.measure("warm.small", lambda tail=tail: ingest(a.small_records, starts=tail))
                         phases.append(small["phases"])
                         out["small_seconds"].append(small["seconds"])
                         self.record("warm.small", small["seconds"])

@@ -5,7 +5,7 @@ The audit cuts each audited partition into slices of at most ``slice_offsets`` o
 (:mod:`airflow_eo.audit.coordinates`) and returns a small :class:`~airflow_eo.audit.findings.SliceResult`
 (counts, the first offsets of each finding), so memory follows the slice, not the table or the
 number of records. Where the slices run is a :class:`SliceRunner`: :class:`InProcessSlices`
-here, one after the other with one consumer; or Spark tasks, one per slice, on a classic or a
+here, a few at a time in threads; or Spark tasks, one per slice, on a classic or a
 Spark Connect session (:class:`airflow_eo.submit.audit.SparkSlices`), for large audits.
 
 Example::
@@ -15,6 +15,9 @@ Example::
 
 from __future__ import annotations
 
+import os
+import queue
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
@@ -24,6 +27,8 @@ from airflow_eo.attempt import Secrets
 from airflow_eo.audit.coordinates import FileRef, KafkaCoordinates, table_offsets
 from airflow_eo.audit.findings import SliceResult, SliceSpec, compare_slice
 from airflow_eo.table.storage import TableLocation
+
+IN_PROCESS_WORKERS = 4  # slices read at a time in process, and no more than the cores
 
 
 @dataclass(frozen=True)
@@ -71,13 +76,38 @@ class SliceRunner(Protocol):
 
 
 class InProcessSlices:
-    """The slices one after the other in this process, with one consumer reassigned per span."""
+    """The slices in this process, up to ``workers`` at a time, each worker with a consumer of its
+    own reassigned per span. Threads suffice: the client fetches and parses in its own threads
+    and Parquet reads release the GIL, so one slice's Kafka wait overlaps another's table read
+    (and, on a broker of several nodes, partitions are fetched in parallel). Memory: ``workers``
+    slices at a time."""
 
     engine = "in_process"
     default_threshold = 0
 
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or min(IN_PROCESS_WORKERS, os.cpu_count() or 1)
+
     def run(self, tasks: Sequence[SliceTask], secrets: Secrets) -> Iterator[SliceResult]:
         locations: dict[str, TableLocation] = {}
-        with KafkaCoordinates(secrets.kafka_config) as kafka:
-            for task in tasks:
-                yield run_slice(task, kafka, secrets.storage_options, locations)
+        idle: queue.SimpleQueue[KafkaCoordinates] = queue.SimpleQueue()
+        made: list[KafkaCoordinates] = []
+
+        def one(task: SliceTask) -> SliceResult:
+            try:
+                kafka = idle.get_nowait()
+            except queue.Empty:
+                kafka = KafkaCoordinates(secrets.kafka_config)
+                made.append(kafka)
+            try:
+                return run_slice(task, kafka, secrets.storage_options, locations)
+            finally:
+                idle.put(kafka)
+
+        pool = ThreadPoolExecutor(max(1, min(self.workers, len(tasks))), thread_name_prefix="audit-slice")
+        try:
+            yield from pool.map(one, tasks)
+        finally:  # a failed slice ends the audit: the slices not started never start
+            pool.shutdown(wait=True, cancel_futures=True)
+            for kafka in made:
+                kafka.close()

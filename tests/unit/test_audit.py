@@ -196,3 +196,43 @@ def test_rows_are_compared_by_offset_unless_a_batch_was_written_in_merge_mode():
     assert merge.write_mode.value == "merge"
     merged = BatchRanges(2, 2, (OffsetRange("t", 0, 3, 6),), write_mode="merge")
     assert not rows_keep_offsets([batch(1, (0, 3)), merged])
+
+
+def test_in_process_slices_run_in_threads_keep_task_order_and_close_every_consumer(monkeypatch):
+    import threading
+
+    from airflow_eo.attempt import Secrets
+    from airflow_eo.audit import slices
+    from airflow_eo.audit.findings import SliceSpec
+
+    made, threads = [], set()
+
+    class FakeKafka:  # the broker boundary: every offset of a span delivered
+        def __init__(self, config):
+            self.closed = False
+            made.append(self)
+
+        def offsets(self, tp, start, end):
+            threads.add(threading.current_thread().name)
+            return np.arange(start, end, dtype=np.int64)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(slices, "KafkaCoordinates", FakeKafka)
+    specs = [SliceSpec(TopicPartition("t", p), 0, 10, ((1, 0, 10),), ((0, 10),)) for p in range(6)]
+    tasks = [slices.SliceTask(s, "/nowhere") for s in specs]  # no files: the table holds no rows
+    results = list(slices.InProcessSlices(workers=3).run(tasks, Secrets({"bootstrap.servers": "x:1"})))
+    assert [r.spec for r in results] == specs  # in task order, whichever thread finished first
+    assert all(r.delivered == {1: 10} and r.missing[1].count == 10 and r.rows_read == 0 for r in results)
+    assert 1 <= len(made) <= 3 and all(k.closed for k in made) and all(n.startswith("audit-slice") for n in threads)
+
+    class Failing(FakeKafka):
+        def offsets(self, tp, start, end):
+            raise RuntimeError(f"broker gone at {tp}")
+
+    made.clear()
+    monkeypatch.setattr(slices, "KafkaCoordinates", Failing)
+    with pytest.raises(RuntimeError, match="broker gone"):
+        list(slices.InProcessSlices(workers=2).run(tasks, Secrets({"bootstrap.servers": "x:1"})))
+    assert made and all(k.closed for k in made)
