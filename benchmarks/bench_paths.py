@@ -47,6 +47,9 @@ _PHASES = {
     "spark_job": re.compile(r"spark job for batch \d+ ended after ([\d.]+)s"),
 }
 BUSY_CORES = 0.25  # other work using more than this many cores on average during a step: a busy machine
+# CPU times advance in clock ticks (10 ms): over a step of a few milliseconds one tick of anyone's
+# reads as more than a core, so shorter steps are listed but not judged
+JUDGED_SECONDS = 0.25
 RAW_SPREAD = 1.25  # a raw time this much above the run's minimum: the broker or the machine was slowed
 
 
@@ -79,11 +82,15 @@ class Load:
         result = step()
         wall = max(time.monotonic() - started, 1e-6)
         other = max(0.0, (self._machine() - machine) - (self._ours() - ours)) / wall
-        self.steps.append({"step": label, "other_cores": round(other, 2), "load_1min_before": load_before})
+        self.steps.append({"step": label, "other_cores": round(other, 2), "load_1min_before": load_before,
+                           "seconds": round(wall, 3)})
         return result
 
     def busy_steps(self) -> list[dict]:
-        return [s for s in self.steps if s["other_cores"] > BUSY_CORES]
+        return [s for s in self.judged() if s["other_cores"] > BUSY_CORES]
+
+    def judged(self) -> list[dict]:
+        return [s for s in self.steps if s["seconds"] >= JUDGED_SECONDS]
 
 
 def raw_single_consumer(kafka_config: dict, ranges: list[OffsetRange]) -> dict:
@@ -297,6 +304,10 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
 
 
+def _min_max(values: list[float] | None) -> str:
+    return f", {min(values):.1f}-{max(values):.1f}" if values else ""
+
+
 def _seconds_row(metric: str, values: list[float] | None, must: float, aim: float,
                  raw: list[float] | None = None) -> dict | None:
     """A time against its targets; ``raw``: one plain consumer reading the same records, right before each."""
@@ -316,6 +327,7 @@ def _info_row(metric: str, values: list[float] | None) -> dict | None:
 def rows(results: dict) -> list[dict]:
     """The issue's rows from the warm and cold parts' results (those that ran)."""
     warm, cold = results.get("warm_paths", {}), results.get("cold_paths", {})
+    scale = warm.get("scale")
     n = f"{results.get('records', 1_000_000):,}"
     small = f"{results.get('small_records', 1000):,}"
     out = [
@@ -333,16 +345,15 @@ def rows(results: dict) -> list[dict]:
                      cold.get("small_raw_seconds")),
         _info_row(f"cold, {small}-record batch as Spark tasks ({' '.join(SPARK_TASKS)})", cold.get("small_spark_seconds")),
         _ratio_row(f"cold, {n} records: raw / whole command", cold.get("full_1m"), 0.15, 0.25),
-        None if not warm.get("scale") else _row(
-            f"warm, {warm['scale']['records']:,} records: time per million / {n}'s", "<= 1.1x (server memory flat)", "",
-            f"{warm['scale']['per_million_ratio']:.2f}x ({warm['scale']['seconds']:.1f} s vs steady "
-            f"{warm['scale']['seconds_1m']:.2f} s); server peak PSS {warm['scale']['peak_pss_mb']:.0f} MB vs "
-            f"{warm['scale']['peak_pss_mb_1m']:.0f} MB for {n} on the same broker",
-            f"{warm['scale']['raw_seconds']:.1f} s (raw / ingest {warm['scale']['raw_seconds'] / warm['scale']['seconds']:.2f}"
-            f"; {n} on the same broker: raw {warm['scale']['raw_seconds_1m_same_broker']:.1f} s, ingest "
-            f"{warm['scale']['seconds_1m_same_broker']:.1f} s)" if "raw_seconds" in warm["scale"] else "",
-            warm["scale"]["per_million_ratio"] <= 1.1
-            and warm["scale"]["peak_pss_mb"] <= 1.25 * warm["scale"]["peak_pss_mb_1m"]),
+        None if not scale else _row(
+            f"warm, {scale['records']:,} records: time per million / {n}'s", "<= 1.1x (server memory flat)", "",
+            f"{scale['per_million_ratio']:.2f}x ({scale['seconds']:.1f} s{_min_max(scale.get('seconds_all'))} vs steady "
+            f"{scale['seconds_1m']:.2f} s); server peak PSS {scale['peak_pss_mb']:.0f} MB vs "
+            f"{scale['peak_pss_mb_1m']:.0f} MB for {n} on the same broker",
+            f"{scale['raw_seconds']:.1f} s (raw / ingest {scale['raw_seconds'] / scale['seconds']:.2f}"
+            f"; {n} on the same broker: raw {scale['raw_seconds_1m_same_broker']:.1f} s, ingest "
+            f"{scale['seconds_1m_same_broker']:.1f} s)" if "raw_seconds" in scale else "",
+            scale["per_million_ratio"] <= 1.1 and scale["peak_pss_mb"] <= 1.25 * scale["peak_pss_mb_1m"]),
         _seconds_row("unreachable broker, until the error", cold.get("unreachable_seconds"), 10.0, 5.0),
         None if not warm.get("eo_over_alo") else _row(
             "exactly-once overhead: warm batch / the same read + write without ledger (in-process)", "<= 1.01", "",
@@ -360,7 +371,7 @@ def warnings(results: dict, load: Load) -> list[str]:
         worst = max(busy, key=lambda s: s["other_cores"])
         cores = [s["other_cores"] for s in busy]
         out.append(f"busy machine: other work used more than {BUSY_CORES} cores during {len(busy)} of "
-                   f"{len(load.steps)} timed steps (median {statistics.median(cores):.2f}, up to {worst['other_cores']:.2f} "
+                   f"{len(load.judged())} timed steps of {JUDGED_SECONDS} s or more (median {statistics.median(cores):.2f}, up to {worst['other_cores']:.2f} "
                    f"during {worst['step']}; load average {worst['load_1min_before']:.2f} before it of "
                    f"{os.cpu_count()} cores): re-measure on an idle machine")
     for part in ("warm_paths", "cold_paths"):

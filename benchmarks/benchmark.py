@@ -389,32 +389,38 @@ class Bench:
         self.results["warm_paths"] = out
 
     def warm_scale(self, steady_seconds: float) -> dict:
-        """A batch of --warm-scale times --records on a warm server: its time per million against the
-        steady batches' (``steady_seconds``, on a broker holding --records), and the server's peak
-        memory against a --records batch on the same server and broker. Not the time of that batch:
-        noida-db answers a fetch with the whole rest of the partition, so on a broker holding the
-        large set a small batch fetches as much as the large one."""
+        """A batch of --warm-scale times --records on a warm server, --repetitions times: its time per
+        million (median) against the steady batches' (``steady_seconds``, on a broker holding --records),
+        and the server's peak memory against a --records batch on the same server and broker (the
+        two sizes interleaved, each after one plain consumer on the same records). Not the time of
+        the --records batch: noida-db answers a fetch with the whole rest of the partition, so on a
+        broker holding the large set a small batch fetches as much as the large one."""
         a = self.args
         big = a.records * a.warm_scale
         self.start_broker(DATA_TOPIC, big)
+        took: dict[str, list[float]] = {"1m": [], "big": []}
+        raw: dict[str, list[float]] = {"1m": [], "big": []}
+        peak: dict[str, float] = {}
         with bench_paths.ServerCommand(a.master, self.work) as server:
-            took, peak = {}, {}
-            raw = {}
-            for label, records in (("warm-up", a.records), ("1m", a.records), ("big", big)):
-                if label != "warm-up":  # the broker's own scaling: one plain consumer on the same records first
-                    raw[label] = self.raw_seconds(f"warm.scale.{label}", records)
+            bench_paths.cli_ingest(self.fresh("eo"), DATA_TOPIC, self.kafka_config, a.records, remote=server.url,
+                                   token=server.token)  # a warm-up: every measured batch is a steady one
+            for rep, label in interleaved(["1m", "big"], a.repetitions):
+                records = a.records if label == "1m" else big
+                raw[label].append(self.raw_seconds(f"warm.scale.{label}", records))  # the broker's own scaling
                 with bench_memory.PeakPss(server.pid) as pss:
-                    took[label] = self.load.measure(f"warm.scale.{label}", lambda records=records: bench_paths.cli_ingest(
+                    took[label].append(self.load.measure(f"warm.scale.{label}", lambda records=records: bench_paths.cli_ingest(
                         self.fresh("eo"), DATA_TOPIC, self.kafka_config, records, remote=server.url,
-                        token=server.token))["seconds"]
-                peak[label] = pss.peak
-                say(f"  {records:,} records: {took[label]:.1f}s" + (f" (raw {raw[label]:.1f}s)" if label in raw else "")
-                    + f", server peak PSS {pss.peak:.0f} MB")
+                        token=server.token))["seconds"])
+                peak[label] = max(peak.get(label, 0.0), pss.peak)
+                say(f"  rep {rep + 1}/{a.repetitions}: {records:,} records: {took[label][-1]:.1f}s (raw "
+                    f"{raw[label][-1]:.1f}s), server peak PSS {pss.peak:.0f} MB")
         self.stop_broker()
-        return {"records": big, "seconds": took["big"], "seconds_1m": steady_seconds, "peak_pss_mb": peak["big"],
-                "peak_pss_mb_1m": peak["1m"], "seconds_1m_same_broker": took["1m"],
-                "per_million_ratio": (took["big"] / big) / (steady_seconds / a.records),
-                "raw_seconds": raw["big"], "raw_seconds_1m_same_broker": raw["1m"]}
+        med = {k: statistics.median(v) for k, v in took.items()}
+        return {"records": big, "seconds": med["big"], "seconds_all": took["big"], "seconds_1m": steady_seconds,
+                "peak_pss_mb": peak["big"], "peak_pss_mb_1m": peak["1m"], "seconds_1m_same_broker": med["1m"],
+                "per_million_ratio": (med["big"] / big) / (steady_seconds / a.records),
+                "raw_seconds": statistics.median(raw["big"]),
+                "raw_seconds_1m_same_broker": statistics.median(raw["1m"])}
 
     def cold(self) -> None:
         """spark-submit: a 1M batch (with the raw consumer right before it) and a small batch,
