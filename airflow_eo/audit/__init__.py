@@ -6,7 +6,7 @@ SLICE_OFFSETS = 1_000_000  # offsets of one partition compared at a time: ~50 MB
 # Spark's parallel reading outweighs its fixed cost against one consumer here (~0.7M records/s on
 # an idle 2-core machine). On a warm Spark Connect server a job and its workers' imports cost
 # ~1-2 s: worth it from a few million records with a handful of cores (on 2 cores, 1M records took
-# 5.2 s as Spark tasks and 3.0 s in process: docs/audit.md); a session the audit starts also pays
+# 2.1 s either way: docs/audit.md); a session the audit starts also pays
 # a JVM start (~8 s idle).
 SPARK_THRESHOLD_WARM = 2_000_000
 SPARK_THRESHOLD_COLD = 10_000_000
