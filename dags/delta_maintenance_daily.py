@@ -19,15 +19,10 @@ from airflow_eo.operators.delta_maintenance import DeltaMaintenanceOperator
 
 TABLE_URI = os.environ.get(Env.EXAMPLE_TABLE_URI, "/tmp/airflow-eo-demo/orders")
 
-with DAG(
-    dag_id="delta_maintenance_daily",
-    schedule="@daily",
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},  # a lost race with a commit is retried
-    tags=["airflow-eo", "example"],
-) as dag:
+# retries: a maintenance step that loses a race with a commit is retried
+with DAG(dag_id="delta_maintenance_daily", schedule="@daily", start_date=datetime(2026, 1, 1), catchup=False,
+         max_active_runs=1, default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},
+         tags=["airflow-eo", "example"]) as dag:
     DeltaMaintenanceOperator(
         task_id="maintain", table_uri=TABLE_URI,
         retain_hours=168,  # keep removed files a week: readers and time travel within it are safe

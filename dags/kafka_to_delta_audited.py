@@ -21,15 +21,10 @@ from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
 TABLE_URI = os.environ.get(Env.EXAMPLE_TABLE_URI, "/tmp/airflow-eo-demo/orders") + "_daily"
 TOPIC = os.environ.get(Env.EXAMPLE_TOPIC, "orders")
 
-with DAG(
-    dag_id="kafka_to_delta_audited",
-    schedule="@daily",
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},  # drift is never retried; a broker outage is
-    tags=["airflow-eo", "example"],
-) as dag:
+# retries: the audit never retries drift (it fails at once); a broker outage is retried
+with DAG(dag_id="kafka_to_delta_audited", schedule="@daily", start_date=datetime(2026, 1, 1), catchup=False,
+         max_active_runs=1, default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+         tags=["airflow-eo", "example"]) as dag:
     ingest = KafkaToDeltaOperator(
         task_id="ingest", topics=[TOPIC], table_uri=TABLE_URI, ingest_id="orders_daily",
         transform_sql="SELECT topic, partition, offset, timestamp, CAST(value AS STRING) AS body FROM source",
