@@ -31,16 +31,15 @@ the number of records")::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
-import threading
 import time
 
-import psutil
-
 import bench_paths
+from bench_memory import PeakPss
 from airflow_eo.attempt import Env, Secrets
 from airflow_eo.audit import SPARK_THRESHOLD_COLD, SPARK_THRESHOLD_WARM
 from airflow_eo.planning import OffsetRange
@@ -54,25 +53,6 @@ def engine_of(path: str, offsets: int) -> str:
     threshold = {"local": SPARK_THRESHOLD_COLD, "connect": SPARK_THRESHOLD_WARM, "local_spark": 0,
                  "connect_spark": 0}.get(path)
     return "spark" if threshold is not None and offsets >= threshold else "in_process"
-
-
-def peak_pss_mb(process: subprocess.Popen, interval: float = 0.1) -> float:
-    """Peak PSS of ``process`` and its children, sampled until it exits (PSS: pages shared
-    between PySpark's forked workers counted once)."""
-    peak, root = 0, psutil.Process(process.pid)
-    while process.poll() is None:
-        total = 0
-        try:
-            for proc in (root, *root.children(recursive=True)):
-                try:
-                    total += proc.memory_full_info().pss
-                except psutil.Error:
-                    continue
-        except psutil.Error:
-            break
-        peak = max(peak, total)
-        time.sleep(interval)
-    return peak / 2**20
 
 
 def audit(table: str, kafka_config: dict, path: str, master: str, remote: str | None = None,
@@ -90,14 +70,9 @@ def audit(table: str, kafka_config: dict, path: str, master: str, remote: str | 
     env = {**os.environ, **Secrets(kafka_config).to_env(), Env.SPARK_LOCAL_IP: "127.0.0.1"}
     started = time.perf_counter()
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak: list[float] = []
-    sampler = threading.Thread(target=lambda: peak.append(peak_pss_mb(process))) if memory else None
-    if sampler is not None:
-        sampler.start()
-    out, err = process.communicate()
+    with PeakPss(process.pid, interval=0.1) if memory else contextlib.nullcontext() as pss:
+        out, err = process.communicate()
     seconds = time.perf_counter() - started
-    if sampler is not None:
-        sampler.join()
     if process.returncode != 0:
         raise RuntimeError(f"airflow-eo audit ({path}) exited {process.returncode}:\n{err[-3000:]}")
     report = json.loads(out.strip().splitlines()[-1])
@@ -105,7 +80,7 @@ def audit(table: str, kafka_config: dict, path: str, master: str, remote: str | 
         raise RuntimeError(f"audit ({path}) of a clean table: drift {report['drift']}, engine {report['engine']}")
     return {"seconds": seconds, "checked_offsets": report["checked_offsets"], "engine": report["engine"],
             "rows_read": report["rows_read"],
-            **({"peak_pss_mb": peak[0]} if peak else {})}
+            **({"peak_pss_mb": pss.peak} if memory else {})}
 
 
 def ingest(table: str, kafka_config: dict, records: int, path: str, master: str, remote: str) -> dict:

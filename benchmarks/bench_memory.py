@@ -17,9 +17,14 @@ S = TypeVar("S", bound="Sampler")
 
 
 def tree_pss_mb(pid: int) -> float:
-    """Proportional set size of a process and its children (shared pages counted once)."""
+    """Proportional set size of a process and its children (shared pages counted once); 0 when it has ended."""
     total = 0
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:  # ended between two samples: nothing left to count
+        return 0.0
+    for proc in tree:
         try:
             total += proc.memory_full_info().pss
         except psutil.Error:
