@@ -1,7 +1,8 @@
 """The audit's reads: coordinates only — offsets from Kafka, ``topic``/``partition``/``offset`` from the table.
 
-Kafka: the offsets a ``read_committed`` consumer delivers in a span of one partition (the
-client fetches values, nothing decodes them). Table: the ``offset`` column of the data files
+Kafka: the offsets a ``read_committed`` consumer delivers in a span of one partition, read
+from record-batch headers where they settle them (:mod:`airflow_eo.audit.batches`), else
+record by record (the client fetches values, nothing decodes them). Table: the ``offset`` column of the data files
 whose statistics or partition values may hold a partition's rows in a span, read a Parquet
 batch at a time and filtered there, so only the span's offsets are kept. Both run wherever
 a slice runs: in the auditing process or in a Spark task (:mod:`airflow_eo.audit.slices`).
@@ -15,18 +16,21 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from airflow_eo.audit.batches import BatchOffsets, NeedRecords, client_options
 from airflow_eo.errors import KafkaUnavailableError, ReadIncompleteError
 from airflow_eo.kafka import client_config
 from airflow_eo.offsets import TopicPartition
 from airflow_eo.table.files import add_actions_of
 from airflow_eo.table.storage import TableLocation
 
+log = logging.getLogger(__name__)
 KEYS = ("topic", "partition", "offset")
 _NONE = np.array([], dtype=np.int64)
 # the audit's consumer reads and never commits: settings a connection must not change
@@ -35,12 +39,16 @@ _AUDIT_SETTINGS = {"group.id": "airflow-eo-audit", "enable.auto.commit": False, 
 
 
 class KafkaCoordinates:
-    """One read_committed consumer, assigned to one span at a time (made on first use)."""
+    """The offsets Kafka delivers in a span of one partition, read from record-batch headers
+    (:class:`~airflow_eo.audit.batches.BatchOffsets`) where they settle it, else record by record
+    (:class:`RecordOffsets`): a span with a compacted or pre-0.11 batch, or a connection config
+    only librdkafka speaks (OAUTHBEARER, Kerberos, callbacks). Clients are made on first use."""
 
     def __init__(self, kafka_config: Mapping[str, object], stall_timeout: float = 60.0):
-        self.config = {**client_config(kafka_config), **_AUDIT_SETTINGS}
-        self.stall_timeout = stall_timeout
-        self._consumer: Any = None  # a confluent_kafka.Consumer, made on first use
+        config = {**client_config(kafka_config), **_AUDIT_SETTINGS}
+        self.records = RecordOffsets(config, stall_timeout)
+        options = client_options(config)
+        self.batches: BatchOffsets | None = None if options is None else BatchOffsets(options, stall_timeout)
 
     def __enter__(self) -> "KafkaCoordinates":
         return self
@@ -49,13 +57,41 @@ class KafkaCoordinates:
         self.close()
 
     def close(self) -> None:
+        try:
+            if self.batches is not None:
+                self.batches.close()
+        finally:
+            self.records.close()
+
+    def offsets(self, tp: TopicPartition, start: int, end: int) -> np.ndarray:
+        """The offsets Kafka delivers in ``[start, end)``: aborted records and transaction
+        markers are never delivered, so their offsets stay absent."""
+        if self.batches is not None:
+            try:
+                return self.batches.offsets(tp, start, end)
+            except NeedRecords as why:
+                log.debug("audit: %s %s..%s read record by record: %s", tp, start, end, why)
+                if why.whole_connection:
+                    self.batches.close()
+                    self.batches = None
+        return self.records.offsets(tp, start, end)
+
+
+class RecordOffsets:
+    """One read_committed librdkafka consumer, assigned to one span at a time (made on first use)."""
+
+    def __init__(self, config: Mapping[str, object], stall_timeout: float = 60.0):
+        self.config = dict(config)
+        self.stall_timeout = stall_timeout
+        self._consumer: Any = None  # a confluent_kafka.Consumer, made on first use
+
+    def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
 
     def offsets(self, tp: TopicPartition, start: int, end: int) -> np.ndarray:
-        """The offsets Kafka delivers in ``[start, end)``: aborted records and transaction
-        markers are never delivered, so their offsets stay absent."""
+        """The offsets Kafka delivers in ``[start, end)``, one record at a time."""
         from confluent_kafka import Consumer, KafkaError, KafkaException
         from confluent_kafka import TopicPartition as KTP
 
@@ -163,8 +199,12 @@ def _bounds(row: dict, key: str, cast: Callable[[Any], V]) -> Bounds[V]:
 
 def table_files(table) -> list[FileStats]:
     """The data files of a ``deltalake.DeltaTable`` snapshot with their coordinate statistics."""
-    out = []
-    for row in add_actions_of(table).to_pylist():
+    actions, out = add_actions_of(table), []
+    wanted = ["path"] + [f"{kind}.{key}" for kind in ("partition", "min", "max") for key in KEYS]
+    # column by column: Table.to_pylist() imports pandas (~0.2 s) to rule it out
+    columns = {name: actions[name].to_pylist() for name in wanted if name in actions.column_names}
+    for i in range(actions.num_rows):
+        row = {name: values[i] for name, values in columns.items()}
         topic, partition = row.get("partition.topic"), row.get("partition.partition")
         out.append(FileStats(FileRef(row["path"], None if topic is None else str(topic), _int(partition)),
                              _bounds(row, "topic", str), _bounds(row, "partition", int), _bounds(row, "offset", int)))
@@ -208,8 +248,6 @@ def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPa
                   ingest_id: str | None = None) -> np.ndarray:
     """The ``offset`` of every row of ``tp`` in ``[lo, hi)`` in ``files``, duplicates kept; with
     ``ingest_id``, only rows whose ``ingest_id`` column says so (a dead-letter table's)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     found: list[np.ndarray] = []
@@ -217,21 +255,51 @@ def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPa
         with location.fs.open_input_file(location.join(ref.path)) as f:
             pf = pq.ParquetFile(f)
             present = [k for k in (*KEYS, "ingest_id") if k in pf.schema_arrow.names]
+            strings = [k for k in ("topic", "ingest_id") if k in present]  # compared by dictionary index
+            if strings:  # the footer read once: a reader naming a column absent from the file fails
+                pf = pq.ParquetFile(f, metadata=pf.metadata, read_dictionary=strings)
             for batch in pf.iter_batches(columns=present, batch_size=262_144):
-                mask = pc.greater_equal(batch["offset"], lo)
+                offsets = _ints(batch["offset"])
+                mask = offsets >= lo
                 if hi is not None:
-                    mask = pc.and_(mask, pc.less(batch["offset"], hi))
-                if "topic" in present:  # deltalake's own writes use string_view: compare as string
-                    mask = pc.and_(mask, pc.equal(pc.cast(batch["topic"], pa.string()), tp.topic))
+                    mask &= offsets < hi
+                if "topic" in present:
+                    mask &= _equal(batch["topic"], tp.topic)
                 elif ref.topic != tp.topic:
                     continue
                 if "partition" in present:
-                    mask = pc.and_(mask, pc.equal(pc.cast(batch["partition"], pa.int64()), tp.partition))
+                    mask &= _ints(batch["partition"]) == tp.partition
                 elif ref.partition != tp.partition:
                     continue
                 if ingest_id is not None and "ingest_id" in present:
-                    mask = pc.and_(mask, pc.equal(pc.cast(batch["ingest_id"], pa.string()), ingest_id))
-                picked = pc.cast(batch["offset"], pa.int64()).filter(mask).to_numpy(zero_copy_only=False)
+                    mask &= _equal(batch["ingest_id"], ingest_id)
+                picked = offsets[mask]
                 if picked.size:
                     found.append(picked)
     return np.concatenate(found) if found else _NONE
+
+
+# Arrow to numpy through the data buffers: pyarrow's to_numpy(), pa.scalar() and compute calls
+# given a Python value import pandas (~0.2 s, holding the GIL the other slices' reads need).
+def _ints(array) -> np.ndarray:
+    """An integer Arrow array as int64 numpy; a null (no row of ours has one) as -1, below every offset."""
+    import pyarrow as pa
+
+    kind = array.type
+    if array.null_count or not pa.types.is_integer(kind):
+        import pyarrow.compute as pc
+
+        return pc.fill_null(pc.cast(array, pa.int64()), -1).to_numpy(zero_copy_only=False)
+    dtype = np.dtype(f"<{'i' if pa.types.is_signed_integer(kind) else 'u'}{kind.bit_width // 8}")
+    values = np.frombuffer(array.buffers()[1], dtype=dtype)[array.offset:array.offset + len(array)]
+    return values.astype(np.int64, copy=False)
+
+
+def _equal(array, value: str) -> np.ndarray:
+    """Where a string column read as a dictionary (or, should a reader not, as strings) holds ``value``."""
+    import pyarrow as pa
+
+    if isinstance(array, pa.DictionaryArray):
+        codes = [i for i, name in enumerate(array.dictionary.to_pylist()) if name == value]
+        return np.isin(_ints(array.indices), codes)
+    return np.array(array.to_pylist(), dtype=object) == value

@@ -65,9 +65,12 @@ def add_actions_of(table) -> pa.Table:
     remove action take (``DeltaTable.file_uris()`` decodes too). A remove action given the log's
     form removes nothing, without an error.
     """
-    # through the Arrow C stream: pa.table() of a foreign table imports pandas (~0.2 s) to rule it out
+    # through the Arrow C stream, and pa.array() only for escaped paths: pa.table() of a foreign
+    # table and pa.array() of a list import pandas (~0.2 s) to rule it out
     actions = pa.RecordBatchReader.from_stream(table.get_add_actions(flatten=True)).read_all()
-    decoded = pa.array([unquote(p) for p in actions["path"].to_pylist()], pa.string())
+    paths = actions["path"].to_pylist()
+    decoded = pa.array([unquote(p) for p in paths], pa.string()) if any("%" in p for p in paths) \
+        else actions["path"].cast(pa.string())
     return actions.set_column(actions.schema.get_field_index("path"), "path", decoded)
 
 

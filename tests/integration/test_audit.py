@@ -152,6 +152,26 @@ def test_ingested_table_is_clean_and_lists_the_skip_and_what_kafka_no_longer_hol
     assert code == 0 and named["batches"] == [] and named["engine"] == "in_process"
 
 
+def test_record_batch_headers_give_the_offsets_a_read_committed_consumer_is_delivered(ingested):
+    """The audit's two Kafka reads agree, from each start and to each end, over committed, aborted
+    and once-open transactions, their markers and an idempotent producer's batches (a fetch's first
+    batch may begin before the start; a span may end inside a batch or at a marker)."""
+    from airflow_eo.audit.coordinates import KafkaCoordinates
+
+    with KafkaCoordinates({"bootstrap.servers": ingested.bootstrap}) as kafka:
+        assert kafka.batches is not None  # a plain connection: the batch read is the one used
+        for partition, low, high in ((0, 0, ingested.p0_end + 1), (1, 8, 11)):  # p1: 8 to its end, 10
+            tp = TopicPartition(ingested.topic, partition)
+            spans = [(start, high) for start in range(low, high)] + [(low, end) for end in range(low + 1, high)]
+            for start, end in spans:
+                got = kafka.batches.offsets(tp, start, end)  # NeedRecords here would fail the test
+                assert got.tolist() == kafka.records.offsets(tp, start, end).tolist(), (partition, start, end)
+        p0 = kafka.batches.offsets(TopicPartition(ingested.topic, 0), 0, ingested.p0_end).tolist()
+        # 0-3 committed, 4 its marker, 5-7 aborted, 8 the abort marker, 9 the once-open transaction's
+        # record, 10 and 11 plain, 12 that transaction's marker, 13 plain
+        assert ingested.aborted == (5, 6, 7) and p0 == [0, 1, 2, 3, 9, 10, 11, 13]
+
+
 def test_human_report_and_errors_exit_2(capsys, ingested, tmp_path):
     code = main(["audit", ingested.table, "--ingest-id", INGEST_ID, "--bootstrap-servers", ingested.bootstrap,
                  "--batches", "1"])

@@ -186,6 +186,33 @@ def test_file_statistics_prune_what_a_slice_reads():
     assert FileIndex([a, spanning]).files(TopicPartition("t", 1), 0, None) == (spanning.ref,)
 
 
+def test_a_slice_reads_the_offsets_of_its_partition_and_span_from_the_files(tmp_path):
+    """Parquet files as Spark, deltalake and a partitioned table write them: the rows of one
+    topic-partition in ``[lo, hi)``, duplicates kept; a null offset is no offset; in a dead-letter
+    table only the ingest's own rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_eo.audit.coordinates import FileRef, _ints, table_offsets
+    from airflow_eo.table.storage import TableLocation
+
+    pq.write_table(pa.table({"topic": ["t", "t", "u", "t", "t", "t"], "partition": pa.array([0, 0, 0, 1, 0, 0], pa.int32()),
+                             "offset": pa.array([5, 6, 6, 7, None, 6], pa.int64())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"topic": pa.array(["t"] * 3, pa.string_view()), "partition": [0, 0, 0],
+                             "offset": pa.array([1, 2, 30], pa.uint32())}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"offset": [8, 9]}), tmp_path / "c.parquet")  # topic=t/partition=0/: values in the path
+    pq.write_table(pa.table({"topic": ["t"] * 3, "partition": [0] * 3, "offset": [5, 6, 7],
+                             "ingest_id": ["mine", "theirs", "mine"]}), tmp_path / "dlq.parquet")
+    where = TableLocation.of(str(tmp_path))
+    files = (FileRef("a.parquet"), FileRef("b.parquet"), FileRef("c.parquet", "t", 0), FileRef("c.parquet", "t", 1))
+    assert sorted(table_offsets(where, files, TP, 2, 10).tolist()) == [2, 5, 6, 6, 8, 9]
+    assert sorted(table_offsets(where, files, TP, 0, None).tolist()) == [1, 2, 5, 6, 6, 8, 9, 30]
+    assert table_offsets(where, files, TopicPartition("u", 0), 0, None).tolist() == [6]
+    assert table_offsets(where, (FileRef("dlq.parquet"),), TP, 0, None, "mine").tolist() == [5, 7]
+    sliced = pa.array([3, 4, 5, 6], pa.int16()).slice(1, 2)  # an array that starts inside its buffer
+    assert _ints(sliced).tolist() == [4, 5] and _ints(sliced).dtype == np.int64
+
+
 def test_rows_are_compared_by_offset_unless_a_batch_was_written_in_merge_mode():
     from airflow_eo.audit.run import rows_keep_offsets
     from airflow_eo.table.metadata import BatchMetadata
