@@ -58,7 +58,8 @@ class NeedRecords(Exception):
 def client_options(config: Mapping[str, object]) -> dict[str, Any] | None:
     """aiokafka client options for a librdkafka config, or None when it names something the
     batch read cannot do the same way (OAUTHBEARER, Kerberos, callbacks, PEM strings…)."""
-    options: dict[str, Any] = {"bootstrap_servers": str(config["bootstrap.servers"]).split(",")}
+    servers = [s.strip() for s in str(config["bootstrap.servers"]).split(",") if s.strip()]
+    options: dict[str, Any] = {"bootstrap_servers": servers}
     protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
     mechanism = str(config.get("sasl.mechanism", config.get("sasl.mechanisms", "PLAIN"))).upper()
     if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):

@@ -70,10 +70,12 @@ class KafkaCoordinates:
             try:
                 return self.batches.offsets(tp, start, end)
             except NeedRecords as why:
-                log.debug("audit: %s %s..%s read record by record: %s", tp, start, end, why)
-                if why.whole_connection:
+                if why.whole_connection:  # once per client, and it costs time: worth the user's eye
+                    log.info("audit: reading Kafka record by record with librdkafka: %s", why)
                     self.batches.close()
                     self.batches = None
+                else:
+                    log.debug("audit: %s %s..%s read record by record: %s", tp, start, end, why)
         return self.records.offsets(tp, start, end)
 
 

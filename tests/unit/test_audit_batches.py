@@ -80,7 +80,7 @@ def test_a_thinned_or_old_format_batch_needs_the_record_read(data, cause):
 
 
 def test_client_options_speak_plaintext_sasl_and_tls_and_ignore_librdkafka_tuning():
-    assert client_options({"bootstrap.servers": "a:9092,b:9092", "log_level": 3, "fetch.wait.max.ms": 10,
+    assert client_options({"bootstrap.servers": "a:9092, b:9092", "log_level": 3, "fetch.wait.max.ms": 10,
                            "receive.message.max.bytes": 1 << 30, "group.id": "x", "isolation.level": "read_committed",
                            "client.id": "me"}) == {
         "bootstrap_servers": ["a:9092", "b:9092"], "security_protocol": "PLAINTEXT", "client_id": "me"}
