@@ -205,7 +205,8 @@ class BatchOffsets:
             if leader is None or leader == -1:
                 failure = "no leader known"
             else:
-                request = FetchRequest(500, 1, FETCH_MAX_BYTES, 1,  # isolation level 1: read_committed
+                # max wait 0: the span is there already, and at the partition's end waiting gains nothing
+                request = FetchRequest(0, 1, FETCH_MAX_BYTES, 1,  # isolation level 1: read_committed
                                        [(tp.topic, [(tp.partition, offset, FETCH_MAX_BYTES)])])
                 try:
                     response = await client.send(leader, request)
