@@ -36,7 +36,9 @@ from airflow_eo.offsets import TopicPartition
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
 # baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount
 HEADER = struct.Struct(">qiibIhiqqqhii")
+PREFIX = struct.Struct(">qi")  # baseOffset, batchLength: what every format begins with
 LOG_OVERHEAD = 12  # baseOffset and batchLength precede the batchLength bytes
+MAGIC_AT = 16
 TRANSACTIONAL, CONTROL = 0x10, 0x20  # attribute bits
 FETCH_MAX_BYTES = 32 * 1024 * 1024  # per fetch: Kafka returns at least one whole batch even when larger
 _NONE = np.array([], dtype=np.int64)
@@ -115,13 +117,16 @@ def batch_spans(buffer: bytes | memoryview, start: int, end: int, aborted: Itera
     producers = set() if aborted_producers is None else aborted_producers
     spans: list[tuple[int, int]] = []
     pos, size, next_offset, i = 0, len(buffer), None, 0
-    while pos + HEADER.size <= size:
-        base, length, _epoch, magic, _crc, attributes, last_delta, _t0, _t1, producer, _pe, _seq, count = \
-            HEADER.unpack_from(buffer, pos)
-        if magic != 2:
-            raise NeedRecords(f"a message set of format v{magic} (before Kafka 0.11)")
+    while pos + MAGIC_AT + 1 <= size:
+        base, length = PREFIX.unpack_from(buffer, pos)
+        if buffer[pos + MAGIC_AT] != 2:  # at the same place in the formats before v2
+            raise NeedRecords(f"a message set of format v{buffer[pos + MAGIC_AT]} (before Kafka 0.11)")
+        if length < HEADER.size - LOG_OVERHEAD:
+            raise NeedRecords("a record batch shorter than its header")  # librdkafka names the damage
         if pos + LOG_OVERHEAD + length > size:
             break  # the fetch ended inside this batch: the next fetch starts at it
+        _, _, _epoch, _, _crc, attributes, last_delta, _t0, _t1, producer, _pe, _seq, count = \
+            HEADER.unpack_from(buffer, pos)
         pos += LOG_OVERHEAD + length
         last = base + last_delta
         # as Kafka's consumer: an aborted transaction counts from its first offset on …
@@ -133,14 +138,14 @@ def batch_spans(buffer: bytes | memoryview, start: int, end: int, aborted: Itera
             # … to its marker. A producer has one transaction open at a time, so the marker a
             # producer in this set writes next is its abort marker.
             producers.discard(producer)
-            continue
-        if attributes & TRANSACTIONAL and producer in producers:
-            continue
-        if count != last_delta + 1:
-            raise NeedRecords("a record batch thinned by compaction")
-        lo, hi = max(base, start), min(last + 1, end)
-        if hi > lo:
-            spans.append((lo, hi))
+        elif not (attributes & TRANSACTIONAL and producer in producers) and count:  # count 0: compacted empty
+            lo, hi = max(base, start), min(last + 1, end)
+            if hi > lo:
+                if count != last_delta + 1:
+                    raise NeedRecords("a record batch thinned by compaction")
+                spans.append((lo, hi))
+        if next_offset >= end:
+            break  # the span is read: the rest of the response is past it
     return spans, next_offset
 
 

@@ -69,7 +69,21 @@ def test_an_aborted_transaction_open_across_two_fetches_stays_aborted_in_the_sec
     assert batch_spans(rest, 2, 100, (), open_aborted) == ([(4, 5)], 5) and open_aborted == set()
 
 
+def test_a_batch_compaction_emptied_delivers_nothing_and_one_it_thinned_outside_the_span_is_not_read():
+    data = batch(0, 0, last_delta=3) + batch(4, 2, last_delta=4) + batch(9, 2)  # 0-3 emptied, 4-8 thinned
+    assert batch_spans(data, 0, 4, ()) == ([], 4)  # the span ends before the thinned batch: not read
+    assert batch_spans(data, 9, 20, ()) == ([(9, 11)], 11)
+    with pytest.raises(NeedRecords, match="compaction"):
+        batch_spans(data, 0, 20, ())
+
+
+def test_the_read_stops_at_the_spans_end_though_the_response_goes_on():
+    data = batch(0, 3) + batch(3, 3) + b"\x00" * 40  # past the end: not even looked at
+    assert batch_spans(data, 0, 3, ()) == ([(0, 3)], 3)
+
+
 @pytest.mark.parametrize("data, cause", [
+    (struct.pack(">qib", 0, 20, 0) + b"\x00" * 3 + b"\x02" + b"\x00" * 20, "shorter than its header"),
     (batch(0, 3, last_delta=5), "compaction"),  # 3 records left of offsets 0-5
     (batch(0, 3, magic=1), "format v1"),
 ])
