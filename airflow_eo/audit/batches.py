@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from airflow_eo.errors import KafkaUnavailableError, ReadIncompleteError
+from airflow_eo.audit import read_failed, retention_took, stalled
 from airflow_eo.offsets import TopicPartition
 
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
@@ -217,20 +217,17 @@ class BatchOffsets:
                     response = await client.send(leader, request)
                 except errors.KafkaError as exc:
                     if not exc.retriable:
-                        raise KafkaUnavailableError(f"reading {tp} for the audit failed ({type(exc).__name__}): "
-                                                    "check the broker; nothing was changed") from None
+                        raise read_failed(tp, type(exc).__name__) from None
                     failure = type(exc).__name__
                 else:
                     _topic, partitions = response.topics[0]
                     _partition, code, high, *rest = partitions[0]
                     error = errors.for_code(code)
                     if error is errors.OffsetOutOfRangeError:
-                        raise ReadIncompleteError(f"{tp}: retention deleted offsets of {start}..{end} while the "
-                                                  "audit read them: run the audit again; nothing was changed")
+                        raise retention_took(tp, start, end)
                     if error is not errors.NoError:
                         if not error.retriable:
-                            raise KafkaUnavailableError(f"reading {tp} for the audit failed ({error.__name__}): "
-                                                        "check the broker; nothing was changed")
+                            raise read_failed(tp, error.__name__)
                         failure = error.__name__
                     else:
                         # v4: lso, aborted, records; v5-v10: lso, log start, aborted, records; v11: … replica, records
@@ -244,9 +241,7 @@ class BatchOffsets:
                             break  # nothing after: a read_committed consumer is at the partition's end
                         failure = "an empty fetch below the last stable offset"
             if time.monotonic() - last_progress > self.stall_timeout:
-                raise KafkaUnavailableError(f"Kafka delivered nothing of {tp} {start}..{end} for "
-                                            f"{self.stall_timeout:.0f} s ({failure}): check the broker is up and "
-                                            "reachable; nothing was changed")
+                raise stalled(tp, start, end, self.stall_timeout, failure)
             await client.force_metadata_update()
             await asyncio.sleep(0.1)
         return spans

@@ -24,7 +24,7 @@ from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 import numpy as np
 
 from airflow_eo.audit.batches import BatchOffsets, NeedRecords, client_options
-from airflow_eo.errors import KafkaUnavailableError, ReadIncompleteError
+from airflow_eo.audit import read_failed, retention_took, stalled
 from airflow_eo.kafka import client_config
 from airflow_eo.offsets import TopicPartition
 from airflow_eo.table.files import add_actions_of
@@ -117,11 +117,9 @@ class RecordOffsets:
                     elif error.code() == KafkaError._PARTITION_EOF:  # nothing after: the span is read
                         done = True
                     elif error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        raise ReadIncompleteError(f"{tp}: retention deleted offsets of {start}..{end} while the audit "
-                                                  "read them: run the audit again; nothing was changed")
+                        raise retention_took(tp, start, end)
                     else:
-                        raise KafkaUnavailableError(f"reading {tp} for the audit failed ({error.str()}): check the "
-                                                    "broker; nothing was changed")
+                        raise read_failed(tp, error.str())
                 if offsets:
                     last_progress = time.monotonic()
                     got = np.fromiter(offsets, dtype=np.int64, count=len(offsets))
@@ -131,12 +129,9 @@ class RecordOffsets:
                 if not done and consumer.position([ktp])[0].offset >= end:  # the span ends in a marker
                     done = True
                 if not done and time.monotonic() - last_progress > self.stall_timeout:
-                    raise KafkaUnavailableError(
-                        f"Kafka delivered nothing of {tp} {start}..{end} for {self.stall_timeout:.0f} s: check the "
-                        "broker is up and reachable; nothing was changed")
+                    raise stalled(tp, start, end, self.stall_timeout)
         except KafkaException as exc:
-            raise KafkaUnavailableError(f"reading {tp} for the audit failed ({exc}): check the broker; "
-                                        "nothing was changed") from exc
+            raise read_failed(tp, exc) from exc
         finally:
             consumer.unassign()
         return np.concatenate(found) if found else _NONE
