@@ -58,6 +58,7 @@ class Env:
     STORAGE_OPTIONS = "AIRFLOW_EO_STORAGE_OPTIONS"  # JSON deltalake storage options: may hold secrets
     SCHEMA_REGISTRY = "AIRFLOW_EO_SCHEMA_REGISTRY_CONFIG"  # JSON SchemaRegistryClient config: may hold secrets
     FAILPOINTS = "AIRFLOW_EO_FAILPOINTS"  # tests only: comma-separated failpoints
+    FAILPOINTS_ONCE = "AIRFLOW_EO_FAILPOINTS_ONCE"  # tests only: a file whose creation a failpoint fires once
     SCRATCH_DIR = "AIRFLOW_EO_SCRATCH_DIR"  # where attempts keep their local Spark scratch (table.liveness)
     PYSPARK_PYTHON = "PYSPARK_PYTHON"
     PYSPARK_DRIVER_PYTHON = "PYSPARK_DRIVER_PYTHON"

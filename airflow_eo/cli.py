@@ -1,7 +1,8 @@
-"""The ``airflow-eo`` command: ``ingest``, ``reprocess``, ``status``, ``maintain``, ``audit``, ``connect-server`` and ``demo``.
+"""The ``airflow-eo`` command: ``ingest``, ``plan``, ``reprocess``, ``status``, ``maintain``, ``audit``, ``connect-server`` and ``demo``.
 
 ``airflow-eo ingest`` runs one batch through the same loop the Airflow operator uses
-(plan, log the plan, spark-submit, verify); ``airflow-eo reprocess`` replaces one committed
+(plan, log the plan, spark-submit, verify); ``airflow-eo plan`` shows what ``ingest`` with the
+same options would read and write next, writing nothing; ``airflow-eo reprocess`` replaces one committed
 batch's rows through the operator's reprocess; ``airflow-eo status`` reads a table's ledger
 and, when Kafka is reachable, its lag; ``airflow-eo demo`` does the whole thing on the
 embedded broker; ``airflow-eo audit`` reconciles a table with Kafka offset by offset (docs/audit.md).
@@ -10,6 +11,7 @@ Example::
 
     $ airflow-eo ingest --table /data/orders --ingest-id orders_raw --topics orders \\
           --bootstrap-servers 127.0.0.1:9092 --master 'local[2]'
+    $ airflow-eo plan --table /data/orders --ingest-id orders_raw --topics orders --bootstrap-servers 127.0.0.1:9092
     $ airflow-eo status /data/orders --ingest-id orders_raw --bootstrap-servers 127.0.0.1:9092
     $ airflow-eo reprocess /data/orders --ingest-id orders_raw --topics orders --bootstrap-servers 127.0.0.1:9092 \\
           --transform-sql '…' --range 'orders[0] 0..5000'      # or --run-key KEY (docs/reprocess.md)
@@ -81,19 +83,25 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
     return dict(v.split("=", 1) for v in values or [])
 
 
-def _ingestion(args, interval=None):
-    """The Ingestion (and its submitter) a command line describes: the spec's options, the
-    secrets from their flags or environment, spark-submit or a Spark Connect server."""
+def _config(args, interval=None):
+    """The IngestConfig a command line describes: the spec's options (flags derived from its
+    fields) and the secrets from their flags or environment."""
     from airflow_eo.config import IngestConfig
-    from airflow_eo.ingest import Ingestion
     from airflow_eo.spec import options_from_args
-    from airflow_eo.submit.spark_submit import LocalSparkSubmit
 
-    options = options_from_args(args, _read_text)  # the spec's options, flags derived from its fields
+    options = options_from_args(args, _read_text)
     if interval is not None:
         options.setdefault("mode", "interval")
-    config = IngestConfig(kafka_config=_kafka_config(args), storage_options=_storage_options(args),
-                          schema_registry=_schema_registry(args), **options)
+    return IngestConfig(kafka_config=_kafka_config(args), storage_options=_storage_options(args),
+                        schema_registry=_schema_registry(args), **options)
+
+
+def _ingestion(args, interval=None):
+    """The Ingestion (and its submitter) a command line describes: spark-submit or a Spark Connect server."""
+    from airflow_eo.ingest import Ingestion
+    from airflow_eo.submit.spark_submit import LocalSparkSubmit
+
+    config = _config(args, interval)
     conf = _pairs(args.conf, "--conf")
     if args.remote:  # the warm path: each batch on a long-lived Spark Connect server
         from airflow_eo.submit.connect import ConnectSubmitter
@@ -106,16 +114,35 @@ def _ingestion(args, interval=None):
     return Ingestion(config, submitter)
 
 
-def cmd_ingest(args) -> int:
+def _interval(args):
     from airflow_eo.intervals import interval_of
-    from airflow_eo.planning import RunIdentity
 
     if (args.interval_start is None) != (args.interval_end is None):
         raise ConfigError("give both --interval-start and --interval-end (interval mode), or neither")
-    interval = interval_of(args.interval_start, args.interval_end) if args.interval_start is not None else None
+    return interval_of(args.interval_start, args.interval_end) if args.interval_start is not None else None
+
+
+def cmd_ingest(args) -> int:
+    from airflow_eo.planning import RunIdentity
+
+    interval = _interval(args)
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
     result = _ingestion(args, interval).run(RunIdentity(run_key), interval)
     _print(result.to_dict(), args.json)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    """What ``ingest`` with the same options would read and write next, writing nothing (:mod:`airflow_eo.preview`)."""
+    from airflow_eo.ingest import Ingestion
+    from airflow_eo.planning import RunIdentity
+    from airflow_eo.preview import NO_SPARK, plan_preview
+
+    interval = _interval(args)
+    # no --run-key: a run of its own (ingest's default), so no logged plan is replayed
+    preview = plan_preview(Ingestion(_config(args, interval), NO_SPARK), RunIdentity(args.run_key or ""), interval,
+                           count_records=not args.no_count)
+    print(json.dumps(preview.to_dict(), default=str) if args.json else "\n".join(preview.lines()))
     return 0
 
 
@@ -349,21 +376,38 @@ def _add_reprocess(sub) -> None:
     rep.set_defaults(func=cmd_reprocess)
 
 
+def _ingest_arguments(p) -> None:
+    """What ``ingest`` and ``plan`` both take: the spec's options, Kafka, Spark, storage, registry, interval."""
+    add_arguments(p)  # every option of the spec (airflow_eo.spec), with its help and default
+    _kafka_args(p)
+    _spark_args(p)
+    _storage_args(p)
+    _registry_args(p)
+    p.add_argument("--interval-start", metavar="T0", help="interval mode: ingest the records of [T0, T1) by Kafka "
+                   "timestamp (ISO-8601 with a zone, or epoch ms); with --interval-end")
+    p.add_argument("--interval-end", metavar="T1", help="interval mode: the end of the data interval (exclusive)")
+    p.add_argument("--json", action="store_true")
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="airflow-eo", description="Exactly-once Kafka → Delta ingestion on Spark")
     sub = root.add_subparsers(dest="command", required=True)
     ing = sub.add_parser("ingest", help="plan, run and verify one batch (the operator's code path)")
-    add_arguments(ing)  # every option of the spec (airflow_eo.spec), with its help and default
-    _kafka_args(ing)
-    _spark_args(ing)
+    _ingest_arguments(ing)
     ing.add_argument("--run-key", help="stable key: re-running with the same key replays, never duplicates")
-    _storage_args(ing)
-    _registry_args(ing)
-    ing.add_argument("--interval-start", metavar="T0", help="interval mode: ingest the records of [T0, T1) by Kafka "
-                     "timestamp (ISO-8601 with a zone, or epoch ms); with --interval-end")
-    ing.add_argument("--interval-end", metavar="T1", help="interval mode: the end of the data interval (exclusive)")
-    ing.add_argument("--json", action="store_true")
     ing.set_defaults(func=cmd_ingest)
+    pl = sub.add_parser("plan", help="preview what `ingest` with the same options would read and write next: "
+                        "batch, ranges, records, interval, reader schemas, tables; writes nothing, starts no Spark",
+                        description="Preview the next batch of an ingest: the options are `ingest`'s (Spark's are "
+                        "accepted and unused), the answer is what `ingest` would do now, decided by the same planner. "
+                        "It reads the table and Kafka only: no plan is logged, nothing is staged or collected, no "
+                        "Spark job starts.")
+    _ingest_arguments(pl)
+    pl.add_argument("--run-key", help="preview the next run of this key: its logged plan where it has one "
+                    "(a retry replays it), else a new plan (default: a new run)")
+    pl.add_argument("--no-count", action="store_true", help="do not count the records in the planned ranges "
+                    "(the count reads their record-batch headers from Kafka; without it only offsets are shown)")
+    pl.set_defaults(func=cmd_plan)
     _add_reprocess(sub)
     st = sub.add_parser("status", help="committed offsets, end offsets, lag and last batches of a table")
     st.add_argument("table")

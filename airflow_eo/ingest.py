@@ -21,11 +21,12 @@ Example::
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt
 from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
@@ -50,6 +51,25 @@ from airflow_eo.table.storage import TableLocation
 log = logging.getLogger(__name__)
 
 NOTHING_NEW = RunStatus.NOTHING_NEW  # the name earlier versions exported
+
+
+class NextAction(str, enum.Enum):
+    """What a run does next (:meth:`Ingestion.next_step`)."""
+
+    PLAN = "plan"  # a new batch: planned now, logged, read, committed
+    REPLAY = "replay"  # the run's logged plan again (a retry or clear of a run that did not commit)
+    ALREADY_COMMITTED = "already_committed"  # the run's batch (or interval) is in the table: nothing starts
+    NOTHING_NEW = "nothing_new"  # nothing to read: nothing is committed
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The decision of step 1: ``plan`` is the batch a run reads (PLAN, REPLAY) or reported
+    (ALREADY_COMMITTED, NOTHING_NEW: ``result`` is then the run's result, nothing starts)."""
+
+    action: NextAction
+    plan: BatchPlan
+    result: IngestResult | None = None
 
 
 class Ingestion:
@@ -142,24 +162,34 @@ class Ingestion:
         ledger = self.ledger()
         self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
         self.collect_orphans()
-        plan = self._replayable_plan(run, ledger, interval)
-        if isinstance(plan, IngestResult):
-            return self.mirror(plan)
-        if plan is None:
-            planned = self.plan(run, ledger, interval)
-            if isinstance(planned, CommittedInterval):
-                log.info("interval %s is already in the table (batch %s); starting nothing", interval, planned.batch)
-                return self.committed_result(BatchPlan(self.config.ingest_id, planned.batch, (), run,
-                                                       interval=interval), ledger, by_batch=True)
-            plan = planned
-            if plan.is_empty:
-                log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
-                return self.mirror(self.result(RunStatus.NOTHING_NEW, plan, None, ledger))
-            if plan.interval is not None and self.config.spec.merge.enabled:  # changes apply in time order
-                IntervalLedger(ledger, self.config.ingest_id).check_merge_order(plan.interval)
-            # step 2: log the plan before any of it is read
-            self.plans.record(plan)
-        return self.mirror(self.execute(plan))
+        step = self.next_step(run, ledger, interval)
+        if step.result is not None:
+            return self.mirror(step.result)
+        if step.action is NextAction.PLAN:  # step 2: log the plan before any of it is read
+            self.plans.record(step.plan)
+        return self.mirror(self.execute(step.plan))
+
+    def next_step(self, run: RunIdentity, ledger: Ledger | None = None,
+                  interval: Interval | None = None) -> NextStep:
+        """What this run does next, decided from the table, the plan log and Kafka, writing nothing:
+        report its committed batch, replay its logged plan, or plan a new batch (or find nothing new).
+        The loop acts on it; the plan preview (:mod:`airflow_eo.preview`) only shows it."""
+        ledger = ledger or self.ledger()
+        replay = self._replayable_plan(run, ledger, interval)
+        if replay is not None:
+            return replay
+        planned = self.plan(run, ledger, interval)
+        if isinstance(planned, CommittedInterval):
+            log.info("interval %s is already in the table (batch %s); starting nothing", interval, planned.batch)
+            plan = BatchPlan(self.config.ingest_id, planned.batch, (), run, interval=interval)
+            result = self.committed_result(plan, ledger, by_batch=True)
+            return NextStep(NextAction.ALREADY_COMMITTED, plan, result)
+        if planned.is_empty:
+            log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
+            return NextStep(NextAction.NOTHING_NEW, planned, self.result(RunStatus.NOTHING_NEW, planned, None, ledger))
+        if planned.interval is not None and self.config.spec.merge.enabled:  # changes apply in time order
+            IntervalLedger(ledger, self.config.ingest_id).check_merge_order(planned.interval)
+        return NextStep(NextAction.PLAN, planned)
 
     def mirror(self, result: IngestResult) -> IngestResult:
         """Copy the table's offsets to the configured consumer group (best effort; after
@@ -172,17 +202,17 @@ class Ingestion:
         return result
 
     def _replayable_plan(self, run: RunIdentity, ledger: Ledger,
-                         interval: Interval | None = None) -> "BatchPlan | IngestResult | None":
+                         interval: Interval | None = None) -> "NextStep | None":
         logged = self.plans.load(run.run_key)
         if logged is None or logged.interval != interval:  # a run's interval is fixed; else plan anew
             return None
         state = ledger.state_of(logged)
         if state is CommitCheck.ALREADY_COMMITTED:
             log.info("run %s: its batch %s is already in the table; starting nothing", run.run_key, logged.batch)
-            return self.committed_result(logged, ledger)
+            return NextStep(NextAction.ALREADY_COMMITTED, logged, self.committed_result(logged, ledger))
         if state is CommitCheck.READY:
-            log.info("run %s: replaying its logged plan of batch %s", run.run_key, logged.batch)
-            return replace(logged, run=run)
+            log.info("run %s: its logged plan of batch %s is replayed", run.run_key, logged.batch)
+            return NextStep(NextAction.REPLAY, replace(logged, run=run))
         log.info("run %s: its logged plan of batch %s never committed and the table moved on; "
                  "planning anew", run.run_key, logged.batch)
         return None

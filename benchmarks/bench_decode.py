@@ -5,7 +5,7 @@ written twice: as JSON (decoded by Spark's ``from_json`` with a DDL schema) and 
 the Confluent wire format through a Schema Registry (decoded by fastavro in the Spark tasks).
 Each side is one exactly-once ingest (``Ingestion`` with an in-process local SparkSession,
 so the JVM start is not part of either) selecting every decoded column; the rate ratio is
-``avro_rate / json_rate``. The registry is the project's test double (``tests/registry_double.py``):
+``avro_rate / json_rate``. The registry is the project's test double (``airflow_eo/testing/registry.py``):
 the decode work is the same as with a real registry (one schema fetch per task and id).
 """
 

@@ -460,7 +460,7 @@ class Bench:
 
     # -- decoding: Avro (registry) against JSON, same records, same path ------------------
     def decode(self) -> None:
-        from tests.registry_double import RegistryDouble
+        from airflow_eo.testing.registry import RegistryDouble
 
         a = self.args
         with contextlib.ExitStack() as stack:

@@ -1,10 +1,11 @@
 """Change topics for the merge tests: a producer of inserts, updates and tombstones (plain and in
 committed or aborted transactions), and the plain-Python model the table must equal.
 
-The model reads the broker with kafka-python (read_committed), not with the pipeline's client,
-and applies the order rule as the docs state it, batch by batch over the ranges the table's
-log says each batch committed: within a partition the highest offset wins, across partitions
-the greatest (timestamp, partition, offset); a winner that is a tombstone removes its key.
+The model is the pytest plugin's (airflow_eo/testing/assertions.py): it reads the broker with
+kafka-python (read_committed), not with the pipeline's client, and applies the order rule as the
+docs state it, batch by batch over the ranges the table's log says each batch committed: within a
+partition the highest offset wins, across partitions the greatest (timestamp, partition, offset); a
+winner that is a tombstone removes its key.
 
 Example::
 
@@ -24,8 +25,10 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.table.metadata import CommitKind
-from tests.helpers import read_table, visible_records
+from airflow_eo.testing.assertions import expected_rows as plugin_expected_rows
+from airflow_eo.testing.kafka import TestBroker
+from airflow_eo.testing.tables import TestTable
+from airflow_eo.testing.tables import read_table as plugin_read_table
 
 PARTITIONS = 3
 # the merge tests' transform: the key from the Kafka key (so tombstones have one), the value's v
@@ -84,58 +87,21 @@ class ChangeProducer:
         self.producer.flush(30)
 
 
-def broker_changes(bootstrap: str, topic: str) -> dict[tuple[int, int], tuple[str, bytes | None, int]]:
-    """Every visible record: (partition, offset) → (key, value, timestamp ms), read_committed, with
-    kafka-python (not the pipeline's client)."""
-    return {(r.partition, r.offset): (r.key.decode(), r.value, r.timestamp) for r in visible_records(bootstrap, topic)}
-
-
-def winner_of(records: list[tuple]) -> tuple:
-    """records of one key in one batch, as (partition, offset, timestamp, value): the order rule."""
-    lasts: dict[int, tuple] = {}
-    for r in records:
-        if r[0] not in lasts or r[1] > lasts[r[0]][1]:
-            lasts[r[0]] = r
-    return max(lasts.values(), key=lambda r: (r[2], r[0], r[1]))
-
-
 def expected_rows(table_uri: str, ingest_id: str, bootstrap: str, topic: str,
                   storage_options: dict | None = None) -> dict[str, tuple]:
-    """The model: the committed batches (their ranges, from the table's log) applied in order to
-    the broker's visible records; id → (v, topic, partition, offset)."""
-    visible = broker_changes(bootstrap, topic)
-    batches = sorted((b for b in Ledger.open(table_uri, storage_options).batches(ingest_id, limit=None)
-                      if b.meta.operation is CommitKind.BATCH), key=lambda b: b.meta.batch)
-    state: dict[str, tuple] = {}
-    for b in batches:
-        by_key: dict[str, list] = {}
-        for r in b.meta.ranges:
-            for offset in range(r.start, r.end):
-                found = visible.get((r.partition, offset))
-                if found is not None:
-                    key, value, ts = found
-                    by_key.setdefault(key, []).append((r.partition, offset, ts, value))
-        for key, records in by_key.items():
-            partition, offset, _, value = winner_of(records)
-            if value is None:
-                state.pop(key, None)
-            else:
-                state[key] = (json.loads(value)["v"], topic, partition, offset)
-    return state
+    """The model: the pytest plugin's (:func:`airflow_eo.testing.assertions.expected_rows`: the committed
+    batches, by the ranges the table's log records, applied in order to the broker's visible records);
+    id → (v, topic, partition, offset)."""
+    rows = plugin_expected_rows(TestTable(table_uri, storage_options), TestBroker.connect(bootstrap), topic,
+                                ingest_id=ingest_id, key_of=lambda r: r.key.decode(),
+                                row_of=lambda r: {"v": json.loads(r.value)["v"], "topic": r.topic,
+                                                  "partition": r.partition, "offset": r.offset})
+    return {key: (row["v"], row["topic"], row["partition"], row["offset"]) for key, row in rows.items()}
 
 
 def table_rows(table_uri: str, storage_options: dict | None = None) -> dict[str, tuple]:
     """id → (v, topic, partition, offset) of the table; fails on a key held twice."""
-    if storage_options:  # the snapshot's files through the table's own filesystem
-        import pyarrow.dataset as pads
-
-        from airflow_eo.table.storage import TableLocation
-
-        files = DeltaTable(table_uri, storage_options=storage_options).file_uris()
-        table = pads.dataset([f.split("://", 1)[1] for f in files], format="parquet",
-                             filesystem=TableLocation.of(table_uri, storage_options).fs).to_table(columns=COLUMNS)
-    else:
-        table = read_table(table_uri, COLUMNS)
+    table = plugin_read_table(TestTable(table_uri, storage_options), COLUMNS)  # as a Delta reader reads it
     ids = table["id"].to_pylist()
     twice = {k: n for k, n in Counter(ids).items() if n > 1}
     assert not twice, f"keys held twice: {dict(list(twice.items())[:5])}"

@@ -2,28 +2,27 @@
 
 The broker and Spark are started once per test session (spark-submit costs ~15-20 s of JVM
 start; the broker ~0.2 s) and stopped by whoever started them. Tests isolate themselves by
-topic name and table directory instead.
+topic name and table directory instead. The broker, the Airflow database and the throw-away
+AIRFLOW_HOME are the pytest plugin's (airflow_eo/testing/plugin.py), which users' tests get too:
+the project tests itself with them rather than with a second copy.
 
-Airflow gets a throw-away AIRFLOW_HOME (SQLite). It must be set before anything imports
-airflow (its config is read at import), so it is set when this conftest is imported, which
-is before any test module. The connections are environment variables (AIRFLOW_CONN_*), as a
-deployment would set them: ``kafka_default`` points at the session's embedded broker,
+Airflow's home is set before anything imports airflow (its config is read at import): the
+plugin sets it when pytest starts, this conftest adds the repository's DAGs folder. The
+connections are environment variables (AIRFLOW_CONN_*), as a deployment would set them: ``kafka_default`` points at the session's embedded broker,
 ``spark_default`` at ``local[2]`` so SparkSubmitHook runs the real spark-submit.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import warnings
 
 import pytest
+
+from airflow_eo.testing.airflow import isolate_airflow
 
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
 # pytest closed the streams: a harmless but alarming "--- Logging error ---" otherwise.
@@ -38,51 +37,27 @@ VENV_BIN = os.path.dirname(sys.executable)
 
 if "airflow" in sys.modules:  # pragma: no cover - a wrong import order would test the user's home
     warnings.warn("airflow was imported before tests/conftest.py: AIRFLOW_HOME may not be the test one", stacklevel=1)
-AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-eo-home-")
-atexit.register(shutil.rmtree, AIRFLOW_HOME, True)
-AIRFLOW_ENV = {
-    "AIRFLOW_HOME": AIRFLOW_HOME,
-    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(REPO, "dags"),
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
-    "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-    "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-    "SPARK_LOCAL_IP": "127.0.0.1",
-    "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
-}
-os.environ.update(AIRFLOW_ENV)
-
-SPARK_CONN = {"conn_type": "spark", "host": "local[2]"}
+# the plugin's throw-away Airflow (airflow_eo/testing/airflow.py: made when pytest started), with this
+# repository's example DAGs as its DAGs folder
+AIRFLOW_HOME = isolate_airflow(dags_folder=os.path.join(REPO, "dags"))
+os.environ.update({"SPARK_LOCAL_IP": "127.0.0.1", "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", "")})
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
-
-
-def kafka_conn(bootstrap: str) -> str:
-    return json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
-
-
-@pytest.fixture(scope="session")
-def airflow_db():
-    """`airflow db migrate` once per session (~3 s on SQLite)."""
-    subprocess.run([os.path.join(VENV_BIN, "airflow"), "db", "migrate"], check=True, env=os.environ.copy(),
-                   stdout=subprocess.DEVNULL, timeout=300)
-    return AIRFLOW_HOME
 
 
 @pytest.fixture(scope="session")
 def airflow_connections(broker):
-    os.environ["AIRFLOW_CONN_KAFKA_DEFAULT"] = kafka_conn(broker.bootstrap_servers)
-    os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(SPARK_CONN)
+    """``kafka_default`` (set by the plugin's broker) and ``spark_default``: spark-submit on local[2]."""
+    from airflow_eo.testing.airflow import SPARK_CONNECTION
+
+    os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(SPARK_CONNECTION)
     yield {"kafka_default": broker.bootstrap_servers}
-    for name in ("AIRFLOW_CONN_KAFKA_DEFAULT", "AIRFLOW_CONN_SPARK_DEFAULT"):
-        os.environ.pop(name, None)
+    os.environ.pop("AIRFLOW_CONN_SPARK_DEFAULT", None)
 
 
 @pytest.fixture(scope="session")
-def broker():
-    from airflow_eo.demo.broker import EmbeddedBroker
-
-    with EmbeddedBroker() as b:
-        yield b
+def broker(kafka_broker):
+    """The session's embedded broker: the plugin's (airflow_eo/testing/plugin.py), as the tests drive it."""
+    return kafka_broker.broker
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,9 @@
 """Test helpers shared by every suite: topics, producers, reading a table back, checking it.
 
-The table is read back with ``pyarrow.dataset`` over the snapshot's files
-(``DeltaTable.to_pyarrow_table`` can abort the interpreter at exit: delta-rs #2184), and
-checked against what the broker holds using kafka-python, a different client from the
-one the pipeline reads with, so a reader bug cannot hide itself.
+Where the pytest plugin users get (airflow_eo/testing/) does the same, these delegate to it: the
+table is read back as a Delta reader reads it (deltalake's QueryBuilder) and checked against what
+the broker holds using kafka-python, a different client from the one the pipeline reads with, so
+a reader bug cannot hide itself.
 """
 
 from __future__ import annotations
@@ -14,24 +14,23 @@ import uuid
 from collections import Counter
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from deltalake import DeltaTable
+
+from airflow_eo.testing.kafka import TestBroker
+from airflow_eo.testing.tables import TestTable
+from airflow_eo.testing.tables import read_table as plugin_read_table
+
+
+def _broker(config: dict) -> TestBroker:
+    return TestBroker.connect(str(config["bootstrap.servers"]))
 
 
 def new_topic(config: dict, partitions: int = 3, name: str | None = None) -> str:
-    name = name or f"t-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient(config)
-    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
-        f.result()
-    return name
+    return _broker(config).create_topic(partitions, name)
 
 
 def add_partitions(config: dict, topic: str, total: int) -> None:
-    admin = AdminClient(config)  # keep the client alive until the futures resolve
-    for f in admin.create_partitions([NewPartitions(topic, total)]).values():
-        f.result()
+    _broker(config).add_partitions(topic, total)
 
 
 def produce(config: dict, topic: str, count: int, partitions: int = 3, prefix: str = "v", start: int = 0) -> list[bytes]:
@@ -108,16 +107,9 @@ def transactional_producer(config: dict) -> Producer:
 
 
 def read_table(table_uri: str, columns: list[str] | None = None) -> pa.Table:
-    dt = DeltaTable(table_uri)
-    files = dt.file_uris()
-    if not files:
-        return pa.table({c: [] for c in (columns or ["topic", "partition", "offset"])})
-    if dt.metadata().partition_columns:  # the partition values are in the log, not the files
-        return dt.to_pyarrow_table(columns=columns)
-    dataset = pads.dataset(files, format="parquet")
-    # files written before schema evolution added a column (or a reprocess without it) lack it: null there
-    schema = pa.unify_schemas([fragment.physical_schema for fragment in dataset.get_fragments()])
-    return pads.dataset(files, format="parquet", schema=schema).to_table(columns=columns)
+    """The table's rows as a Delta reader sees them (the plugin's reader: deletion vectors applied)."""
+    return plugin_read_table(table_uri, columns or (["topic", "partition", "offset"] if not
+                                                    TestTable(table_uri).exists else None))
 
 
 def keys_of(table: pa.Table) -> list[tuple[str, int, int]]:
@@ -129,27 +121,8 @@ def duplicates(table: pa.Table) -> dict:
 
 
 def visible_records(bootstrap: str, topic: str, read_committed: bool = True):
-    """Every visible record of a topic as kafka-python's records (independent of the pipeline)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False,
-        isolation_level="read_committed" if read_committed else "read_uncommitted",
-        consumer_timeout_ms=3000,
-    )
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            batch = consumer.poll(timeout_ms=1000)
-            if not batch:
-                break
-            for records in batch.values():
-                yield from records
-    finally:
-        consumer.close()
+    """Every visible record of a topic, read with kafka-python (the plugin's reader: independent of the pipeline)."""
+    return TestBroker.connect(bootstrap).records(topic, read_committed)
 
 
 def broker_records(bootstrap: str, topic: str, read_committed: bool = True) -> dict[tuple[str, int, int], bytes]:
@@ -158,11 +131,7 @@ def broker_records(bootstrap: str, topic: str, read_committed: bool = True) -> d
 
 
 def committed_offsets(table_uri: str, ingest_id: str, topic: str, partitions: int) -> dict[int, int | None]:
-    from airflow_eo.table.ledger import partition_app_id
-    from airflow_eo.planning import TopicPartition as TP
-
-    dt = DeltaTable(table_uri)
-    return {p: dt.transaction_version(partition_app_id(ingest_id, TP(topic, p))) for p in range(partitions)}
+    return TestTable(table_uri).committed_offsets(ingest_id, topic, range(partitions))
 
 
 def assert_exactly_once(table_uri, bootstrap, topics, ingest_id="test"):

@@ -351,6 +351,36 @@ class KafkaToDeltaOperator(BaseOperator):
                       event.get("waited_seconds"))
         return self.execute(context)
 
+    def dry_run(self, context=None):
+        """Print what the next run of this task would read and write, writing nothing: Airflow's
+        dry run (the template fields, as ``BaseOperator.dry_run`` logs them), then the plan preview
+        (:mod:`airflow_eo.preview`: batch, ranges and records per partition, interval, reader schemas,
+        the tables it writes). It reads the table and Kafka through the task's connections; it logs no
+        plan, stages nothing, waits for no turn and starts no Spark job. Returns the preview.
+
+        Airflow 2 calls it from ``airflow tasks test --dry-run`` after rendering the templates; Airflow 3
+        has no command that calls it: call ``dag.get_task("ingest").dry_run()`` (a new run), or pass a
+        task ``context`` (rendered) to preview that run: its logged plan if it has one, its data interval
+        in interval mode."""
+        from airflow_eo.preview import NO_SPARK, plan_preview
+
+        super().dry_run()
+        unrendered = [f for f in ("table_uri", "topics", "ingest_id") if "{{" in str(getattr(self, f) or "")]
+        if unrendered:
+            raise ConfigError(f"{', '.join(unrendered)} still hold Jinja templates: a preview needs them rendered "
+                              "(Airflow 2: airflow tasks test --dry-run; or call render_template_fields(context) first)")
+        run = self.run_identity(context) if context is not None else RunIdentity("")
+        interval = self.data_interval(context) if context is not None else None
+        if self.mode == "interval" and interval is None:
+            raise ConfigError("mode='interval': a preview needs the run's data interval: call dry_run(context) with "
+                              "the run's context, or run airflow-eo plan with --interval-start and --interval-end")
+        try:
+            preview = plan_preview(Ingestion(self.ingest_config(), NO_SPARK), run, interval)
+        except AirflowEoError as exc:
+            raise_for_airflow(self.log, exc)
+        print("\n".join(preview.lines()))
+        return preview
+
     def committed_columns(self, config: IngestConfig) -> tuple[tuple[str, str], ...]:
         """The table's columns after the run, for lineage (read here, in the task: see below)."""
         try:

@@ -55,7 +55,7 @@ def test_cli_ingest_with_dead_letters_then_status(kafka_config, tmp_path, capsys
 def test_cli_ingest_avro_through_the_registry_with_credentials_from_the_environment(kafka_config, tmp_path, capsys,
                                                                                     monkeypatch):
     from tests.helpers import produce_avro
-    from tests.registry_double import RegistryDouble
+    from airflow_eo.testing.registry import RegistryDouble
 
     schema = json.dumps({"type": "record", "name": "E", "fields": [{"name": "id", "type": "long"}]})
     registry = RegistryDouble(user_info="cli:registry-pass").start()

@@ -25,7 +25,7 @@ from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from tests.changes import SQL, ChangeProducer, assert_model_holds, expected_rows, table_rows
 from tests.helpers import new_topic, read_table
-from tests.registry_double import RegistryDouble
+from airflow_eo.testing.registry import RegistryDouble
 
 INGEST = "test"
 COMPACT = MaintenancePlan(vacuum=False, checkpoint=False, cleanup_log=False, prune_orphans=False, prune_records=False)

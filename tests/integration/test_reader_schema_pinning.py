@@ -7,7 +7,7 @@ Connect server, the session's broker) and is killed with its process group once 
 default: decoded with it, every row would carry ``tier = 'gold'``); the retry of the same run key
 commits the batch decoded with the first version, the next run decodes with the new one, and
 ``airflow-eo reprocess`` of the first batch keeps the first. The registry is the labelled test double
-(``tests/registry_double.py``); records are produced with confluent-kafka's ``AvroSerializer``.
+(``airflow_eo/testing/registry.py``); records are produced with confluent-kafka's ``AvroSerializer``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.storage import TableLocation
 from tests.helpers import new_topic, produce_avro, read_table
-from tests.registry_double import RegistryDouble
+from airflow_eo.testing.registry import RegistryDouble
 
 CLI = os.path.join(os.path.dirname(sys.executable), "airflow-eo")
 INGEST_ID = "pinned"

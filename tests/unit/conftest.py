@@ -40,21 +40,15 @@ def _not_in_the_unit_lane(request) -> None:
                 "the broker, Spark and the Airflow database; move it to tests/integration", pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def broker(request):
-    _not_in_the_unit_lane(request)
+def _shadow(name: str, scope: str = "session"):
+    """A fixture of the real parts (tests/conftest.py, the pytest plugin's) that fails here."""
+    @pytest.fixture(scope=scope, name=name)
+    def shadow(request):
+        _not_in_the_unit_lane(request)
+    return shadow
 
 
-@pytest.fixture(scope="session")
-def spark(request):
-    _not_in_the_unit_lane(request)
-
-
-@pytest.fixture(scope="session")
-def connect_server(request):
-    _not_in_the_unit_lane(request)
-
-
-@pytest.fixture(scope="session")
-def airflow_db(request):
-    _not_in_the_unit_lane(request)
+broker, spark, connect_server, airflow_db = (_shadow(n) for n in ("broker", "spark", "connect_server", "airflow_db"))
+# the pytest plugin's (airflow_eo/testing/plugin.py)
+kafka_broker, s3_stand_in = _shadow("kafka_broker"), _shadow("s3_stand_in")
+airflow_dag_runner = _shadow("airflow_dag_runner", scope="function")

@@ -8,6 +8,9 @@
   option the spec does not have), with the operator classes imported for fragments that show
   one call. A block that cannot run here (it needs a cluster, a table or a package the project
   does not install) says so on the line before it: ``<!-- not run: <reason> -->``.
+- A ```python block that includes a file of the repository (``--8<-- "tests/…"``, pymdownx.snippets)
+  shows that file as it is: the file must be a module the integration lane runs (a test module, or
+  one a test module next to it imports), so the example on the page is what CI runs.
 - Every ```pycon block runs as a doctest.
 - Every link of README.md resolves: relative files exist, anchors name a heading.
 """
@@ -25,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
 NOT_RUN = re.compile(r"^<!-- not run: (\S.*) -->$")
+INCLUDE = re.compile(r'^--8<-- "([^"]+)"$')
 # what a fragment showing one call leans on (a complete example imports it itself)
 PRELUDE = """
 from airflow_eo.operators.delta_maintenance import DeltaMaintenanceOperator
@@ -78,10 +82,30 @@ def test_examples_are_found_and_most_run():
 @pytest.mark.parametrize("path, line, code, reason", PYTHON,
                          ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _, _ in PYTHON])
 def test_python_example_runs(path, line, code, reason):
+    if (included := INCLUDE.match(code.strip())) is not None:
+        assert_run_by_a_lane(included.group(1))
+        return
     if reason is not None:
         assert len(reason) > 10, f"{path}:{line}: say why the example is not run"
         return  # marked, with its reason, in the page itself (a visible choice, not a silent skip)
     exec(compile(PRELUDE + code, f"{path.relative_to(ROOT)}:{line}", "exec"), {"__name__": "docs_example"})
+
+
+def assert_run_by_a_lane(name: str) -> None:
+    """``name`` is a test module of the integration lane, or imported by one beside it."""
+    path = ROOT / name
+    assert path.exists() and path.is_relative_to(ROOT / "tests" / "integration"), f"{name}: not in the integration lane"
+    if path.name.startswith("test_"):
+        assert re.search(r"^def test_", path.read_text(), re.M), f"{name} holds no test"
+        return
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    users = [p for p in path.parent.glob("test_*.py") if re.search(rf"^from {re.escape(module)} import", p.read_text(), re.M)]
+    assert users, f"{name}: no test module beside it imports it, so no lane runs it"
+
+
+def test_the_included_examples_are_found():
+    included = [m.group(1) for _, _, code, _ in PYTHON if (m := INCLUDE.match(code.strip()))]
+    assert "tests/integration/testing/test_orders_dag.py" in included, "the include search is broken"
 
 
 @pytest.mark.parametrize("path, line, code", PYCON, ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _ in PYCON])

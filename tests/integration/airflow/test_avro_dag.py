@@ -1,6 +1,6 @@
 """An Avro topic through a Schema Registry *connection*, run by ``dag.test()`` with spark-submit.
 
-The registry is ``tests.registry_double`` (a labelled test double of the Confluent REST API)
+The registry is ``airflow_eo.testing.registry`` (a labelled test double of the Confluent REST API)
 with basic auth: the credentials go from the Airflow connection to the Spark job through the
 environment, and appear in no XCom, attempt record or commit metadata.
 """
@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from tests.integration.airflow.dagtest import run_dag, xcom
 from tests.conftest import SPARK_CONF
 from tests.helpers import new_topic, produce_avro, read_table
-from tests.registry_double import RegistryDouble
+from airflow_eo.testing.registry import RegistryDouble
 
 PASSWORD = "s3cret-registry-password"
 SCHEMA = json.dumps({"type": "record", "name": "Event", "fields": [

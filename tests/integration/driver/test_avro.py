@@ -1,7 +1,7 @@
 """Avro values through a Schema Registry (Confluent wire format) and inline schemas.
 
 Real broker, real Spark (local and Spark Connect: every test on both paths), real Delta; the
-registry is ``tests.registry_double`` (a labelled test double of the Confluent REST API: no
+registry is ``airflow_eo.testing.registry`` (a labelled test double of the Confluent REST API: no
 registry server installs here). Records are produced with confluent-kafka's own
 ``AvroSerializer``, so the bytes are the real wire format.
 """
@@ -23,7 +23,7 @@ from airflow_eo.planning import RunIdentity
 from airflow_eo.table.commit import COMMITTED
 from tests.helpers import ORDER_SCHEMA as ORDER
 from tests.helpers import new_topic, order, produce_avro, read_table
-from tests.registry_double import RegistryDouble
+from airflow_eo.testing.registry import RegistryDouble
 
 ALL_COLUMNS = "SELECT topic, partition, offset, data.* FROM source"
 

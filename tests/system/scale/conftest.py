@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.system.scale.servers import MotoS3, SparkStandalone
+from airflow_eo.testing.s3 import MotoS3
+from tests.system.scale.servers import SparkStandalone
 
 
 @pytest.fixture(scope="module")

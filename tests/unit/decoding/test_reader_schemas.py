@@ -1,6 +1,6 @@
 """Reader schemas resolved when a batch is planned, pinned in its logged plan and its commit, and used
 by every replay: a retry after a new version was registered, a reprocess, a plan an earlier version
-logged. The registry is the labelled test double (tests/registry_double.py, a local HTTP server);
+logged. The registry is the labelled test double (airflow_eo/testing/registry.py, a local HTTP server);
 Kafka is in memory and the driver stages Parquet without Spark, building the read step's decoder as
 the real driver does (that is where the reader schemas are chosen)."""
 
@@ -28,7 +28,7 @@ from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, BatchMetadata
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
-from tests.registry_double import RegistryDouble
+from airflow_eo.testing.registry import RegistryDouble
 from tests.unit.decoding.fake_registry import V1, V2
 from tests.unit.fakes import FakeKafka
 from tests.unit.test_results import BASE_MS, SCHEMA, records

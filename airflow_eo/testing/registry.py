@@ -1,7 +1,7 @@
-"""TEST DOUBLE of a Confluent Schema Registry — not a registry, a stand-in for the tests.
+"""A Schema Registry stand-in for tests (a test double, not a registry): the plugin's ``schema_registry``.
 
-No Schema Registry server installs on these machines (none is on PyPI, Debian or npm), so
-the tests run against this small in-memory server that answers the subset of the Confluent
+No Schema Registry server installs from PyPI, so tests of Avro through a registry run
+against this small in-memory server that answers the subset of the Confluent
 Schema Registry REST API that airflow-eo and confluent-kafka's ``AvroSerializer`` call:
 
 - ``POST /subjects/{subject}/versions`` — register (the same schema text keeps its id),
@@ -108,6 +108,17 @@ class RegistryDouble:
             if sid not in versions:
                 versions.append(sid)
             return sid
+
+    @property
+    def config(self) -> dict[str, str]:
+        """The ``SchemaRegistryClient`` config that reaches it (with its basic auth, if any)."""
+        return {"url": self.url, **({"basic.auth.user.info": self.user_info} if self.user_info else {})}
+
+    def __enter__(self) -> "RegistryDouble":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def start(self) -> "RegistryDouble":
         self.thread.start()
