@@ -44,6 +44,7 @@ from airflow_eo.errors import ConfigError, KafkaUnavailableError, TableError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
 from airflow_eo.table.audit_log import AuditLog
+from airflow_eo.table.features import TableUse
 from airflow_eo.table.ledger import Ledger, partition_app_id
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.metadata import CommitKind
@@ -181,6 +182,7 @@ def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditR
     ``spark``: where large audits run their slices (:class:`airflow_eo.submit.audit.SparkSlices`)."""
     ledger = _open_table(request.table_uri, request.storage_options)
     ledger.check_owner(request.ingest_id)
+    ledger.check_features(TableUse.AUDIT)  # deletion vectors, column mapping: refused, not misread
     audits = AuditLog(ledger.location())
     last = audits.last(request.ingest_id) if request.selection is Selection.SINCE_LAST_AUDIT else None
     batches = batch_ranges(ledger, request.ingest_id)

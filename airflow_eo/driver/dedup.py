@@ -114,7 +114,7 @@ class Deduplicated:
         the duplicates are counted again, exactly, by one more pass.
         """
         if self.observed:
-            ranked, kept = (_observed(o).get("records") for o in self.observed)
+            ranked, kept = (observed_metrics(o).get("records") for o in self.observed)
             if ranked is not None and kept is not None and kept <= ranked <= (read_at_most or ranked):
                 return int(ranked - kept)
         return self.duplicates.count()
@@ -129,7 +129,7 @@ def _first_copies(ranked, known, columns: tuple):
         return kept.select(*columns)
 
 
-def _observed(observation) -> dict:
+def observed_metrics(observation) -> dict:
     """An Observation's metrics, or {} when none arrived within :data:`OBSERVED_WAIT` seconds."""
     try:
         if observation_pending(observation, OBSERVED_WAIT):  # classic: .get would wait for an action that never ran

@@ -120,6 +120,12 @@ def check_output(out, key: tuple[str, ...]) -> None:
                               "dates, timestamps, decimals); cast it in the transform; nothing was committed")
 
 
+def deletes(out):
+    """The column that marks ``out``'s rows that delete their key (after :func:`with_change_columns`)."""
+    with functions_for(out) as F:
+        return F.col(f"{CHANGE_COLUMN}.{DELETE_COLUMN}")
+
+
 def with_change_columns(out, view):
     """``out`` with :data:`CHANGE_COLUMN`, joined back by source offset when the transform left it
     out (one more shuffle; ``SELECT *`` or naming it keeps it). The view is then kept (persisted)

@@ -50,6 +50,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -60,10 +61,11 @@ from deltalake.transaction import (
     AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions,
 )
 
-from airflow_eo.errors import CommitConflictError, ConfigError, TableError
+from airflow_eo.errors import CommitConflictError, ConfigError, TableError, TableFeatureError
 from airflow_eo.faults import failpoint
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity, describe_mismatch
+from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.spec import MergeSpec
 from airflow_eo.table.ledger import (
@@ -96,6 +98,8 @@ class StagedBatch:
     rows_per_partition: dict[str, int] = field(default_factory=dict)
     arrow_schema: pa.Schema | None = None
     partition_by: tuple[str, ...] = ()  # of the table the batch creates; an existing table keeps its own
+    # the table's features its rows were checked against (constraints, generated columns); None: no rows
+    features: TableFeatures | None = None
 
     @property
     def rows(self) -> int:
@@ -119,10 +123,46 @@ def add_actions(files) -> list[AddAction]:
     return [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files]
 
 
-def _open_writable(table_uri: str, storage_options, ingest_id: str) -> Ledger:
+def _open_writable(table_uri: str, storage_options, ingest_id: str, adopt: bool = False) -> Ledger:
     ledger = Ledger.open(table_uri, storage_options)
-    ledger.check_writable(ingest_id)
+    ledger.check_writable(ingest_id, adopt=adopt)
     return ledger
+
+
+def _check_features(staged: StagedBatch, ledger: Ledger, use: TableUse) -> None:
+    """The commit's snapshot, like the plan's, allows ``use``; and its rows were checked against the
+    rules it has now (another engine may have added a constraint while the batch ran: then a
+    retry checks the rows again)."""
+    ledger.check_features(use)
+    if staged.features is None or ledger.table is None:
+        return
+    now, then = ledger.features, staged.features
+    if (now.constraints, now.generated) != (then.constraints, then.generated):
+        raise CommitConflictError(
+            f"the constraints or generated columns of {ledger.table_uri} changed while batch {staged.plan.batch} "
+            "ran (another engine altered the table); nothing was committed. Run again: the retry checks the "
+            "records against the table's rules as they are now")
+
+
+# What deltalake's commit refuses for a reason a retry cannot fix (a protocol or feature error, an
+# append-only table): named so, never reported as a lost race. Everything else it raises as
+# CommitFailedError is a conflict with another commit (delta-rs' TransactionError: "Tried committing
+# existing table version", "Commit failed: a concurrent transaction…", "Metadata/Protocol changed
+# since last commit", the retry budget) and is compared again / retried.
+_REFUSED = re.compile(r"unsupported table features|table features must be specified|append-only|does not support "
+                      r"(reader|writer) version|snapshot is corrupted|error serializing|invariant|constraint",
+                      re.IGNORECASE)
+
+
+def refused_by_engine(exc: Exception) -> bool:
+    """Whether deltalake refused a commit for a reason a retry cannot fix.
+
+    >>> refused_by_engine(CommitFailedError("Unsupported table features required: [RowTracking]"))
+    True
+    >>> refused_by_engine(CommitFailedError("Commit failed: a concurrent transactions added new data."))
+    False
+    """
+    return bool(_REFUSED.search(str(exc)))
 
 
 class CommitRule(Protocol):
@@ -169,7 +209,7 @@ def _evolve_schema(rule: "BatchCommit | MergeCommit", ledger: Ledger, table_uri:
     if rule.staged.arrow_schema is None:  # boundaries only (an interval without records): no columns
         return ledger
     schema = delta_schema_of(rule.staged.arrow_schema)
-    new_columns = check_schema(ledger, schema, rule.schema_evolution)
+    new_columns = check_schema(ledger, schema, rule.schema_evolution, adopted=rule.adopt_table)
     if not new_columns:
         return ledger
     add_columns(ledger, schema, new_columns, rule.plan)
@@ -218,19 +258,22 @@ class BatchCommit:
     exact_snapshot = False
 
     def __init__(self, staged: StagedBatch, *, findings: BatchFindings | None = None, schema_evolution: bool = False,
-                 table_properties: dict[str, str] | None = None):
+                 table_properties: dict[str, str] | None = None, adopt_table: bool = False):
         self.staged, self.plan = staged, staged.plan
         self.findings = findings or BatchFindings()
         self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
+        self.adopt_table = adopt_table
 
     def open(self, table_uri: str, storage_options) -> Ledger:
-        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id, self.adopt_table)
 
     def check(self, ledger: Ledger) -> CommitCheck:
         return _compare_offsets(self.plan, ledger)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
-        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by)  # a table made since planning
+        # a table made since planning
+        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, adopt=self.adopt_table)
+        _check_features(self.staged, ledger, TableUse.APPEND)
         return _evolve_schema(self, ledger, table_uri, storage_options)
 
     def actions(self, ledger: Ledger) -> list:
@@ -302,6 +345,7 @@ class ReprocessCommit:
         return _compare_reprocess_counter(self.plan, self.reprocess_from, ledger)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        _check_features(self.staged, ledger, TableUse.REPROCESS)
         check_schema(ledger, delta_schema_of(self.staged.arrow_schema), replacing=True)
         return ledger
 
@@ -355,6 +399,7 @@ class DeadLetterCommit:
         if not ledger.exists:
             raise TableError(f"the dead-letter table {table_uri} does not exist: it is created when a batch "
                              "stages dead letters; nothing was committed")
+        ledger.check_features(TableUse.APPEND)
         return ledger
 
     def check(self, ledger: Ledger) -> CommitCheck:
@@ -448,13 +493,14 @@ class MergeCommit:
 
     def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
                  findings: BatchFindings | None = None, schema_evolution: bool = False,
-                 table_properties: dict[str, str] | None = None):
+                 table_properties: dict[str, str] | None = None, adopt_table: bool = False):
         self.staged, self.plan, self.swap, self.info, self.merge = staged, staged.plan, swap, info, merge
         self.findings = findings or BatchFindings()
         self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
+        self.adopt_table = adopt_table
 
     def open(self, table_uri: str, storage_options) -> Ledger:
-        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id, self.adopt_table)
 
     def check(self, ledger: Ledger) -> CommitCheck:
         state = _compare_offsets(self.plan, ledger)
@@ -463,7 +509,8 @@ class MergeCommit:
         return state
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
-        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, self.merge)
+        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, self.merge, adopt=self.adopt_table)
+        _check_features(self.staged, ledger, TableUse.MERGE)
         ledger = _evolve_schema(self, ledger, table_uri, storage_options)
         self.swap.check(ledger, self.plan)
         return ledger
@@ -513,6 +560,7 @@ class MergeReprocessCommit:
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         ledger.check_write_mode(self.plan.ingest_id, self.merge)
+        _check_features(self.staged, ledger, TableUse.REPROCESS)
         check_schema(ledger, delta_schema_of(self.staged.arrow_schema))
         self.swap.check(ledger, self.plan)
         return ledger
@@ -577,6 +625,10 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
                 ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
                                                       commit_properties=properties)
         except (CommitFailedError, DeltaError) as exc:
+            if refused_by_engine(exc):  # a retry would be refused the same way: not a race
+                raise TableFeatureError(f"the Delta engine refused batch {staged.plan.batch}'s commit to "
+                                        f"{ledger.table_uri} ({_first_line(exc)}); nothing was committed. The table "
+                                        "needs what airflow-eo cannot write: see docs/how-to/shared-tables.md") from exc
             if not (isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()):
                 raise TableError(f"committing batch {staged.plan.batch} to {ledger.table_uri} failed: {exc}. Nothing "
                                  "was committed; fix the cause and retry the run") from exc
@@ -592,6 +644,10 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
         log.info("committed batch %s (%s) as table version %s", staged.plan.batch, rule.kind.value, outcome.version)
         return outcome
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
 
 
 def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict | None = None) -> RunStatus | None:

@@ -1,0 +1,220 @@
+"""A table's Delta features (airflow_eo.table.features) on temporary tables changed the way other
+engines change them (tests/delta_tables.py): each claim of the docs' feature matrix checked against
+the installed deltalake, with DuckDB's delta extension as the independent reader; the refusals
+before planning and at the commit, one line each, with the table's log unchanged."""
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, CommitProperties, Transaction
+
+from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.table.commit import BatchCommit, commit, refused_by_engine
+from airflow_eo.table.features import SUPPORT, Support, TableFeatures, TableUse
+from airflow_eo.table.ledger import Ledger
+from tests.delta_tables import add_features, delete_rows, duckdb_rows, log_digest, write_commit
+from tests.unit.table.test_commit import INGEST, RUN2, batch_plan, stage
+
+PAGE = Path(__file__).parents[3] / "docs" / "how-to" / "shared-tables.md"
+# PROTOCOL.md's appendix "Valid Feature Names in Table Features", and the features described after it
+PROTOCOL_FEATURES = (
+    "appendOnly", "invariants", "checkConstraints", "generatedColumns", "allowColumnDefaults", "changeDataFeed",
+    "columnMapping", "identityColumns", "deletionVectors", "rowTracking", "timestampNtz", "domainMetadata",
+    "v2Checkpoint", "catalogManaged", "icebergCompatV1", "icebergCompatV2", "clustering", "vacuumProtocolCheck",
+    "inCommitTimestamp", "typeWidening", "variantType", "variantShredding",
+)
+
+
+def test_every_protocol_feature_is_in_the_matrix_and_the_docs_page_is_the_matrix():
+    assert set(PROTOCOL_FEATURES) <= set(SUPPORT)
+    text = PAGE.read_text()
+    section = text[text.index("<!-- matrix:"):text.index("<!-- /matrix -->")]
+    rows = re.findall(r"^\| `([\w-]+)` \| (\w+) \| (.*) \|$", section, re.M)
+    assert [(name, support) for name, support, _ in rows] == [(f.name, f.support.value) for f in SUPPORT.values()]
+    assert all(how == SUPPORT[name].how for name, _, how in rows)
+
+
+def first_batch(uri: str) -> None:
+    commit(BatchCommit(stage(uri, batch_plan(1, 0, 10))), uri)
+
+
+def second_batch(uri: str):
+    staged = stage(uri, batch_plan(2, 10, 15, run=RUN2))
+    return commit(BatchCommit(staged), uri)
+
+
+# what turns each supported feature on (a property or a column's metadata), per PROTOCOL.md
+ACTIVATION = {
+    "appendOnly": {"delta.appendOnly": "true"},
+    "changeDataFeed": {"delta.enableChangeDataFeed": "true"},
+    "deletionVectors": {"delta.enableDeletionVectors": "true"},
+    "columnMapping": {"delta.columnMapping.mode": "none"},
+}
+READER_FEATURES = {"columnMapping", "deletionVectors", "timestampNtz", "v2Checkpoint", "catalogManaged",
+                   "catalogOwned-preview", "vacuumProtocolCheck", "typeWidening", "typeWidening-preview",
+                   "variantType", "variantType-preview", "variantShredding", "variantShredding-preview"}
+
+
+@pytest.mark.parametrize("name", list(SUPPORT))
+def test_the_matrix_claim_holds_against_the_installed_deltalake(tmp_path, name):
+    """Supported: a batch appends and DuckDB reads it. Refused: refused before planning in one line with
+    the log unchanged, and deltalake itself would not commit to it (catalog-managed: not even open it)."""
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    reader = (name,) if name in READER_FEATURES else ()
+    add_features(uri, reader=reader, writer=(name,), configuration=ACTIVATION.get(name))
+    before = log_digest(uri)
+    claim = SUPPORT[name].support
+    if name in ("catalogManaged", "catalogOwned-preview") and claim is Support.REFUSED:
+        with pytest.raises(TableError, match="catalog"):
+            Ledger.open(uri).check_writable(INGEST, use=TableUse.APPEND)
+        assert log_digest(uri) == before
+        return
+    ledger = Ledger.open(uri)
+    if claim is Support.REFUSED:
+        with pytest.raises(TableFeatureError, match=re.escape(name)) as refused:
+            ledger.check_writable(INGEST, use=TableUse.APPEND)
+        assert "\n" not in str(refused.value) and "nothing was changed" in str(refused.value)
+        with pytest.raises(TableFeatureError):  # the commit checks again on its own snapshot
+            second_batch(uri)
+        assert log_digest(uri) == before
+        engine_refuses = "deltalake" in SUPPORT[name].how
+        if engine_refuses:  # the claim "deltalake cannot write it", on deltalake directly
+            table = DeltaTable(uri)
+            with pytest.raises(CommitFailedError, match="Unsupported table features"):
+                table.create_write_transaction([], "append", table.schema(), commit_properties=CommitProperties(
+                    app_transactions=[Transaction("probe", 1)]))
+        return
+    ledger.check_writable(INGEST, use=TableUse.APPEND)
+    assert second_batch(uri).version == DeltaTable(uri).version()
+    assert duckdb_rows(uri, "SELECT count(*), min(\"offset\"), max(\"offset\") FROM t") == [(15, 0, 14)]
+
+
+def test_an_unknown_feature_and_a_newer_protocol_are_refused(tmp_path):
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    add_features(uri, writer=("someFutureFeature",))
+    with pytest.raises(TableFeatureError, match="'someFutureFeature' is unknown"):
+        Ledger.open(uri).check_writable(INGEST, use=TableUse.APPEND)
+    assert "newer than the Delta protocol" in TableFeatures(reader_version=4).refusal(TableUse.APPEND)
+
+
+def test_append_only_refuses_what_removes_rows_and_allows_appends(tmp_path):
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    DeltaTable(uri).alter.set_table_properties({"delta.appendOnly": "true"})
+    ledger = Ledger.open(uri)
+    for use in (TableUse.MERGE, TableUse.REPROCESS):
+        with pytest.raises(TableFeatureError, match=f"delta.appendOnly=true: a {use.value} removes"):
+            ledger.check_writable(INGEST, use=use)
+    for use in (TableUse.APPEND, TableUse.DEDUP, TableUse.MAINTAIN):
+        ledger.check_writable(INGEST, use=use)
+    assert second_batch(uri).status.value == "committed"
+
+
+def test_change_data_feed_refuses_merge_and_reprocess_only(tmp_path):
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    ledger = Ledger.open(uri)
+    with pytest.raises(TableFeatureError, match="enableChangeDataFeed=true: a merge must write the change files"):
+        ledger.check_writable(INGEST, use=TableUse.MERGE)
+    ledger.check_writable(INGEST, use=TableUse.APPEND)
+    assert second_batch(uri).status.value == "committed"
+    inserted = pa.RecordBatchReader.from_stream(DeltaTable(uri).load_cdf(starting_version=2)).read_all()
+    assert sorted(inserted["offset"].to_pylist()) == list(range(10, 15))
+    assert set(inserted["_change_type"].to_pylist()) == {"insert"}
+
+
+def test_constraints_invariants_not_null_and_generated_columns_are_read(tmp_path):
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    DeltaTable(uri).alter.add_constraint({"offset_small": "`offset` < 150"})
+    schema = json.loads(DeltaTable(uri).schema().to_json())
+    for f in schema["fields"]:
+        if f["name"] == "body":
+            f["nullable"] = False
+            f["metadata"] = {"delta.invariants": json.dumps({"expression": {"expression": "length(body) > 0"}})}
+    schema["fields"].append({"name": "o2", "type": "long", "nullable": True,
+                             "metadata": {"delta.generationExpression": "`offset` * 2"}})
+    add_features(uri, writer=("checkConstraints", "invariants", "generatedColumns"), schema=schema)
+    features = Ledger.open(uri).features
+    assert [(c.kind.value, c.name) for c in features.constraints] == [
+        ("CHECK constraint", "offset_small"), ("invariant", "body"), ("NOT NULL column", "body")]
+    assert [(g.name, g.expression) for g in features.generated] == [("o2", "`offset` * 2")]
+    assert features.enforced and features.constraints[0].reason == "violates CHECK constraint offset_small: offset < 150"
+
+
+def test_deletion_vectors_refuse_what_reads_rows_until_compacted(tmp_path):
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    add_features(uri, reader=("deletionVectors",), writer=("deletionVectors",),
+                 configuration={"delta.enableDeletionVectors": "true"})
+    path = sorted(Ledger.open(uri).file_paths())[0]
+    delete_rows(uri, path, [0, 1])
+    assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(8,)]
+    ledger = Ledger.open(uri)
+    assert ledger.features.files_with_deletion_vectors == 1
+    for use in (TableUse.MERGE, TableUse.REPROCESS, TableUse.DEDUP, TableUse.AUDIT):
+        with pytest.raises(TableFeatureError, match="carry deletion vectors.*maintain --compact"):
+            ledger.check_writable(INGEST, use=use)
+    assert second_batch(uri).status.value == "committed"  # appends proceed
+    DeltaTable(uri).optimize.compact()  # what `airflow-eo maintain --compact` runs
+    after = Ledger.open(uri)
+    assert after.features.files_with_deletion_vectors == 0
+    after.check_writable(INGEST, use=TableUse.MERGE)
+    assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(13,)]
+
+
+def test_a_commit_the_engine_refuses_is_not_a_lost_race(tmp_path, monkeypatch):
+    """rowTracking turned on between the plan's check and the commit's write: deltalake refuses the
+    commit, which fails without retry instead of reading as a lost race."""
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    staged = stage(uri, batch_plan(2, 10, 15, run=RUN2))
+    monkeypatch.setattr("airflow_eo.table.commit._check_features", lambda *a: None)  # the window after the check
+    add_features(uri, writer=("rowTracking", "domainMetadata"))
+    before = log_digest(uri)
+    with pytest.raises(TableFeatureError, match="refused batch 2's commit.*Unsupported table features"):
+        commit(BatchCommit(staged), uri)
+    assert log_digest(uri) == before
+    assert refused_by_engine(CommitFailedError("The transaction includes Remove action with data change but "
+                                               "Delta table is append-only"))
+    assert not refused_by_engine(CommitFailedError("Tried committing existing table version: 3"))
+
+
+def test_a_constraint_added_while_the_batch_ran_makes_the_commit_a_conflict(tmp_path):
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    from dataclasses import replace
+
+    staged = replace(stage(uri, batch_plan(2, 10, 15, run=RUN2)), features=Ledger.open(uri).features)
+    DeltaTable(uri).alter.add_constraint({"offset_small": "`offset` < 150"})
+    before = log_digest(uri)
+    with pytest.raises(CommitConflictError, match="constraints or generated columns .* changed while batch 2 ran"):
+        commit(BatchCommit(staged), uri)
+    assert log_digest(uri) == before
+
+
+def test_a_table_created_elsewhere_is_adopted_only_when_asked(tmp_path):
+    uri = str(tmp_path / "t")
+    foreign = pa.table({"topic": ["other"], "partition": pa.array([0], pa.int32()), "offset": pa.array([7], pa.int64()),
+                        "body": ["theirs"], "note": pa.array([None], pa.string())})
+    write_deltalake(uri, foreign)
+    before = log_digest(uri)
+    with pytest.raises(TableError, match="not written by ingest_id .* adopt_table=True"):
+        commit(BatchCommit(stage(uri, batch_plan(1, 0, 10))), uri)
+    assert log_digest(uri) == before
+    outcome = commit(BatchCommit(stage(uri, batch_plan(1, 0, 10)), adopt_table=True), uri)
+    assert outcome.status.value == "committed"
+    ledger = Ledger.open(uri)
+    ledger.check_owner(INGEST)  # the first batch made it this ingest's
+    assert ledger.last_batch(INGEST) == 1
+    got = duckdb_rows(uri, "SELECT topic, \"offset\", body, note FROM t ORDER BY topic, \"offset\"")
+    assert got[-1] == ("other", 7, "theirs", None) and [r[1] for r in got[:-1]] == list(range(10))
+    assert all(r[3] is None for r in got)  # the column the batch lacks reads as null
