@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction, CommitProperties, Transaction
+from deltalake.transaction import CommitProperties, Transaction
 
 from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
 from airflow_eo.table.commit import BatchCommit, commit, refused_by_engine
 from airflow_eo.table.features import SUPPORT, Support, TableFeatures, TableUse
 from airflow_eo.table.ledger import Ledger
-from tests.delta_tables import add_features, delete_rows, duckdb_rows, log_digest, write_commit
+from tests.delta_tables import add_features, delete_rows, duckdb_rows, log_digest
 from tests.unit.table.test_commit import INGEST, RUN2, batch_plan, stage
 
 PAGE = Path(__file__).parents[3] / "docs" / "how-to" / "shared-tables.md"

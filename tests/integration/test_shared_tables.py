@@ -1,0 +1,156 @@
+"""Tables other Delta engines share (docs/how-to/shared-tables.md), end to end with the broker and Spark.
+
+A table airflow-eo created is changed the way another engine changes it (a CHECK constraint and a NOT
+NULL column in a metadata commit written per PROTOCOL.md, deltalake's alter API), then the next
+ingest runs on spark-submit's in-process path, Spark Connect and the driver's own read; the table is
+judged by DuckDB's delta extension (delta-kernel). The same records give the same result on every
+path; each refusal is one line with the table's log unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import Producer
+from deltalake import DeltaTable
+
+from airflow_eo.errors import ConstraintViolationError, TableFeatureError
+from airflow_eo.outcomes import RunStatus
+from airflow_eo.planning import RunIdentity
+from airflow_eo.table.plan_log import PlanLog
+from airflow_eo.table.storage import TableLocation
+from tests.conftest import open_spark_path
+from tests.delta_tables import add_features, duckdb_rows, log_digest
+from tests.helpers import committed_offsets, new_topic
+
+CHECK = "violates CHECK constraint offset_small: offset < 12"
+NOT_NULL = "violates NOT NULL column key"
+
+
+@pytest.fixture(params=["local", "connect", "driver"])
+def path(request, spark):
+    opened = open_spark_path(request, spark)
+    yield opened
+    opened.close()
+
+
+def produce(kafka_config: dict, topic: str, start: int, count: int, null_key_at: tuple[int, ...] = ()) -> None:
+    """Records ``start``…: value ``v<i>``, key ``<i>`` (none for ``null_key_at``), partition ``i % 2``."""
+    producer = Producer({**kafka_config, "enable.idempotence": True})
+    for i in range(start, start + count):
+        producer.produce(topic, key=None if i in null_key_at else str(i).encode(), value=f"v{i}".encode(),
+                         partition=i % 2)
+    producer.flush(30)
+
+
+def constrained_table(kafka_config, tmp_path, path, ingestion, **options):
+    """A table with one batch (offsets 0-9 of each partition), then a CHECK constraint ``offset < 12``
+    and ``key`` NOT NULL added by another engine; 10 more records wait (offsets 10-14, one null key)."""
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 0, 20)
+    uri = str(tmp_path / "t")
+    ing = ingestion(uri, [topic], kafka_config, path.submitter(), **options)
+    assert ing.run(RunIdentity("first")).status is RunStatus.COMMITTED
+    schema = json.loads(DeltaTable(uri).schema().to_json())
+    for field in schema["fields"]:
+        if field["name"] == "key":
+            field["nullable"] = False
+    add_features(uri, writer=("checkConstraints",), configuration={"delta.constraints.offset_small": "offset < 12"},
+                 schema=schema)
+    produce(kafka_config, topic, 20, 10, null_key_at=(21,))  # record 21: partition 1, offset 10
+    return ing, uri, topic
+
+
+def test_a_violating_record_fails_the_batch_naming_the_rule_and_offset(kafka_config, tmp_path, path, ingestion):
+    ing, uri, topic = constrained_table(kafka_config, tmp_path, path, ingestion)
+    before = log_digest(uri)
+    with pytest.raises(ConstraintViolationError) as failed:
+        ing.run(RunIdentity("second"))
+    message = str(failed.value)
+    assert f"record {topic}[0]@12 {CHECK}" in message and "(7 violating record(s) in all)" in message
+    assert "\n" not in message and not failed.value.retryable
+    assert log_digest(uri) == before and committed_offsets(uri, "test", topic, 2) == {0: 10, 1: 10}
+    assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(20,)]
+
+
+def test_violating_records_go_to_the_dead_letter_table_with_the_rule(kafka_config, tmp_path, path, ingestion):
+    dead_uri = str(tmp_path / "dead")
+    ing, uri, topic = constrained_table(kafka_config, tmp_path, path, ingestion, dead_letter_table_uri=dead_uri)
+    assert ing.run(RunIdentity("second")).status is RunStatus.COMMITTED
+    assert committed_offsets(uri, "test", topic, 2) == {0: 15, 1: 15}
+    kept = duckdb_rows(uri, 'SELECT "partition", "offset" FROM t WHERE "offset" >= 10 ORDER BY 1, 2')
+    assert kept == [(0, 10), (0, 11), (1, 11)]
+    assert duckdb_rows(uri, 'SELECT count(*) FROM t WHERE "offset" >= 12 OR key IS NULL') == [(0,)]
+    dead = duckdb_rows(dead_uri, 'SELECT "partition", "offset", reason, CAST(value AS VARCHAR) FROM t ORDER BY 1, 2')
+    assert dead == [(0, o, CHECK, f"v{20 + 2 * (o - 10)}") for o in (12, 13, 14)] + [(1, 10, NOT_NULL, "v21")] + \
+        [(1, o, CHECK, f"v{21 + 2 * (o - 10)}") for o in (12, 13, 14)]
+
+
+def test_merge_on_an_append_only_table_is_refused_before_spark(kafka_config, tmp_path, spark, ingestion):
+    from airflow_eo.driver.main import InProcessSubmitter
+
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 0, 4)
+    uri = str(tmp_path / "t")
+    sql = "SELECT topic, partition, offset, CAST(key AS STRING) AS id, CAST(value AS STRING) AS v FROM source"
+    ing = ingestion(uri, [topic], kafka_config, InProcessSubmitter(spark), write_mode="merge", merge_key="id",
+                    transform_sql=sql)
+    assert ing.run(RunIdentity("first")).status is RunStatus.COMMITTED
+    DeltaTable(uri).alter.set_table_properties({"delta.appendOnly": "true"})
+    produce(kafka_config, topic, 4, 4)
+    before = log_digest(uri)
+    with pytest.raises(TableFeatureError, match="delta.appendOnly=true: a merge removes or rewrites rows") as refused:
+        ing.run(RunIdentity("second"))
+    assert "\n" not in str(refused.value) and not refused.value.retryable
+    assert log_digest(uri) == before
+    assert PlanLog(TableLocation.of(uri)).load(RunIdentity("second").run_key) is None  # refused before it planned
+
+
+def test_a_generated_column_the_transform_leaves_out_is_computed(kafka_config, tmp_path, path, ingestion):
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 0, 4)
+    uri = str(tmp_path / "t")
+    ing = ingestion(uri, [topic], kafka_config, path.submitter())
+    assert ing.run(RunIdentity("first")).status is RunStatus.COMMITTED
+    schema = json.loads(DeltaTable(uri).schema().to_json())
+    schema["fields"].append({"name": "vlen", "type": "integer", "nullable": True,
+                             "metadata": {"delta.generationExpression": "length(value)"}})
+    add_features(uri, writer=("generatedColumns",), schema=schema)
+    produce(kafka_config, topic, 4, 16)  # values v4…v19: 2 or 3 bytes
+    assert ing.run(RunIdentity("second")).status is RunStatus.COMMITTED
+    got = duckdb_rows(uri, 'SELECT vlen, length(CAST(value AS VARCHAR)) FROM t WHERE "offset" >= 2')
+    assert len(got) == 16 and all(vlen == length for vlen, length in got)
+
+
+def test_a_table_created_elsewhere_is_adopted_with_the_option(kafka_config, tmp_path, spark, ingestion):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from airflow_eo.driver.main import InProcessSubmitter
+    from airflow_eo.errors import TableError
+
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 0, 6)
+    uri = str(tmp_path / "t")
+    sql = "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source"
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("body", pa.string()), ("owner_note", pa.string())])
+    write_deltalake(uri, pa.table({"topic": ["elsewhere"], "partition": pa.array([0], pa.int32()),
+                                   "offset": pa.array([99], pa.int64()), "body": ["theirs"], "owner_note": ["kept"]},
+                                  schema=schema))
+    before = log_digest(uri)
+    plain = ingestion(uri, [topic], kafka_config, InProcessSubmitter(spark), transform_sql=sql)
+    with pytest.raises(TableError, match="not written by ingest_id 'test'.*adopt_table=True"):
+        plain.run(RunIdentity("refused"))
+    assert log_digest(uri) == before
+    adopting = ingestion(uri, [topic], kafka_config, InProcessSubmitter(spark), transform_sql=sql, adopt_table=True,
+                         starting_offsets="latest")
+    first = adopting.run(RunIdentity("first"))  # offsets start at the latest: committed, no rows
+    assert (first.status, first.rows) == (RunStatus.COMMITTED, 0)
+    produce(kafka_config, topic, 6, 4)
+    assert adopting.run(RunIdentity("second")).status is RunStatus.COMMITTED
+    got = duckdb_rows(uri, 'SELECT topic, "offset", body, owner_note FROM t ORDER BY topic, "partition", "offset"')
+    assert got[0] == ("elsewhere", 99, "theirs", "kept")
+    assert sorted(r[2] for r in got[1:]) == [f"v{i}" for i in range(6, 10)] and all(r[3] is None for r in got[1:])
+    assert plain.run(RunIdentity("later")).status is RunStatus.NOTHING_NEW  # now the ingest's own table
