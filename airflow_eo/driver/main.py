@@ -56,7 +56,7 @@ from airflow_eo.table.commit import (
     ALREADY_COMMITTED, COMMITTED, BatchCommit, CommitOutcome, FileSwap, MergeCommit, MergeReprocessCommit,
     ReprocessCommit, StagedBatch, commit, commit_dead_letters_of,
 )
-from airflow_eo.table.features import TableFeatures
+from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, LateRecords
 from airflow_eo.table.staging import StagedFile, StagingArea
@@ -128,7 +128,10 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
              "in %.2fs", plan.batch, out.planned - started, sum(out.rows.values()), len(out.files),
              staged - out.planned)
-    if out.merged is not None:
+    if out.merged is not None and out.merged.engine:
+        log.info("batch %s: merge by %s: %d change(s), applied by deltalake's MERGE at the commit (it counts the rows)",
+                 plan.batch, list(out.merged.info.key), out.merged.info.changes)
+    elif out.merged is not None:
         info = out.merged.info
         log.info("batch %s: merge by %s: %d change(s) → %d inserted, %d updated, %d deleted; %d table file(s) "
                  "rewritten (%d rows copied)", plan.batch, list(info.key), info.changes, info.inserted, info.updated,
@@ -206,8 +209,9 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
             planned = time.monotonic()
             if attempt.merge.enabled:  # one row per key: winners, the table files that held their keys
                 tasks = len(read_slices(plan.data_ranges, attempt.spark.max_offsets_per_task))
+                use = TableUse.REPROCESS if attempt.kind is AttemptKind.REPROCESS else TableUse.MERGE
                 merged = merging.merge_into(out, attempt, location, storage_options, staging.attempt_path(plan),
-                                            stage, arrow_schema, tasks)
+                                            stage, arrow_schema, tasks, engine=features.engine_for(use))
                 files = list(merged.files)
             else:
                 files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
@@ -244,17 +248,18 @@ def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, fi
         if attempt.kind is AttemptKind.REPROCESS:
             rule = MergeReprocessCommit(batch, swap=swap, info=merged.info, merge=attempt.merge,
                                         reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
-                                        findings=findings)
+                                        findings=findings, engine=merged.engine)
         else:
             rule = MergeCommit(batch, swap=swap, info=merged.info, merge=attempt.merge, findings=findings,
                                schema_evolution=attempt.schema_evolution, table_properties=attempt.table_properties,
-                               adopt_table=attempt.adopt_table)
+                               adopt_table=attempt.adopt_table, engine=merged.engine)
         outcome = commit(rule, uri, storage_options)
         if findings.dead_letters is not None and attempt.kind is AttemptKind.INGEST:
             commit_dead_letters_of(Ledger.open(uri, storage_options), batch.plan.ingest_id, storage_options)
     elif attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
-        outcome = commit(ReprocessCommit(batch, reprocess_from=attempt.reprocess_from,
-                                         requested_by=attempt.requested_by, findings=findings), uri, storage_options)
+        engine = batch.features is not None and batch.features.engine_for(TableUse.REPROCESS)
+        outcome = commit(ReprocessCommit(batch, reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
+                                         findings=findings, engine=engine), uri, storage_options)
     else:
         outcome = commit(BatchCommit(batch, findings=findings, schema_evolution=attempt.schema_evolution,
                                      table_properties=attempt.table_properties, adopt_table=attempt.adopt_table),

@@ -71,7 +71,8 @@ from airflow_eo.spec import MergeSpec
 from airflow_eo.table.ledger import (
     Ledger, batch_app_id, dlq_app_id, merge_app_id, merge_mark, partition_app_id, reprocess_app_id,
 )
-from airflow_eo.table.merge import Rewrite, candidate_files
+from airflow_eo.table.engine_merge import OFFSET_KEY, EngineMerge
+from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files
 from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, MergeInfo, ReprocessInfo
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
@@ -137,11 +138,11 @@ def _check_features(staged: StagedBatch, ledger: Ledger, use: TableUse) -> None:
     if staged.features is None or ledger.table is None:
         return
     now, then = ledger.features, staged.features
-    if (now.constraints, now.generated) != (then.constraints, then.generated):
+    if (now.constraints, now.generated, now.engine_for(use)) != (then.constraints, then.generated, then.engine_for(use)):
         raise CommitConflictError(
-            f"the constraints or generated columns of {ledger.table_uri} changed while batch {staged.plan.batch} "
-            "ran (another engine altered the table); nothing was committed. Run again: the retry checks the "
-            "records against the table's rules as they are now")
+            f"the constraints, generated columns or change feed/deletion vectors of {ledger.table_uri} changed while "
+            f"batch {staged.plan.batch} ran (another engine altered the table); nothing was committed. Run again: "
+            "the retry checks the records against the table as it is now")
 
 
 # What deltalake's commit refuses for a reason a retry cannot fix (a protocol or feature error, an
@@ -173,6 +174,7 @@ class CommitRule(Protocol):
     creates_table: bool
     table_properties: dict[str, str] | None
     exact_snapshot: bool  # commit only on the snapshot compared (no rebase by deltalake)
+    engine: EngineMerge | None  # commit through deltalake's MERGE (:mod:`airflow_eo.table.engine_merge`), not actions
 
     def open(self, table_uri: str, storage_options) -> Ledger: ...
     def check(self, ledger: Ledger) -> CommitCheck: ...
@@ -256,6 +258,7 @@ class BatchCommit:
     kind = CommitKind.BATCH
     creates_table = True
     exact_snapshot = False
+    engine: EngineMerge | None = None
 
     def __init__(self, staged: StagedBatch, *, findings: BatchFindings | None = None, schema_evolution: bool = False,
                  table_properties: dict[str, str] | None = None, adopt_table: bool = False):
@@ -332,11 +335,13 @@ class ReprocessCommit:
     exact_snapshot = True  # it removes the files its snapshot holds: a compaction may replace them meanwhile
 
     def __init__(self, staged: StagedBatch, *, reprocess_from: int, requested_by: RunIdentity | None = None,
-                 findings: BatchFindings | None = None):
+                 findings: BatchFindings | None = None, engine: bool = False):
         self.staged, self.plan = staged, staged.plan
         self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
         self.findings = findings or BatchFindings()
         self.removed = self.rewritten = 0
+        # deltalake's MERGE on the batch's offsets: matched rows replaced, the range's others deleted
+        self.engine = EngineMerge(OFFSET_KEY, ranges=tuple(self.plan.ranges)) if engine else None
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id)
@@ -352,6 +357,8 @@ class ReprocessCommit:
     def actions(self, ledger: Ledger) -> list:
         """Remove the batch's own files; rewrite files it shares with other batches (after a
         compaction) without its rows; add the new rows. One commit, so readers see either."""
+        if self.engine is not None:  # the MERGE finds and rewrites the files itself
+            return []
         new_dir = attempt_dir_name(self.plan)
         now_ms = int(time.time() * 1000)
         whole, mixed = ledger.files_of_batch(self.plan.batch, self.plan.ranges)
@@ -372,9 +379,9 @@ class ReprocessCommit:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
 
     def metadata(self) -> BatchMetadata:
-        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition,
-                                self.findings, ReprocessInfo(self.reprocess_from, self.removed, self.rewritten,
-                                                             self.requested_by))
+        return BatchMetadata.of(self.kind, self.plan, () if self.engine else self.staged.files,
+                                self.staged.rows_per_partition, self.findings,
+                                ReprocessInfo(self.reprocess_from, self.removed, self.rewritten, self.requested_by))
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return _reprocess_lost_race(self.plan, exc)
@@ -390,6 +397,7 @@ class DeadLetterCommit:
     creates_table = False
     table_properties: dict[str, str] | None = None
     exact_snapshot = False
+    engine: EngineMerge | None = None
 
     def __init__(self, staged: StagedBatch):
         self.staged, self.plan = staged, staged.plan
@@ -493,11 +501,12 @@ class MergeCommit:
 
     def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
                  findings: BatchFindings | None = None, schema_evolution: bool = False,
-                 table_properties: dict[str, str] | None = None, adopt_table: bool = False):
+                 table_properties: dict[str, str] | None = None, adopt_table: bool = False, engine: bool = False):
         self.staged, self.plan, self.swap, self.info, self.merge = staged, staged.plan, swap, info, merge
         self.findings = findings or BatchFindings()
         self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
         self.adopt_table = adopt_table
+        self.engine = EngineMerge(merge.key, DELETE_COLUMN) if engine else None  # stages the winners, deletes too
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id, self.adopt_table)
@@ -512,19 +521,20 @@ class MergeCommit:
         ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, self.merge, adopt=self.adopt_table)
         _check_features(self.staged, ledger, TableUse.MERGE)
         ledger = _evolve_schema(self, ledger, table_uri, storage_options)
-        self.swap.check(ledger, self.plan)
+        if self.engine is None:  # the MERGE reads the snapshot it commits on itself
+            self.swap.check(ledger, self.plan)
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
-        return self.swap.actions(self.staged.files)
+        return [] if self.engine is not None else self.swap.actions(self.staged.files)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [*_offset_transactions(self.plan, ledger),
                 Transaction(merge_app_id(self.plan.ingest_id), merge_mark(self.merge.key))]
 
     def metadata(self) -> BatchMetadata:
-        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings,
-                                merge=self.info)
+        return BatchMetadata.of(self.kind, self.plan, () if self.engine else self.staged.files,
+                                self.staged.rows_per_partition, self.findings, merge=self.info)
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return _batch_lost_race(self.plan, exc)
@@ -543,10 +553,13 @@ class MergeReprocessCommit:
     exact_snapshot = True
 
     def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
-                 reprocess_from: int, requested_by: RunIdentity | None = None, findings: BatchFindings | None = None):
+                 reprocess_from: int, requested_by: RunIdentity | None = None, findings: BatchFindings | None = None,
+                 engine: bool = False):
         self.staged, self.plan, self.swap, self.info, self.merge = staged, staged.plan, swap, info, merge
         self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
         self.findings = findings or BatchFindings()
+        # the winners by key, and the batch's own rows (by offset) that no winner matched deleted
+        self.engine = EngineMerge(merge.key, DELETE_COLUMN, tuple(self.plan.ranges)) if engine else None
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id)
@@ -562,19 +575,20 @@ class MergeReprocessCommit:
         ledger.check_write_mode(self.plan.ingest_id, self.merge)
         _check_features(self.staged, ledger, TableUse.REPROCESS)
         check_schema(ledger, delta_schema_of(self.staged.arrow_schema))
-        self.swap.check(ledger, self.plan)
+        if self.engine is None:
+            self.swap.check(ledger, self.plan)
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
-        return self.swap.actions(self.staged.files)
+        return [] if self.engine is not None else self.swap.actions(self.staged.files)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
 
     def metadata(self) -> BatchMetadata:
         info = ReprocessInfo(self.reprocess_from, len(self.swap.rewrites), self.swap.copies, self.requested_by)
-        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition,
-                                self.findings, info, merge=self.info)
+        return BatchMetadata.of(self.kind, self.plan, () if self.engine else self.staged.files,
+                                self.staged.rows_per_partition, self.findings, info, merge=self.info)
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return _reprocess_lost_race(self.plan, exc)
@@ -622,8 +636,11 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
                 if ledger.table is None:  # only rules that create tables commit to a path without one
                     raise TableError(f"there is no Delta table at {ledger.table_uri} to commit batch "
                                      f"{staged.plan.batch} to; nothing was committed")
-                ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
-                                                      commit_properties=properties)
+                if rule.engine is not None:  # deltalake's MERGE: deletion vectors, change data files
+                    rule.engine.write(ledger.table, ledger.location(), staged.files, staged.arrow_schema, properties)
+                else:
+                    ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
+                                                          commit_properties=properties)
         except (CommitFailedError, DeltaError) as exc:
             if refused_by_engine(exc):  # a retry would be refused the same way: not a race
                 raise TableFeatureError(f"the Delta engine refused batch {staged.plan.batch}'s commit to "

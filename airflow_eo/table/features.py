@@ -84,16 +84,17 @@ SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
                    "a generated column the transform leaves out is computed by Spark (expr of its generation "
                    "expression); one it gives is checked like a constraint"),
     FeatureSupport("changeDataFeed", Support.SUPPORTED,
-                   "appends need no change files (readers derive inserts from add actions); merge and reprocess on "
-                   "a table with delta.enableChangeDataFeed=true are refused (their change files are not written "
-                   "yet): turn the feed off for them, or append"),
+                   "appends need no change files (readers take inserts from the added files); with "
+                   "delta.enableChangeDataFeed=true merge and reprocess commit through deltalake's MERGE, which "
+                   "writes the change files of their inserts, update pre/post images and deletes"),
     FeatureSupport("columnMapping", Support.SUPPORTED,
                    "mode none only; a table in mode name or id is refused (its files need physical names and field "
                    "ids, not written yet): ingest into a table without column mapping"),
     FeatureSupport("deletionVectors", Support.SUPPORTED,
-                   "appends proceed; while files carry deletion vectors, merge, reprocess, dedup and the audit are "
-                   "refused until `airflow-eo maintain --compact` rewrites them (deltalake's OPTIMIZE applies and "
-                   "removes the vectors)"),
+                   "appends proceed; while files carry deletion vectors, merge and reprocess commit through "
+                   "deltalake's MERGE (its removes name each file's vector: deleted rows stay deleted), and dedup "
+                   "and the audit are refused until `airflow-eo maintain --compact` rewrites the files (deltalake's "
+                   "OPTIMIZE applies and removes the vectors)"),
     FeatureSupport("timestampNtz", Support.SUPPORTED, "a column type: the transform's TIMESTAMP_NTZ columns"),
     FeatureSupport("v2Checkpoint", Support.SUPPORTED,
                    "deltalake reads V2 checkpoints and writes classic ones, which the feature allows"),
@@ -115,11 +116,12 @@ SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
     FeatureSupport("catalogOwned-preview", Support.REFUSED,
                    "commits go through the table's catalog, which airflow-eo does not talk to; ingest into a "
                    "path-based table"),
-    FeatureSupport("variantType", Support.REFUSED, f"airflow-eo does not write variant columns; {_COPY}"),
-    FeatureSupport("variantType-preview", Support.REFUSED, f"airflow-eo does not write variant columns; {_COPY}"),
-    FeatureSupport("variantShredding", Support.REFUSED, f"airflow-eo does not write variant columns; {_COPY}"),
-    FeatureSupport("variantShredding-preview", Support.REFUSED,
-                   f"airflow-eo does not write variant columns; {_COPY}"),
+    *(FeatureSupport(name, Support.SUPPORTED,
+                     "nothing to honour while no column is of type variant (deltalake's set_table_properties adds "
+                     "variantType to tables it alters); a variant column is refused: airflow-eo does not write "
+                     "variant data") for name in ("variantType", "variantType-preview")),
+    FeatureSupport("variantShredding", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
+    FeatureSupport("variantShredding-preview", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
 )}
 
 # Protocols before table features (writer version < 7) imply features by version.
@@ -252,6 +254,12 @@ class TableFeatures:
     def has_deletion_vectors(self) -> bool:
         return self.files_with_deletion_vectors > 0
 
+    def engine_for(self, use: TableUse) -> bool:
+        """Whether ``use``'s commit goes through deltalake's MERGE (:mod:`airflow_eo.table.engine_merge`):
+        a commit that removes rows must write change files (change data feed) or name the deletion
+        vectors of the files it rewrites, which airflow-eo's own file swap cannot."""
+        return use.removes_rows and (self.change_data_feed or self.has_deletion_vectors)
+
     @property
     def enforced(self) -> bool:
         """Whether rows must pass checks before they are staged (constraints, generated columns)."""
@@ -275,20 +283,18 @@ class TableFeatures:
         if self.default_columns:
             return f"default column(s) {', '.join(self.default_columns)}: {SUPPORT['allowColumnDefaults'].how}"
         if self.variant_columns:
-            return f"variant column(s) {', '.join(self.variant_columns)}: {SUPPORT['variantType'].how}"
+            return (f"variant column(s) {', '.join(self.variant_columns)}: airflow-eo does not write variant data; "
+                    f"{_COPY}")
         if self.column_mapping is not ColumnMapping.NONE:
             return (f"column mapping mode {self.column_mapping.value!r}: its data files need physical column names "
                     "and field ids, which airflow-eo does not write yet; ingest into a table without column mapping")
         if use.removes_rows and self.append_only:
             return (f"delta.appendOnly=true: a {use.value} removes or rewrites rows, which an append-only table "
                     "forbids; append instead (write_mode='append'), or unset delta.appendOnly if the table may change")
-        if use.removes_rows and self.change_data_feed:
-            return (f"delta.enableChangeDataFeed=true: a {use.value} must write the change files of its updates and "
-                    "deletes, which airflow-eo does not write yet; append instead, or turn the change data feed off")
-        if use.reads_rows and self.has_deletion_vectors:
+        if use.reads_rows and not use.removes_rows and self.has_deletion_vectors:
             return (f"{self.files_with_deletion_vectors} data file(s) carry deletion vectors (rows another engine "
-                    f"deleted), which a {use.value} would read or remove as if they were there; run `airflow-eo "
-                    "maintain --compact` first (deltalake's OPTIMIZE rewrites them without the deleted rows)")
+                    f"deleted), which a {use.value} would read as if they were there; run `airflow-eo maintain "
+                    "--compact` first (deltalake's OPTIMIZE rewrites them without the deleted rows)")
         return None
 
     def check(self, use: TableUse, table_uri: str) -> None:
@@ -297,6 +303,12 @@ class TableFeatures:
         if reason is not None:
             raise TableFeatureError(f"the Delta table at {table_uri} cannot be used for {use.value}: {reason}; "
                                     "nothing was changed")
+
+
+def matrix_markdown() -> str:
+    """The feature matrix as the docs page shows it (``python -m airflow_eo.table.features``)."""
+    rows = [f"| `{f.name}` | {f.support.value} | {f.how} |" for f in SUPPORT.values()]
+    return "\n".join(["| feature | airflow-eo | how, or why not and what to do |", "|---|---|---|", *rows]) + "\n"
 
 
 def _quote(name: str) -> str:
@@ -318,3 +330,7 @@ def _deletion_vector_files(table, protocol) -> int:
     import pyarrow as pa
 
     return pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all().num_rows
+
+
+if __name__ == "__main__":  # docs/how-to/shared-tables.md's matrix
+    print(matrix_markdown(), end="")

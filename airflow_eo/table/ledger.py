@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
 from deltalake import DeltaTable
@@ -118,6 +118,8 @@ class BatchRecord:
             meta = BatchMetadata.from_json(text)
         except (ValueError, KeyError, TypeError):
             return None
+        if meta.merge is not None and meta.merge.engine:  # deltalake's MERGE counted the rows
+            meta = replace(meta, merge=meta.merge.counted_by(info.get("operationMetrics")))
         return cls(version=int(info.get("version", -1)), timestamp_ms=info.get("timestamp"), meta=meta)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
@@ -154,3 +155,43 @@ def test_a_table_created_elsewhere_is_adopted_with_the_option(kafka_config, tmp_
     assert got[0] == ("elsewhere", 99, "theirs", "kept")
     assert sorted(r[2] for r in got[1:]) == [f"v{i}" for i in range(6, 10)] and all(r[3] is None for r in got[1:])
     assert plain.run(RunIdentity("later")).status is RunStatus.NOTHING_NEW  # now the ingest's own table
+
+
+def test_a_merge_on_a_table_with_a_change_feed_and_deletion_vectors(kafka_config, tmp_path, path, ingestion):
+    """Another engine turns the change feed on and deletes two keys with deletion vectors; the next merge
+    batch (through deltalake's MERGE) keeps each key once, and the feed holds exactly its changes."""
+    import pyarrow.parquet as pq
+
+    from tests.changes import SQL, ChangeProducer
+    from tests.delta_tables import delete_rows
+
+    topic = new_topic(kafka_config, 2)
+    changes = ChangeProducer(kafka_config, topic, partitions=2)
+    uri = str(tmp_path / "t")
+    ing = ingestion(uri, [topic], kafka_config, path.submitter(), write_mode="merge", merge_key="id", transform_sql=SQL)
+    changes.write(range(20))
+    changes.flush()
+    assert ing.run(RunIdentity("b1")).status is RunStatus.COMMITTED
+    add_features(uri, reader=("deletionVectors",), writer=("deletionVectors", "changeDataFeed"),
+                 configuration={"delta.enableDeletionVectors": "true", "delta.enableChangeDataFeed": "true"})
+    from airflow_eo.table.ledger import Ledger
+
+    for rel in sorted(Ledger.open(uri).file_paths()):  # ids 0 and 1 deleted where they are, as a DELETE with vectors writes it
+        ids = pq.read_table(f"{uri}/{rel}", columns=["id"])["id"].to_pylist()
+        rows = [i for i, v in enumerate(ids) if v in ("0", "1")]
+        if rows:
+            delete_rows(uri, rel, rows)
+    assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(18,)]
+    version = DeltaTable(uri).version()
+    changes.write(range(5))  # 0 and 1 come back (inserts), 2-4 update
+    changes.delete([10, 11])
+    changes.write([30])
+    changes.flush()
+    result = ing.run(RunIdentity("b2"))
+    assert (result.status, result.inserted, result.updated, result.deleted) == (RunStatus.COMMITTED, 3, 3, 2)
+    ids = [r[0] for r in duckdb_rows(uri, "SELECT id FROM t ORDER BY CAST(id AS INT)")]
+    assert ids == [str(i) for i in range(20) if i not in (10, 11)] + ["30"]  # each key once
+    feed = pa.RecordBatchReader.from_stream(DeltaTable(uri).load_cdf(starting_version=version + 1)).read_all()
+    got = sorted(zip(feed["_change_type"].to_pylist(), feed["id"].to_pylist()))
+    assert got == sorted([("insert", "0"), ("insert", "1"), ("insert", "30"), ("delete", "10"), ("delete", "11"),
+                          *[(k, str(i)) for i in (2, 3, 4) for k in ("update_preimage", "update_postimage")]])

@@ -117,15 +117,15 @@ def test_append_only_refuses_what_removes_rows_and_allows_appends(tmp_path):
     assert second_batch(uri).status.value == "committed"
 
 
-def test_change_data_feed_refuses_merge_and_reprocess_only(tmp_path):
+def test_change_data_feed_sends_merge_and_reprocess_through_deltalakes_merge(tmp_path):
     uri = str(tmp_path / "t")
     first_batch(uri)
     DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
     ledger = Ledger.open(uri)
-    with pytest.raises(TableFeatureError, match="enableChangeDataFeed=true: a merge must write the change files"):
-        ledger.check_writable(INGEST, use=TableUse.MERGE)
-    ledger.check_writable(INGEST, use=TableUse.APPEND)
-    assert second_batch(uri).status.value == "committed"
+    for use in TableUse:
+        ledger.check_writable(INGEST, use=use)
+        assert ledger.features.engine_for(use) is use.removes_rows
+    assert second_batch(uri).status.value == "committed"  # an append needs no change files
     inserted = pa.RecordBatchReader.from_stream(DeltaTable(uri).load_cdf(starting_version=2)).read_all()
     assert sorted(inserted["offset"].to_pylist()) == list(range(10, 15))
     assert set(inserted["_change_type"].to_pylist()) == {"insert"}
@@ -150,25 +150,59 @@ def test_constraints_invariants_not_null_and_generated_columns_are_read(tmp_path
     assert features.enforced and features.constraints[0].reason == "violates CHECK constraint offset_small: offset < 150"
 
 
-def test_deletion_vectors_refuse_what_reads_rows_until_compacted(tmp_path):
-    uri = str(tmp_path / "t")
-    first_batch(uri)
+def with_deletion_vectors(uri: str, rows: list[int]) -> str:
+    """The table, upgraded to deletion vectors, with ``rows`` of its first file deleted by one (as a
+    DELETE on Databricks writes it); returns that file's path."""
     add_features(uri, reader=("deletionVectors",), writer=("deletionVectors",),
                  configuration={"delta.enableDeletionVectors": "true"})
     path = sorted(Ledger.open(uri).file_paths())[0]
-    delete_rows(uri, path, [0, 1])
+    delete_rows(uri, path, rows)
+    return path
+
+
+def test_deletion_vectors_refuse_dedup_and_audit_until_compacted(tmp_path):
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    with_deletion_vectors(uri, [0, 1])
     assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(8,)]
     ledger = Ledger.open(uri)
     assert ledger.features.files_with_deletion_vectors == 1
-    for use in (TableUse.MERGE, TableUse.REPROCESS, TableUse.DEDUP, TableUse.AUDIT):
+    for use in (TableUse.DEDUP, TableUse.AUDIT):
         with pytest.raises(TableFeatureError, match="carry deletion vectors.*maintain --compact"):
             ledger.check_writable(INGEST, use=use)
+    for use in (TableUse.MERGE, TableUse.REPROCESS):  # through deltalake's MERGE
+        ledger.check_writable(INGEST, use=use)
+        assert ledger.features.engine_for(use)
     assert second_batch(uri).status.value == "committed"  # appends proceed
     DeltaTable(uri).optimize.compact()  # what `airflow-eo maintain --compact` runs
     after = Ledger.open(uri)
     assert after.features.files_with_deletion_vectors == 0
-    after.check_writable(INGEST, use=TableUse.MERGE)
+    after.check_writable(INGEST, use=TableUse.DEDUP)
     assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(13,)]
+
+
+def test_a_reprocess_on_a_table_with_deletion_vectors_and_a_change_feed_goes_through_deltalakes_merge(tmp_path):
+    """The old file with a deletion vector is removed with its descriptor (no row twice), and the
+    change feed holds exactly the reprocess's update images."""
+    from airflow_eo.table.commit import ReprocessCommit
+
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    second_batch(uri)
+    with_deletion_vectors(uri, [0])
+    DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    version = DeltaTable(uri).version()
+    redo = stage(uri, batch_plan(1, 0, 10, attempt_id="r1"), body="NEW", files=1)
+    outcome = commit(ReprocessCommit(redo, reprocess_from=0, engine=True), uri)
+    assert outcome.status.value == "committed"
+    got = duckdb_rows(uri, 'SELECT "offset", body FROM t ORDER BY 1')
+    assert got == [(o, f"NEW{o}") for o in range(10)] + [(o, f"v{o}") for o in range(10, 15)]
+    changes = pa.RecordBatchReader.from_stream(DeltaTable(uri).load_cdf(starting_version=version + 1)).read_all()
+    kinds = sorted(zip(changes["_change_type"].to_pylist(), changes["offset"].to_pylist()))
+    # offset 0 was deleted by the vector: the reprocess (from Kafka) inserts it again; the others update
+    assert kinds == sorted([("insert", 0), *[(k, o) for o in range(1, 10) for k in ("update_postimage",
+                                                                                  "update_preimage")]])
+    assert Ledger.open(uri).reprocess_count(INGEST, 1) == 1
 
 
 def test_a_commit_the_engine_refuses_is_not_a_lost_race(tmp_path, monkeypatch):
@@ -196,7 +230,7 @@ def test_a_constraint_added_while_the_batch_ran_makes_the_commit_a_conflict(tmp_
     staged = replace(stage(uri, batch_plan(2, 10, 15, run=RUN2)), features=Ledger.open(uri).features)
     DeltaTable(uri).alter.add_constraint({"offset_small": "`offset` < 150"})
     before = log_digest(uri)
-    with pytest.raises(CommitConflictError, match="constraints or generated columns .* changed while batch 2 ran"):
+    with pytest.raises(CommitConflictError, match="constraints, generated columns .* changed while batch 2 ran"):
         commit(BatchCommit(staged), uri)
     assert log_digest(uri) == before
 
@@ -218,3 +252,54 @@ def test_a_table_created_elsewhere_is_adopted_only_when_asked(tmp_path):
     got = duckdb_rows(uri, "SELECT topic, \"offset\", body, note FROM t ORDER BY topic, \"offset\"")
     assert got[-1] == ("other", 7, "theirs", None) and [r[1] for r in got[:-1]] == list(range(10))
     assert all(r[3] is None for r in got)  # the column the batch lacks reads as null
+
+
+def test_a_merge_on_a_table_with_deletion_vectors_and_a_change_feed_goes_through_deltalakes_merge(tmp_path):
+    """Winners staged with their delete flag, applied by deltalake's MERGE in one commit with the offsets:
+    rows another engine deleted stay deleted, the change feed holds the batch's changes, the counts come
+    from the MERGE, and the compare-and-set holds (a replay commits nothing, a stale plan conflicts)."""
+    import pyarrow.parquet as pq
+
+    from airflow_eo.table.commit import FileSwap, MergeCommit, StagedBatch
+    from airflow_eo.table.merge import DELETE_COLUMN
+    from airflow_eo.table.staging import StagingArea
+    from airflow_eo.table.storage import TableLocation
+    from tests.unit.table.test_merge_commit import INGEST as CUSTOMERS, KEY, MERGE, SCHEMA, plan, prepare
+
+    uri = str(tmp_path / "t")
+    commit(prepare(uri, plan(1, 0, 4), {1: "a", 2: "b", 3: "c", 4: "d"}), uri)
+    with_deletion_vectors(uri, [3])  # id 4's row, deleted by another engine
+    DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    version = DeltaTable(uri).version()
+
+    def engine_merge(p, changes: dict):
+        staging = StagingArea(TableLocation.of(uri))
+        target = staging.attempt_path(p)
+        staging.loc.fs.create_dir(target, recursive=True)
+        offsets = range(p.ranges[0].start, p.ranges[0].end)
+        pq.write_table(pa.table({"id": pa.array(list(changes), pa.int64()), "body": list(changes.values()),
+                                 "topic": ["cdc"] * len(changes), "partition": pa.array([0] * len(changes), pa.int32()),
+                                 "offset": pa.array(list(offsets)[:len(changes)], pa.int64()),
+                                 DELETE_COLUMN: [v is None for v in changes.values()]}),
+                       f"{target}/part-0.parquet")
+        keys = pa.table({"id": pa.array(list(changes), pa.int64()), DELETE_COLUMN: [v is None for v in changes.values()]})
+        staged = StagedBatch(p, tuple(staging.staged_files(target)), {"cdc[0]": 2}, SCHEMA,
+                             features=Ledger.open(uri).features)
+        return MergeCommit(staged, swap=FileSwap((), keys, KEY, frozenset()), info=MergeInfo(KEY, len(changes),
+                           engine=True), merge=MERGE, engine=True)
+
+    from airflow_eo.table.metadata import MergeInfo
+
+    outcome = commit(engine_merge(plan(2, 4, 7), {2: "B", 3: None, 5: "e"}), uri)
+    assert outcome.status.value == "committed"
+    assert duckdb_rows(uri, "SELECT id, body FROM t ORDER BY id") == [(1, "a"), (2, "B"), (5, "e")]
+    changes = pa.RecordBatchReader.from_stream(DeltaTable(uri).load_cdf(starting_version=version + 1)).read_all()
+    assert sorted(zip(changes["_change_type"].to_pylist(), changes["id"].to_pylist(), changes["body"].to_pylist())) == [
+        ("delete", 3, "c"), ("insert", 5, "e"), ("update_postimage", 2, "B"), ("update_preimage", 2, "b")]
+    merged = Ledger.open(uri).find_batch(CUSTOMERS, batch=2).meta.merge
+    assert (merged.engine, merged.inserted, merged.updated, merged.deleted) == (True, 1, 1, 1)
+    assert commit(engine_merge(plan(2, 4, 7), {2: "B", 3: None, 5: "e"}), uri).status.value == "already_committed"
+    before = log_digest(uri)
+    with pytest.raises(CommitConflictError):  # planned from offsets the table no longer has
+        commit(engine_merge(plan(2, 4, 7, attempt="other"), {2: "X"}), uri)
+    assert log_digest(uri) == before
