@@ -275,7 +275,7 @@ def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: B
     batches = spec.horizon_batches()
     horizon_ms = None if batches or not spec.horizon else now_ms - int(parse_duration(spec.horizon) * 1000)
     kept = []
-    for i, file in enumerate(snapshot_files(actions)):
+    for i, file in enumerate(snapshot_files(actions, ledger.deleted_rows())):  # rows deleted since: not stored
         batch = batch_of_path(file.path)
         if batches and batch is not None and batch < plan.batch - batches:
             continue

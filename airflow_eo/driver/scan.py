@@ -14,7 +14,8 @@ the files.
 it as nulls, a partition column reads the file's value from the Delta log
 (:func:`airflow_eo.table.files.read_columns`). A local table is read by Spark's own Parquet reader
 instead (vectorised in the JVM, no rows through Python), unless a requested column partitions the
-table: given files, not the table's root, Spark's reader sees no partition values.
+table (given files, not the table's root, Spark's reader sees no partition values) or a file has a
+deletion vector (Spark's Parquet reader would return the rows it deletes; the tasks leave them out).
 
 Example::
 
@@ -91,7 +92,8 @@ def read_table_files(spark, table: TableFiles | None, schema: pa.Schema):
 
     struct = spark_schema_of(schema)  # no SQL parser: its first use costs a cold job about a second
     partitioned = any(c in f.partition_values for f in table.files for c in schema.names)
-    if is_local(table.uri) and not partitioned:
+    deleted = any(f.deleted for f in table.files)  # Spark's Parquet reader knows no deletion vectors
+    if is_local(table.uri) and not partitioned and not deleted:
         location = TableLocation.of(table.uri)
         with for_session(spark):
             return spark.read.schema(struct).parquet(*[location.join(f.path) for f in table.files])

@@ -319,6 +319,15 @@ class Ledger:
             return set()
         return set(self.add_actions().column("path").to_pylist())
 
+    def deleted_rows(self) -> dict[str, tuple[int, ...]]:
+        """The rows deletion vectors remove, by file (:func:`airflow_eo.table.files.deleted_rows_of`);
+        read only when the snapshot has any."""
+        from airflow_eo.table.files import deleted_rows_of
+
+        if self.table is None or not self.features.has_deletion_vectors:
+            return {}
+        return deleted_rows_of(self.table)
+
     def add_actions(self) -> "pa.Table":
         """This snapshot's add actions with their paths decoded (:func:`airflow_eo.table.files.add_actions_of`)."""
         from airflow_eo.table.files import add_actions_of  # pyarrow: imported when a table's files are needed

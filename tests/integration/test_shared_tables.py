@@ -195,3 +195,34 @@ def test_a_merge_on_a_table_with_a_change_feed_and_deletion_vectors(kafka_config
     got = sorted(zip(feed["_change_type"].to_pylist(), feed["id"].to_pylist()))
     assert got == sorted([("insert", "0"), ("insert", "1"), ("insert", "30"), ("delete", "10"), ("delete", "11"),
                           *[(k, str(i)) for i in (2, 3, 4) for k in ("update_preimage", "update_postimage")]])
+
+
+def test_dedup_does_not_count_rows_another_engine_deleted(kafka_config, tmp_path, path, ingestion):
+    """Keys 3 and 4 deleted with a deletion vector: their copies sent again are written (no longer in the
+    table), key 5's is dropped as a duplicate."""
+    import pyarrow.parquet as pq
+
+    from airflow_eo.table.ledger import Ledger
+    from tests.delta_tables import delete_rows
+
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 0, 10)
+    uri = str(tmp_path / "t")
+    ing = ingestion(uri, [topic], kafka_config, path.submitter(), dedup_key="CAST(key AS STRING)")
+    assert ing.run(RunIdentity("b1")).status is RunStatus.COMMITTED
+    add_features(uri, reader=("deletionVectors",), writer=("deletionVectors",),
+                 configuration={"delta.enableDeletionVectors": "true"})
+    for rel in sorted(Ledger.open(uri).file_paths()):
+        keys = pq.read_table(f"{uri}/{rel}", columns=["key"])["key"].to_pylist()
+        rows = [i for i, k in enumerate(keys) if k in (b"3", b"4")]
+        if rows:
+            delete_rows(uri, rel, rows)
+    producer = Producer({**kafka_config, "enable.idempotence": True})
+    for i in (3, 4, 5):  # resent: the same keys at new offsets
+        producer.produce(topic, key=str(i).encode(), value=f"again{i}".encode(), partition=i % 2)
+    producer.flush(30)
+    result = ing.run(RunIdentity("b2"))
+    assert result.status is RunStatus.COMMITTED and result.duplicates == 1
+    got = duckdb_rows(uri, "SELECT CAST(key AS VARCHAR), CAST(value AS VARCHAR) FROM t ORDER BY 1, 2")
+    assert got == sorted([(str(i), f"v{i}") for i in range(10) if i not in (3, 4)] +
+                         [("3", "again3"), ("4", "again4")])
