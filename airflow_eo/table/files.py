@@ -54,6 +54,9 @@ class TableFile:
     partition_values: dict = field(default_factory=dict)  # column -> value as Delta writes it (text), or None
     deleted: tuple[int, ...] = ()  # the row indexes its deletion vector removes (read as absent)
 
+    def __post_init__(self):  # from JSON (a rewrite's record) the rows arrive as a list
+        object.__setattr__(self, "deleted", tuple(self.deleted))
+
 
 def deleted_rows_of(table) -> dict[str, tuple[int, ...]]:
     """Each file of a ``deltalake.DeltaTable`` snapshot that has a deletion vector → the row indexes it
