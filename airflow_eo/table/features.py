@@ -48,10 +48,6 @@ class TableUse(enum.Enum):
     def removes_rows(self) -> bool:
         return self in (TableUse.MERGE, TableUse.REPROCESS)
 
-    @property
-    def reads_rows(self) -> bool:
-        return self in (TableUse.DEDUP, TableUse.MERGE, TableUse.REPROCESS, TableUse.AUDIT)
-
 
 class Support(enum.Enum):
     SUPPORTED = "supported"
@@ -92,9 +88,9 @@ SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
                    "ids, not written yet): ingest into a table without column mapping"),
     FeatureSupport("deletionVectors", Support.SUPPORTED,
                    "appends proceed; while files carry deletion vectors, merge and reprocess commit through "
-                   "deltalake's MERGE (its removes name each file's vector: deleted rows stay deleted); dedup reads "
-                   "the stored keys without the deleted rows; the audit is refused until `airflow-eo maintain "
-                   "--compact` rewrites the files (deltalake's OPTIMIZE applies and removes the vectors)"),
+                   "deltalake's MERGE (its removes name each file's vector: deleted rows stay deleted); dedup and the "
+                   "audit read the table's files without the deleted rows, and the audit names them as deleted by "
+                   "the commit that wrote the vector"),
     FeatureSupport("timestampNtz", Support.SUPPORTED, "a column type: the transform's TIMESTAMP_NTZ columns"),
     FeatureSupport("v2Checkpoint", Support.SUPPORTED,
                    "deltalake reads V2 checkpoints and writes classic ones, which the feature allows"),
@@ -291,10 +287,6 @@ class TableFeatures:
         if use.removes_rows and self.append_only:
             return (f"delta.appendOnly=true: a {use.value} removes or rewrites rows, which an append-only table "
                     "forbids; append instead (write_mode='append'), or unset delta.appendOnly if the table may change")
-        if use is TableUse.AUDIT and self.has_deletion_vectors:
-            return (f"{self.files_with_deletion_vectors} data file(s) carry deletion vectors (rows another engine "
-                    "deleted), which the audit would report as missing records; run `airflow-eo maintain --compact` "
-                    "first (deltalake's OPTIMIZE rewrites them without the deleted rows)")
         return None
 
     def check(self, use: TableUse, table_uri: str) -> None:

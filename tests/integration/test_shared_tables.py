@@ -226,3 +226,37 @@ def test_dedup_does_not_count_rows_another_engine_deleted(kafka_config, tmp_path
     got = duckdb_rows(uri, "SELECT CAST(key AS VARCHAR), CAST(value AS VARCHAR) FROM t ORDER BY 1, 2")
     assert got == sorted([(str(i), f"v{i}") for i in range(10) if i not in (3, 4)] +
                          [("3", "again3"), ("4", "again4")])
+
+
+def test_the_audit_names_rows_another_engine_deleted_with_the_commit(kafka_config, tmp_path, spark, ingestion):
+    """The issue's case: a DELETE with deletion vectors on an append table, then `airflow-eo audit`: it reads
+    the table as a Delta reader does (18 of 20 rows) and names the 2 deleted offsets with the commit, no drift."""
+    import pyarrow.parquet as pq
+
+    from airflow_eo.audit.findings import FindingKind
+    from airflow_eo.audit.run import AuditRequest, Selection, run_audit
+    from airflow_eo.driver.main import InProcessSubmitter
+    from airflow_eo.table.ledger import Ledger
+    from tests.delta_tables import delete_rows
+
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 0, 20)
+    uri = str(tmp_path / "t")
+    ing = ingestion(uri, [topic], kafka_config, InProcessSubmitter(spark))
+    assert ing.run(RunIdentity("b1")).status is RunStatus.COMMITTED
+    add_features(uri, reader=("deletionVectors",), writer=("deletionVectors",),
+                 configuration={"delta.enableDeletionVectors": "true"})
+    deleted_at = None
+    for rel in sorted(Ledger.open(uri).file_paths()):
+        table = pq.read_table(f"{uri}/{rel}", columns=["partition", "offset"])
+        rows = [i for i, (p, o) in enumerate(zip(table["partition"].to_pylist(), table["offset"].to_pylist()))
+                if (p, o) in ((0, 3), (1, 4))]
+        if rows:
+            deleted_at = delete_rows(uri, rel, rows)
+    assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(18,)]
+    report = run_audit(AuditRequest(uri, "test", kafka_config, selection=Selection.ALL, record=False))
+    assert not report.drift, report.summary()
+    deleted = sorted((f.tp.partition, f.offsets, f.detail) for f in report.findings if f.kind is FindingKind.DELETED)
+    by = f"written by a batch, then deleted by version {deleted_at} (DELETE)"
+    assert deleted == [(0, (3,), by), (1, (4,), by)]
+    assert report.rows_read == 18
