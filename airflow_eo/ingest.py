@@ -30,7 +30,7 @@ from dataclasses import replace
 from airflow_eo.attempt import Attempt
 from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
 from airflow_eo.decoding.reader_schemas import pin
-from airflow_eo.errors import AirflowEoError, ConfigError
+from airflow_eo.errors import AirflowEoError, ConfigError, TableFeatureError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planner import INTERVAL, IntervalPlanner, OffsetPlanner
@@ -87,7 +87,12 @@ class Ingestion:
     def check_dead_letter_table(self) -> None:
         """The dead-letter table, if there is one yet, takes appends (its features allow them)."""
         if self.config.dead_letter_table_uri:
-            Ledger.open(self.config.dead_letter_table_uri, self.storage_options).check_features(TableUse.APPEND)
+            dead = Ledger.open(self.config.dead_letter_table_uri, self.storage_options)
+            dead.check_features(TableUse.APPEND)
+            if dead.features.names.active:  # its files are staged with the dead letters' own column names
+                raise TableFeatureError(
+                    f"the dead-letter table {dead.table_uri} uses column mapping, which airflow-eo does not write "
+                    "dead letters with: give a dead-letter table without it; nothing was changed")
 
     # -- step 1: plan -------------------------------------------------------------
     def plan(self, run: RunIdentity, ledger: Ledger | None = None,

@@ -141,3 +141,17 @@ def duckdb_rows(uri: str, sql: str = "SELECT * FROM t") -> list[tuple]:
         return con.execute(sql).fetchall()
     finally:
         con.close()
+
+
+def enable_column_mapping(uri: str, mode: str = "name", rename: dict[str, str] | None = None) -> int:
+    """Turn column mapping on as delta-spark does for an existing table (each column's physical name is
+    its current name, ids 1…), optionally renaming columns (logical name only) in the same commit."""
+    table = DeltaTable(uri)
+    schema = json.loads(table.schema().to_json())
+    for i, f in enumerate(schema["fields"], start=1):
+        f["metadata"] = {**(f.get("metadata") or {}), "delta.columnMapping.id": i,
+                         "delta.columnMapping.physicalName": f["name"]}
+        f["name"] = (rename or {}).get(f["name"], f["name"])
+    config = {"delta.columnMapping.mode": mode, "delta.columnMapping.maxColumnId": str(len(schema["fields"]))}
+    return add_features(uri, reader=("columnMapping",), writer=("columnMapping",), configuration=config,
+                        schema=schema)

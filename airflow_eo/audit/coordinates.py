@@ -249,11 +249,13 @@ class FileIndex:
 
 
 def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPartition, lo: int, hi: int | None,
-                  ingest_id: str | None = None, deleted: dict[str, list[np.ndarray]] | None = None) -> np.ndarray:
+                  ingest_id: str | None = None, deleted: dict[str, list[np.ndarray]] | None = None,
+                  names: Mapping[str, str] | None = None) -> np.ndarray:
     """The ``offset`` of every row of ``tp`` in ``[lo, hi)`` in ``files``, duplicates kept; with
     ``ingest_id``, only rows whose ``ingest_id`` column says so (a dead-letter table's). Rows a
     deletion vector removes are not rows of the table: their offsets go to ``deleted`` (by the
-    commit that deleted them) when it is given."""
+    commit that deleted them) when it is given. ``names``: logical → physical column names (column
+    mapping: the files hold the physical ones)."""
     import pyarrow.parquet as pq
 
     found: list[np.ndarray] = []
@@ -261,11 +263,13 @@ def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPa
         first = 0  # the file's row index of the batch's first row
         with location.fs.open_input_file(location.join(ref.path)) as f:
             pf = pq.ParquetFile(f)
-            present = [k for k in (*KEYS, "ingest_id") if k in pf.schema_arrow.names]
-            strings = [k for k in ("topic", "ingest_id") if k in present]  # compared by dictionary index
+            physical = {k: (names or {}).get(k, k) for k in (*KEYS, "ingest_id")}
+            present = [k for k in (*KEYS, "ingest_id") if physical[k] in pf.schema_arrow.names]
+            strings = [physical[k] for k in ("topic", "ingest_id") if k in present]  # compared by dictionary index
             if strings:  # the footer read once: a reader naming a column absent from the file fails
                 pf = pq.ParquetFile(f, metadata=pf.metadata, read_dictionary=strings)
-            for batch in pf.iter_batches(columns=present, batch_size=262_144):
+            for batch in pf.iter_batches(columns=[physical[k] for k in present], batch_size=262_144):
+                batch = batch.rename_columns(present)
                 offsets = _ints(batch["offset"])
                 gone = _deleted_in(ref.deleted, first, offsets.size)
                 first += offsets.size

@@ -199,7 +199,8 @@ def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges
         for spec in plan_slices(scope, committed, request.slice_offsets, files.highest_offset(tp)):
             tasks.append(SliceTask(spec, ledger.table_uri, files.files(tp, spec.lo, spec.hi),
                                    dead.table_uri if dead is not None else None,
-                                   dead_files.files(tp, spec.lo, spec.hi), request.ingest_id))
+                                   dead_files.files(tp, spec.lo, spec.hi), request.ingest_id,
+                                   ledger.features.names.as_dict()))
     return tasks
 
 

@@ -100,9 +100,10 @@ class DirectStage:
     def of(cls, attempt: Attempt, features: TableFeatures | None = None) -> "DirectStage | None":
         """The direct path for ``attempt``, or None when its rows need Spark (see the module): also when the
         table has rules for new rows (``features``: constraints, generated columns), which are Spark SQL
-        and so are checked on the Spark path (:mod:`airflow_eo.driver.constraints`)."""
+        and so are checked on the Spark path (:mod:`airflow_eo.driver.constraints`), or column mapping
+        (the Spark path writes the physical names: :func:`airflow_eo.driver.writer.to_physical`)."""
         columns = direct_columns(attempt.spec)
-        if columns is None or (features is not None and features.enforced):
+        if columns is None or (features is not None and (features.enforced or features.names.active)):
             return None
         if attempt.plan.interval is not None and attempt.kind is AttemptKind.INGEST and TIMESTAMP_COLUMN not in columns:
             return None

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from airflow_eo.attempt import Attempt, AttemptKind, Secrets
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets
 from airflow_eo.driver import merge as merging
 from airflow_eo.driver.cdc import decoding_attempt
 from airflow_eo.driver.constraints import enforce
@@ -213,9 +213,9 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                 merged = merging.merge_into(out, attempt, location, storage_options, staging.attempt_path(plan),
                                             stage, arrow_schema, tasks, engine=features.engine_for(use))
                 files = list(merged.files)
-            else:
+            else:  # under column mapping the files hold physical names and field ids
                 files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
-                              attempt.partition_by)
+                              attempt.partition_by, features.names)
             enforced.raise_if_violated()  # before anything is committed
             dropped = dups.dropped(planned_offsets) if dups is not None else None
             late = None
@@ -226,7 +226,8 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                 if merged is not None:  # the files hold one row per key: count over the records
                     in_files = pa.schema([])
                 late = late_records(files, location, in_files, plan.interval.start_ms,
-                                    source if dups is None else dups.unobserved)
+                                    source if dups is None else dups.unobserved,
+                                    features.names.physical(TIMESTAMP_COLUMN))
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
@@ -234,7 +235,7 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                 changes.unpersist()
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
-    rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files)
+    rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files, features.names)
     return Staged(files, rows, arrow_schema, planned, reader_schemas, dead, dropped, late, merged)
 
 

@@ -214,6 +214,11 @@ def _evolve_schema(rule: "BatchCommit | MergeCommit", ledger: Ledger, table_uri:
     new_columns = check_schema(ledger, schema, rule.schema_evolution, adopted=rule.adopt_table)
     if not new_columns:
         return ledger
+    if ledger.features.names.active:
+        raise TableFeatureError(
+            f"schema evolution cannot add {new_columns} to {ledger.table_uri}: it uses column mapping, and deltalake "
+            "cannot add columns to such a table (each needs a physical name and id); add them with the engine that "
+            "manages the table, then run again; nothing was committed")
     add_columns(ledger, schema, new_columns, rule.plan)
     ledger = rule.open(table_uri, storage_options)
     rule.check(ledger)

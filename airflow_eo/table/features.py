@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from airflow_eo.errors import TableFeatureError
+from airflow_eo.table.mapping import ColumnNames
 
 
 class TableUse(enum.Enum):
@@ -41,7 +42,8 @@ class TableUse(enum.Enum):
     DEDUP = "dedup"  # adds rows, reading the keys of the table's rows
     MERGE = "merge"  # adds, rewrites and removes rows (write_mode=merge)
     REPROCESS = "reprocess"  # replaces a committed batch's rows
-    MAINTAIN = "maintain"  # compaction (dataChange=false), vacuum, checkpoints, log cleanup
+    MAINTAIN = "maintain"  # vacuum, checkpoints, log cleanup
+    COMPACT = "compaction"  # maintenance that rewrites files (dataChange=false): deltalake's OPTIMIZE
     AUDIT = "audit"  # reads the table's rows
 
     @property
@@ -84,8 +86,11 @@ SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
                    "delta.enableChangeDataFeed=true merge and reprocess commit through deltalake's MERGE, which "
                    "writes the change files of their inserts, update pre/post images and deletes"),
     FeatureSupport("columnMapping", Support.SUPPORTED,
-                   "mode none only; a table in mode name or id is refused (its files need physical names and field "
-                   "ids, not written yet): ingest into a table without column mapping"),
+                   "modes name and id: appends (and dedup) write each column's physical name and id (Parquet field "
+                   "id, nested columns too), statistics and partition values by physical name; every read of the "
+                   "table's files and add actions maps them back (dedup, the audit). Refused there: merge, reprocess "
+                   "and compaction (deltalake's MERGE and OPTIMIZE write logical names into such tables), schema "
+                   "evolution (deltalake cannot add columns to them)"),
     FeatureSupport("deletionVectors", Support.SUPPORTED,
                    "appends proceed; while files carry deletion vectors, merge and reprocess commit through "
                    "deltalake's MERGE (its removes name each file's vector: deleted rows stay deleted); dedup and the "
@@ -177,6 +182,7 @@ class TableFeatures:
     default_columns: tuple[str, ...] = ()
     variant_columns: tuple[str, ...] = ()
     files_with_deletion_vectors: int = 0
+    names: ColumnNames = field(default_factory=ColumnNames)  # logical ↔ physical (column mapping)
 
     @classmethod
     def of(cls, table) -> "TableFeatures":
@@ -225,10 +231,11 @@ class TableFeatures:
             checks = []  # the property is honoured only where the protocol supports it
         if "invariants" not in writer:
             invariants = []
-        mapping = properties.get("delta.columnMapping.mode", "none") if "columnMapping" in writer else "none"
+        mapping = _mapping_mode(writer, properties)
         return cls(reader_version, writer_version, reader, writer, dict(properties),
                    (*checks, *invariants, *not_null), tuple(generated) if "generatedColumns" in writer else (),
-                   ColumnMapping(mapping), tuple(identity), tuple(defaults), tuple(variants), dv_files)
+                   ColumnMapping(mapping), tuple(identity), tuple(defaults), tuple(variants), dv_files,
+                   ColumnNames.of_schema(mapping, fields))
 
     # -- what is active ----------------------------------------------------------------------------
     def _on(self, prop: str, feature: str) -> bool:
@@ -281,9 +288,11 @@ class TableFeatures:
         if self.variant_columns:
             return (f"variant column(s) {', '.join(self.variant_columns)}: airflow-eo does not write variant data; "
                     f"{_COPY}")
-        if self.column_mapping is not ColumnMapping.NONE:
-            return (f"column mapping mode {self.column_mapping.value!r}: its data files need physical column names "
-                    "and field ids, which airflow-eo does not write yet; ingest into a table without column mapping")
+        if self.column_mapping is not ColumnMapping.NONE and use in (TableUse.MERGE, TableUse.REPROCESS,
+                                                                      TableUse.COMPACT):
+            return (f"column mapping mode {self.column_mapping.value!r}: a {use.value} would rewrite its files through "
+                    "deltalake, which writes logical column names into such a table (other readers would read them "
+                    "as null); append into it, or merge into a table without column mapping")
         if use.removes_rows and self.append_only:
             return (f"delta.appendOnly=true: a {use.value} removes or rewrites rows, which an append-only table "
                     "forbids; append instead (write_mode='append'), or unset delta.appendOnly if the table may change")
@@ -301,6 +310,23 @@ def matrix_markdown() -> str:
     """The feature matrix as the docs page shows it (``python -m airflow_eo.table.features``)."""
     rows = [f"| `{f.name}` | {f.support.value} | {f.how} |" for f in SUPPORT.values()]
     return "\n".join(["| feature | airflow-eo | how, or why not and what to do |", "|---|---|---|", *rows]) + "\n"
+
+
+def _mapping_mode(writer: frozenset, properties: Mapping[str, str]) -> str:
+    """The table's column mapping mode (honoured only where the protocol supports the feature)."""
+    mode = properties.get("delta.columnMapping.mode", "none") if "columnMapping" in writer else "none"
+    return mode if mode in ("name", "id") else "none"
+
+
+def column_names_of(table) -> ColumnNames:
+    """A ``deltalake.DeltaTable`` snapshot's column mapping alone (cheaper than :meth:`TableFeatures.of`)."""
+    protocol = table.protocol()
+    writer = frozenset(protocol.writer_features or ()) if protocol.min_writer_version >= 7 else frozenset(
+        ("columnMapping",) if protocol.min_writer_version >= 5 else ())
+    mode = _mapping_mode(writer, table.metadata().configuration)
+    if mode == "none":
+        return ColumnNames()
+    return ColumnNames.of_schema(mode, json.loads(table.schema().to_json())["fields"])
 
 
 def _quote(name: str) -> str:

@@ -25,6 +25,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_eo.table.mapping import ColumnNames, rename_columns
 from airflow_eo.table.partitioning import format_value, partition_values_of
 from airflow_eo.table.storage import TableLocation
 
@@ -77,7 +78,7 @@ def deleted_rows_of(table) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def add_actions_of(table) -> pa.Table:
+def add_actions_of(table, names: ColumnNames | None = None) -> pa.Table:
     """A snapshot's add actions (``DeltaTable.get_add_actions(flatten=True)``: path, size,
     partition values, stats), each ``path`` decoded: the one place log paths become file paths.
 
@@ -86,6 +87,9 @@ def add_actions_of(table) -> pa.Table:
     ``%253A``): the file's path is its decoding, which is what opening it, an add action and a
     remove action take (``DeltaTable.file_uris()`` decodes too). A remove action given the log's
     form removes nothing, without an error.
+
+    Under column mapping the log keeps statistics and partition values by physical name: they are
+    named here by the logical names every reader asks for (``min.<column>``, ``partition.<column>``).
     """
     # through the Arrow C stream, pa.array() only for escaped paths and cast() only when needed:
     # pa.table() of a foreign table and pa.array() of a list import pandas (~0.2 s) to rule it
@@ -97,7 +101,21 @@ def add_actions_of(table) -> pa.Table:
         column = pa.array([unquote(p) for p in paths], pa.string())
     elif column.type != pa.string():
         column = column.cast(pa.string())
-    return actions.set_column(actions.schema.get_field_index("path"), "path", column)
+    actions = actions.set_column(actions.schema.get_field_index("path"), "path", column)
+    if names is None:
+        from airflow_eo.table.features import column_names_of
+
+        names = column_names_of(table)
+    if not names.active:
+        return actions
+    renamed = []
+    for name in actions.column_names:
+        kind, dot, rest = name.partition(".")
+        if dot and kind in ("min", "max", "null_count", "partition"):
+            top, dot2, nested = rest.partition(".")
+            name = f"{kind}.{names.logical(top)}{dot2}{nested}"
+        renamed.append(name)
+    return actions.rename_columns(renamed)
 
 
 def snapshot_files(actions: pa.Table, deleted: dict[str, tuple[int, ...]] | None = None) -> list[TableFile]:
@@ -123,13 +141,17 @@ def read_file(location: TableLocation, path: str) -> pa.Table:
 
 
 def read_columns(location: TableLocation, file: TableFile, schema: pa.Schema,
-                 batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+                 batch_rows: int = READ_BATCH_ROWS, names: dict[str, str] | None = None) -> Iterator[pa.RecordBatch]:
     """``file``'s rows with exactly ``schema``'s columns (:func:`conform`), one row group's share at a
-    time; only the columns the file has are read, and the rows its deletion vector removes are left out."""
+    time; only the columns the file has are read, and the rows its deletion vector removes are left out.
+    ``names``: logical → physical column names (column mapping, :meth:`ColumnNames.as_dict`): the file's
+    physical columns are read under their logical names."""
+    names = names or {}
+    logical = {physical: name for name, physical in names.items()}
     with location.fs.open_input_file(location.join(file.path)) as handle:
         parquet = pq.ParquetFile(handle)
         stored = set(parquet.schema_arrow.names)
-        present = [n for n in schema.names if n in stored and n not in file.partition_values]
+        present = [names.get(n, n) for n in schema.names if names.get(n, n) in stored and n not in file.partition_values]
         if not present:  # nothing to read: each row group's rows, all from the log or null
             batches: Iterator[pa.RecordBatch] = (
                 pa.record_batch([pa.nulls(parquet.metadata.row_group(g).num_rows)], names=["_"])
@@ -139,6 +161,7 @@ def read_columns(location: TableLocation, file: TableFile, schema: pa.Schema,
         first = 0  # the file's row index of the batch's first row
         for batch in batches:
             rows = batch.num_rows
+            batch = rename_columns(batch, logical)
             if file.deleted:
                 batch = _without(batch, first, file.deleted)
             first += rows

@@ -147,7 +147,7 @@ def maintain(table_uri: str, storage_options: dict | None = None,
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and storage "
                          "options for object storage); nothing was changed")
     ledger.check_txn_retention()
-    ledger.check_features(TableUse.MAINTAIN)
+    ledger.check_features(TableUse.COMPACT if plan.compact else TableUse.MAINTAIN)
     try:
         return _maintain(ledger, table_uri, storage_options, plan)
     except CommitFailedError as exc:

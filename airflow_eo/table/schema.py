@@ -31,7 +31,18 @@ def delta_schema_of(arrow_schema: pa.Schema) -> Schema:
 
 
 def _field_types(schema: Schema) -> dict[str, str]:
-    return {f["name"]: json.dumps(f["type"], sort_keys=True) for f in json.loads(schema.to_json())["fields"]}
+    return {f["name"]: json.dumps(_without_metadata(f["type"]), sort_keys=True)
+            for f in json.loads(schema.to_json())["fields"]}
+
+
+def _without_metadata(kind):
+    """A type's JSON without its nested fields' metadata (column mapping's physical names and ids:
+    the table's, which the transform's output has no part in)."""
+    if isinstance(kind, dict):
+        return {k: _without_metadata(v) for k, v in kind.items() if k != "metadata"}
+    if isinstance(kind, list):
+        return [_without_metadata(v) for v in kind]
+    return kind
 
 
 def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = False, replacing: bool = False,

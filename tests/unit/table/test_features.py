@@ -14,6 +14,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.planning import RunIdentity
 from airflow_eo.table.commit import BatchCommit, commit, refused_by_engine
 from airflow_eo.table.features import SUPPORT, Support, TableFeatures, TableUse
 from airflow_eo.table.ledger import Ledger
@@ -307,3 +308,60 @@ def test_a_merge_on_a_table_with_deletion_vectors_and_a_change_feed_goes_through
     with pytest.raises(CommitConflictError):  # planned from offsets the table no longer has
         commit(engine_merge(plan(2, 4, 7, attempt="other"), {2: "X"}), uri)
     assert log_digest(uri) == before
+
+
+def test_column_mapping_appends_with_physical_names_and_reads_map_them_back(tmp_path):
+    """Another engine turns column mapping on and renames body → payload: the next batch's files carry the
+    physical name "body" and field ids, its stats are by physical name, DuckDB reads payload, airflow-eo's
+    own reads map the names back; what would rewrite files through deltalake is refused."""
+    import pyarrow.parquet as pq
+
+    from airflow_eo.table.files import read_columns, snapshot_files
+    from airflow_eo.table.staging import StagingArea
+    from airflow_eo.table.storage import TableLocation
+    from tests.delta_tables import enable_column_mapping
+    from tests.unit.table.test_commit import SCHEMA
+
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    enable_column_mapping(uri, rename={"body": "payload"})
+    ledger = Ledger.open(uri)
+    names = ledger.features.names
+    assert names.active and names.physical("payload") == "body" and names.field("payload").id == 4
+    for use in (TableUse.MERGE, TableUse.REPROCESS, TableUse.COMPACT):
+        with pytest.raises(TableFeatureError, match="column mapping mode 'name'"):
+            ledger.check_writable(INGEST, use=use)
+    for use in (TableUse.APPEND, TableUse.DEDUP, TableUse.AUDIT, TableUse.MAINTAIN):
+        ledger.check_writable(INGEST, use=use)
+    # the next batch, staged as the writer stages it under column mapping
+    p = batch_plan(2, 10, 15, run=RUN2)
+    staging = StagingArea(TableLocation.of(uri))
+    target = staging.attempt_path(p)
+    staging.loc.fs.create_dir(target, recursive=True)
+    logical = pa.schema([f if f.name != "body" else pa.field("payload", pa.string()) for f in SCHEMA])
+    rows = pa.table({"topic": ["orders"] * 5, "partition": pa.array([0] * 5, pa.int32()),
+                     "offset": pa.array(range(10, 15), pa.int64()), "payload": [f"p{o}" for o in range(10, 15)]},
+                    schema=logical)
+    physical = names.physical_arrow_schema(logical)
+    pq.write_table(pa.Table.from_batches([b for b in rows.to_batches()], schema=logical).rename_columns(
+        physical.names).cast(physical), f"{target}/part-0.parquet")
+    staged = staging.staged_files(target, names=names)
+    assert json.loads(staged[0].stats)["minValues"] == {"topic": "orders", "partition": 0, "offset": 10}
+    from airflow_eo.table.commit import StagedBatch
+
+    commit(BatchCommit(StagedBatch(p, tuple(staged), staging.rows_per_partition(staged, names), logical)), uri)
+    assert pq.read_schema(f"{target}/part-0.parquet").field("body").metadata[b"PARQUET:field_id"] == b"4"
+    got = duckdb_rows(uri, 'SELECT "offset", payload FROM t ORDER BY 1')
+    assert got == [(o, f"v{o}") for o in range(10)] + [(o, f"p{o}") for o in range(10, 15)]
+    after = Ledger.open(uri)
+    actions = after.add_actions()
+    assert "min.offset" in actions.column_names  # the log's physical names, read back as logical
+    files = snapshot_files(actions)
+    read = sorted(v for f in files for b in read_columns(after.location(), f, pa.schema([("payload", pa.string())]),
+                                                        names=after.features.names.as_dict())
+                  for v in b["payload"].to_pylist())
+    assert read == sorted([f"v{o}" for o in range(10)] + [f"p{o}" for o in range(10, 15)])
+    with pytest.raises(TableFeatureError, match="schema evolution cannot add \\['note'\\]"):
+        wider = pa.schema([*logical, pa.field("note", pa.string())])
+        commit(BatchCommit(StagedBatch(batch_plan(3, 15, 16, run=RunIdentity("r3")), (), {}, wider),
+                           schema_evolution=True), uri)
