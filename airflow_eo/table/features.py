@@ -69,6 +69,14 @@ class FeatureSupport:
 _ENGINE = "deltalake 1.6 (airflow-eo's commit engine) cannot write it"
 _COPY = "ingest into a table without it (or drop the feature with the engine that added it)"
 
+# the features deltalake refuses to commit to (verified: "Unsupported table features required"), and what they are
+_ENGINE_REFUSES = {"allowColumnDefaults": "", "identityColumns": " (identity values)", "rowTracking": " (row ids)",
+                   "domainMetadata": "", "clustering": " (liquid clustering)", "inCommitTimestamp": "",
+                   "typeWidening": "", "typeWidening-preview": "", "vacuumProtocolCheck": "",
+                   "icebergCompatV1": " (Iceberg metadata)", "icebergCompatV2": " (Iceberg metadata)",
+                   "icebergWriterCompatV1": " (Iceberg metadata)", "variantShredding": "",
+                   "variantShredding-preview": ""}
+
 SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
     FeatureSupport("appendOnly", Support.SUPPORTED,
                    "with delta.appendOnly=true appends proceed; merge and reprocess (they remove rows) are refused "
@@ -99,30 +107,13 @@ SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
     FeatureSupport("timestampNtz", Support.SUPPORTED, "a column type: the transform's TIMESTAMP_NTZ columns"),
     FeatureSupport("v2Checkpoint", Support.SUPPORTED,
                    "deltalake reads V2 checkpoints and writes classic ones, which the feature allows"),
-    FeatureSupport("allowColumnDefaults", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
-    FeatureSupport("identityColumns", Support.REFUSED, f"{_ENGINE} (identity values); {_COPY}"),
-    FeatureSupport("rowTracking", Support.REFUSED, f"{_ENGINE} (row ids); {_COPY}"),
-    FeatureSupport("domainMetadata", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
-    FeatureSupport("clustering", Support.REFUSED, f"{_ENGINE} (liquid clustering); {_COPY}"),
-    FeatureSupport("inCommitTimestamp", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
-    FeatureSupport("typeWidening", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
-    FeatureSupport("typeWidening-preview", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
-    FeatureSupport("vacuumProtocolCheck", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
-    FeatureSupport("icebergCompatV1", Support.REFUSED, f"{_ENGINE} (Iceberg metadata); {_COPY}"),
-    FeatureSupport("icebergCompatV2", Support.REFUSED, f"{_ENGINE} (Iceberg metadata); {_COPY}"),
-    FeatureSupport("icebergWriterCompatV1", Support.REFUSED, f"{_ENGINE} (Iceberg metadata); {_COPY}"),
-    FeatureSupport("catalogManaged", Support.REFUSED,
-                   "commits go through the table's catalog, which airflow-eo does not talk to; ingest into a "
-                   "path-based table"),
-    FeatureSupport("catalogOwned-preview", Support.REFUSED,
-                   "commits go through the table's catalog, which airflow-eo does not talk to; ingest into a "
-                   "path-based table"),
+    *(FeatureSupport(name, Support.REFUSED, f"{_ENGINE}{what}; {_COPY}") for name, what in _ENGINE_REFUSES.items()),
+    *(FeatureSupport(name, Support.REFUSED, "commits go through the table's catalog, which airflow-eo does not talk "
+                     "to; ingest into a path-based table") for name in ("catalogManaged", "catalogOwned-preview")),
     *(FeatureSupport(name, Support.SUPPORTED,
                      "nothing to honour while no column is of type variant (deltalake's set_table_properties adds "
                      "variantType to tables it alters); a variant column is refused: airflow-eo does not write "
                      "variant data") for name in ("variantType", "variantType-preview")),
-    FeatureSupport("variantShredding", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
-    FeatureSupport("variantShredding-preview", Support.REFUSED, f"{_ENGINE}; {_COPY}"),
 )}
 
 # Protocols before table features (writer version < 7) imply features by version.
