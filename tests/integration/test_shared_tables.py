@@ -36,6 +36,26 @@ def path(request, spark):
     opened.close()
 
 
+class _SparkSubmit:
+    """spark-submit as a path: each attempt a ``spark-submit`` of its own (``airflow-eo ingest``'s default)."""
+
+    def submitter(self):
+        from airflow_eo.submit.spark_submit import LocalSparkSubmit
+
+        return LocalSparkSubmit("local[2]", conf={"spark.ui.enabled": "false"})
+
+
+@pytest.fixture(params=["local", "connect", "driver", "spark-submit"])
+def every_path(request, spark):
+    """The paths the rules must hold on alike: spark-submit too."""
+    if request.param == "spark-submit":
+        yield _SparkSubmit()
+        return
+    opened = open_spark_path(request, spark)
+    yield opened
+    opened.close()
+
+
 def produce(kafka_config: dict, topic: str, start: int, count: int, null_key_at: tuple[int, ...] = ()) -> None:
     """Records ``start``…: value ``v<i>``, key ``<i>`` (none for ``null_key_at``), partition ``i % 2``."""
     producer = Producer({**kafka_config, "enable.idempotence": True})
@@ -63,8 +83,8 @@ def constrained_table(kafka_config, tmp_path, path, ingestion, **options):
     return ing, uri, topic
 
 
-def test_a_violating_record_fails_the_batch_naming_the_rule_and_offset(kafka_config, tmp_path, path, ingestion):
-    ing, uri, topic = constrained_table(kafka_config, tmp_path, path, ingestion)
+def test_a_violating_record_fails_the_batch_naming_the_rule_and_offset(kafka_config, tmp_path, every_path, ingestion):
+    ing, uri, topic = constrained_table(kafka_config, tmp_path, every_path, ingestion)
     before = log_digest(uri)
     with pytest.raises(ConstraintViolationError) as failed:
         ing.run(RunIdentity("second"))
@@ -75,9 +95,9 @@ def test_a_violating_record_fails_the_batch_naming_the_rule_and_offset(kafka_con
     assert duckdb_rows(uri, "SELECT count(*) FROM t") == [(20,)]
 
 
-def test_violating_records_go_to_the_dead_letter_table_with_the_rule(kafka_config, tmp_path, path, ingestion):
+def test_violating_records_go_to_the_dead_letter_table_with_the_rule(kafka_config, tmp_path, every_path, ingestion):
     dead_uri = str(tmp_path / "dead")
-    ing, uri, topic = constrained_table(kafka_config, tmp_path, path, ingestion, dead_letter_table_uri=dead_uri)
+    ing, uri, topic = constrained_table(kafka_config, tmp_path, every_path, ingestion, dead_letter_table_uri=dead_uri)
     assert ing.run(RunIdentity("second")).status is RunStatus.COMMITTED
     assert committed_offsets(uri, "test", topic, 2) == {0: 15, 1: 15}
     kept = duckdb_rows(uri, 'SELECT "partition", "offset" FROM t WHERE "offset" >= 10 ORDER BY 1, 2')
