@@ -89,10 +89,13 @@ class Ingestion:
         if self.config.dead_letter_table_uri:
             dead = Ledger.open(self.config.dead_letter_table_uri, self.storage_options)
             dead.check_features(TableUse.APPEND)
-            if dead.features.names.active:  # its files are staged with the dead letters' own column names
+            # dead letters are staged with their own column names and checked against no rule
+            what = "column mapping" if dead.features.names.active else \
+                "constraints or generated columns" if dead.features.enforced else None
+            if what is not None:
                 raise TableFeatureError(
-                    f"the dead-letter table {dead.table_uri} uses column mapping, which airflow-eo does not write "
-                    "dead letters with: give a dead-letter table without it; nothing was changed")
+                    f"the dead-letter table {dead.table_uri} has {what}, which airflow-eo does not write dead letters "
+                    "with: give a dead-letter table without them; nothing was changed")
 
     # -- step 1: plan -------------------------------------------------------------
     def plan(self, run: RunIdentity, ledger: Ledger | None = None,

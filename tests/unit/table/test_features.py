@@ -365,3 +365,41 @@ def test_column_mapping_appends_with_physical_names_and_reads_map_them_back(tmp_
         wider = pa.schema([*logical, pa.field("note", pa.string())])
         commit(BatchCommit(StagedBatch(batch_plan(3, 15, 16, run=RunIdentity("r3")), (), {}, wider),
                            schema_evolution=True), uri)
+
+
+def test_the_reprocess_of_a_merge_tables_newest_batch_goes_through_deltalakes_merge(tmp_path):
+    """On a table with the change data feed: the batch's new winners replace its keys' rows, the rows the
+    batch wrote that no new winner matches are deleted (by offset), other batches' rows stay."""
+    import pyarrow.parquet as pq
+
+    from airflow_eo.table.commit import FileSwap, MergeReprocessCommit, StagedBatch
+    from airflow_eo.table.merge import DELETE_COLUMN
+    from airflow_eo.table.metadata import MergeInfo
+    from airflow_eo.table.staging import StagingArea
+    from airflow_eo.table.storage import TableLocation
+    from tests.unit.table.test_merge_commit import INGEST as CUSTOMERS, KEY, MERGE, SCHEMA, plan, prepare
+
+    uri = str(tmp_path / "t")
+    commit(prepare(uri, plan(1, 0, 3), {1: "a", 2: "b", 3: "c"}), uri)
+    commit(prepare(uri, plan(2, 3, 5), {4: "d", 5: "e"}), uri)  # offsets 3 (id 4) and 4 (id 5)
+    DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    version = DeltaTable(uri).version()
+    p = plan(2, 3, 5, attempt="r")
+    staging = StagingArea(TableLocation.of(uri))
+    target = staging.attempt_path(p)
+    staging.loc.fs.create_dir(target, recursive=True)
+    # replayed: offset 3 now changes id 4 to "D"; offset 4 became a dead letter (no winner for id 5)
+    pq.write_table(pa.table({"id": pa.array([4], pa.int64()), "body": ["D"], "topic": ["cdc"],
+                             "partition": pa.array([0], pa.int32()), "offset": pa.array([3], pa.int64()),
+                             DELETE_COLUMN: [False]}), f"{target}/part-0.parquet")
+    keys = pa.table({"id": pa.array([4], pa.int64()), DELETE_COLUMN: [False]})
+    staged = StagedBatch(p, tuple(staging.staged_files(target)), {"cdc[0]": 1}, SCHEMA,
+                         features=Ledger.open(uri).features)
+    rule = MergeReprocessCommit(staged, swap=FileSwap((), keys, KEY, frozenset()), info=MergeInfo(KEY, 1, engine=True),
+                                merge=MERGE, reprocess_from=0, engine=True)
+    assert commit(rule, uri).status.value == "committed"
+    assert duckdb_rows(uri, "SELECT id, body FROM t ORDER BY id") == [(1, "a"), (2, "b"), (3, "c"), (4, "D")]
+    changes = pa.RecordBatchReader.from_stream(DeltaTable(uri).load_cdf(starting_version=version + 1)).read_all()
+    assert sorted(zip(changes["_change_type"].to_pylist(), changes["id"].to_pylist())) == [
+        ("delete", 5), ("update_postimage", 4), ("update_preimage", 4)]
+    assert Ledger.open(uri).reprocess_count(CUSTOMERS, 2) == 1
