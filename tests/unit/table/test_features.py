@@ -403,3 +403,22 @@ def test_the_reprocess_of_a_merge_tables_newest_batch_goes_through_deltalakes_me
     assert sorted(zip(changes["_change_type"].to_pylist(), changes["id"].to_pylist())) == [
         ("delete", 5), ("update_postimage", 4), ("update_preimage", 4)]
     assert Ledger.open(uri).reprocess_count(CUSTOMERS, 2) == 1
+
+
+def test_a_dead_letter_table_with_rules_or_column_mapping_is_refused_before_planning(tmp_path):
+    from airflow_eo.ingest import IngestConfig, Ingestion
+    from tests.delta_tables import enable_column_mapping
+
+    dlq = str(tmp_path / "dlq")
+    write_deltalake(dlq, pa.table({"topic": ["t"], "offset": pa.array([1], pa.int64())}))
+    config = IngestConfig(table_uri=str(tmp_path / "t"), ingest_id=INGEST, topics=["orders"],
+                          kafka_config={"bootstrap.servers": "127.0.0.1:9"}, dead_letter_table_uri=dlq)
+    Ingestion(config, submitter=None).check_dead_letter_table()  # a plain one takes dead letters
+    DeltaTable(dlq).alter.add_constraint({"small": "offset < 10"})
+    with pytest.raises(TableFeatureError, match="has constraints or generated columns"):
+        Ingestion(config, submitter=None).check_dead_letter_table()
+    other = str(tmp_path / "dlq2")
+    write_deltalake(other, pa.table({"topic": ["t"]}))
+    enable_column_mapping(other)
+    with pytest.raises(TableFeatureError, match="has column mapping"):
+        Ingestion(config.replace(dead_letter_table_uri=other), submitter=None).check_dead_letter_table()
