@@ -281,9 +281,12 @@ class TableFeatures:
                     f"{_COPY}")
         if self.column_mapping is not ColumnMapping.NONE and use in (TableUse.MERGE, TableUse.REPROCESS,
                                                                       TableUse.COMPACT):
+            fix = ("maintain it without compaction (airflow-eo maintain --vacuum --checkpoint --cleanup-log --prune; "
+                   "DeltaMaintenanceOperator compact=False)"
+                   if use is TableUse.COMPACT else "append into it, or merge into a table without column mapping")
             return (f"column mapping mode {self.column_mapping.value!r}: a {use.value} would rewrite its files through "
                     "deltalake, which writes logical column names into such a table (other readers would read them "
-                    "as null); append into it, or merge into a table without column mapping")
+                    f"as null); {fix}")
         if use.removes_rows and self.append_only:
             return (f"delta.appendOnly=true: a {use.value} removes or rewrites rows, which an append-only table "
                     "forbids; append instead (write_mode='append'), or unset delta.appendOnly if the table may change")
