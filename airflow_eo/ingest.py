@@ -40,7 +40,7 @@ from airflow_eo.result import IngestResult, build_result, short_cause  # noqa: F
 from airflow_eo.runner import AttemptRunner, Submitter, verdict  # noqa: F401 - Submitter: re-exported
 from airflow_eo.status import lag_of
 from airflow_eo.table.commit import BatchCommit, StagedBatch, commit, commit_dead_letters_of
-from airflow_eo.table.features import TableUse
+from airflow_eo.table.features import ConstraintKind, TableUse
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.metadata import BatchFindings, CommitKind
@@ -89,9 +89,11 @@ class Ingestion:
         if self.config.dead_letter_table_uri:
             dead = Ledger.open(self.config.dead_letter_table_uri, self.storage_options)
             dead.check_features(TableUse.APPEND)
-            # dead letters are staged with their own column names and checked against no rule
+            # dead letters are staged with their own column names and checked against no rule (a NOT NULL column
+            # is one the dead letters' own schema declares: the table is created from it)
+            rules = [c for c in dead.features.constraints if c.kind is not ConstraintKind.NOT_NULL]
             what = "column mapping" if dead.features.names.active else \
-                "constraints or generated columns" if dead.features.enforced else None
+                "constraints or generated columns" if rules or dead.features.generated else None
             if what is not None:
                 raise TableFeatureError(
                     f"the dead-letter table {dead.table_uri} has {what}, which airflow-eo does not write dead letters "
