@@ -154,6 +154,7 @@ class Attempt:
     schema_evolution = property(lambda self: self.spec.table.schema_evolution)
     table_properties = property(lambda self: self.spec.table.table_properties)
     partition_by = property(lambda self: self.spec.table.partition_by)
+    adopt_table = property(lambda self: self.spec.table.adopt_table)
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan": json.loads(self.plan.to_json()), "spec": self.spec.to_dict(), "kind": self.kind.value,

@@ -52,6 +52,14 @@ class TableError(AirflowEoError):
     """The table path is not usable for this ingest (not Delta, other owner, bad schema)."""
 
 
+class TableFeatureError(TableError):
+    """The table uses a Delta feature airflow-eo cannot honour for this run (or the engine refused it)."""
+
+
+class ConstraintViolationError(AirflowEoError):
+    """A record breaks a constraint of the table (CHECK, invariant, NOT NULL, generated column)."""
+
+
 class KafkaUnavailableError(RetryableError):
     """The broker could not be reached or a topic does not exist."""
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from airflow_eo.attempt import Attempt
 from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
 from airflow_eo.decoding.reader_schemas import pin
-from airflow_eo.errors import AirflowEoError, ConfigError
+from airflow_eo.errors import AirflowEoError, ConfigError, TableFeatureError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planner import INTERVAL, IntervalPlanner, OffsetPlanner
@@ -41,6 +41,7 @@ from airflow_eo.result import IngestResult, build_result, short_cause  # noqa: F
 from airflow_eo.runner import AttemptRunner, Submitter, verdict  # noqa: F401 - Submitter: re-exported
 from airflow_eo.status import lag_of
 from airflow_eo.table.commit import BatchCommit, StagedBatch, commit, commit_dead_letters_of
+from airflow_eo.table.features import ConstraintKind, TableUse
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.metadata import BatchFindings, CommitKind
@@ -89,10 +90,34 @@ class Ingestion:
     def kafka(self) -> KafkaOffsets:
         return self._kafka if self._kafka is not None else KafkaOffsets(self.config.kafka_config)
 
-    def ledger(self) -> Ledger:
+    def ledger(self, use: TableUse | None = None) -> Ledger:
+        """The table's snapshot, checked for this ingest (:meth:`Ledger.check_writable`): its owner, its
+        write mode and its Delta features for ``use`` (default: what this ingest's batches do)."""
         ledger = Ledger.open(self.config.table_uri, self.storage_options)
-        ledger.check_writable(self.config.ingest_id, self.config.partition_by, self.config.spec.merge)
+        ledger.check_writable(self.config.ingest_id, self.config.partition_by, self.config.spec.merge,
+                              use or self.use, self.config.adopt_table)
         return ledger
+
+    @property
+    def use(self) -> TableUse:
+        """What this ingest's batches do to the table (what its features are checked for)."""
+        spec = self.config.spec
+        return TableUse.MERGE if spec.merge.enabled else TableUse.DEDUP if spec.dedup.enabled else TableUse.APPEND
+
+    def check_dead_letter_table(self) -> None:
+        """The dead-letter table, if there is one yet, takes appends (its features allow them)."""
+        if self.config.dead_letter_table_uri:
+            dead = Ledger.open(self.config.dead_letter_table_uri, self.storage_options)
+            dead.check_features(TableUse.APPEND)
+            # dead letters are staged with their own column names and checked against no rule (a NOT NULL column
+            # is one the dead letters' own schema declares: the table is created from it)
+            rules = [c for c in dead.features.constraints if c.kind is not ConstraintKind.NOT_NULL]
+            what = "column mapping" if dead.features.names.active else \
+                "constraints or generated columns" if rules or dead.features.generated else None
+            if what is not None:
+                raise TableFeatureError(
+                    f"the dead-letter table {dead.table_uri} has {what}, which airflow-eo does not write dead letters "
+                    "with: give a dead-letter table without them; nothing was changed")
 
     # -- step 1: plan -------------------------------------------------------------
     def plan(self, run: RunIdentity, ledger: Ledger | None = None,
@@ -160,6 +185,7 @@ class Ingestion:
 
     def _run(self, run: RunIdentity, interval: Interval | None) -> IngestResult:
         ledger = self.ledger()
+        self.check_dead_letter_table()
         self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
         self.collect_orphans()
         step = self.next_step(run, ledger, interval)
@@ -237,8 +263,8 @@ class Ingestion:
         log.info("interval %s holds no records: committing its boundaries without Spark", attempt.plan.interval)
         staged = StagedBatch(attempt.plan, (), partition_by=attempt.partition_by)
         try:  # what an empty Spark batch records, from the builder the driver uses
-            commit(BatchCommit(staged, findings=BatchFindings.of(attempt)), self.config.table_uri,
-                   self.storage_options)
+            commit(BatchCommit(staged, findings=BatchFindings.of(attempt), adopt_table=attempt.adopt_table),
+                   self.config.table_uri, self.storage_options)
         except AirflowEoError as exc:
             return exc
         return None

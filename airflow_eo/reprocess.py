@@ -51,6 +51,7 @@ from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
 from airflow_eo.runner import verdict
 from airflow_eo.table.commit import newest_only
+from airflow_eo.table.features import TableUse
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
@@ -108,7 +109,8 @@ class Reprocessor:
 
     def _run(self, requester: RunIdentity, target: str) -> IngestResult:
         ing, ingest_id = self.ing, self.ing.config.ingest_id
-        ledger = ing.ledger()
+        ledger = ing.ledger(TableUse.REPROCESS)
+        ing.check_dead_letter_table()
         ing.collect_orphans()
         plan = self._committed_plan(target, ledger)
         if not plan.data_ranges:

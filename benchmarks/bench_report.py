@@ -76,6 +76,8 @@ def targets(r: dict, times: dict, results: dict) -> dict:
                 "compaction_in_minutes(<=10)": m["seconds"] <= 600}
     if "merge" in results:
         warm = {**warm, **results["merge"]["targets"]}
+    if "shared" in results:
+        warm = {**warm, **results["shared"]["targets"]}
     if "ui.list" in med:  # the target: the list of 50 tables x 10,000 commits in under 1 s
         ui = results.get("ui", {})
         warm = {**warm, f"ui_list_{ui.get('tables')}x{ui.get('commits')}<1s": med["ui.list"] < 1.0}

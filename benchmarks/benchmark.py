@@ -27,7 +27,10 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   Airflow's API app, its first view and the views after it;
 * merge by key (``bench_merge``): 100,000 changes (10 % deletes) merged into a 10M-row table
   against the same batch appended, recent-heavy and uniform keys, files rewritten after
-  ``maintain --z-order``.
+  ``maintain --z-order``;
+* shared tables (``bench_shared``): the 1x batch into a table with CHECK constraints and a NOT NULL
+  column against the same batch without them, and a merge batch into a table with the change data
+  feed on against the same batch without it.
 
 Prints the paths' table (raw time beside each ratio, warnings when the machine was busy), then
 medians and min-max of everything, and writes the same as JSON (``--out``)::
@@ -65,6 +68,7 @@ import bench_dedup  # noqa: E402
 import bench_maintenance  # noqa: E402
 import bench_audit  # noqa: E402
 import bench_merge  # noqa: E402
+import bench_shared  # noqa: E402
 import bench_paths  # noqa: E402
 import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
@@ -75,7 +79,8 @@ from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
 # The parts, in the order a full run takes them: each a method of Bench (a new part is a method and a name here)
-PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge"]
+PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge",
+         "shared"]
 
 
 def say(message: str) -> None:
@@ -124,6 +129,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--merge-delete-share", type=float, default=0.1)
     p.add_argument("--merge-files", type=int, default=100, help="files of the merge table after z-ordering")
     p.add_argument("--merge-spread-files", type=int, default=20, help="files the merge table is built in")
+    p.add_argument("--shared-merge-rows", type=int, default=1_000_000, help="rows of the change-data-feed merge table")
+    p.add_argument("--shared-merge-changes", type=int, default=100_000, help="records of its merge batch")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -533,6 +540,18 @@ class Bench:
         with self.classic_spark("merge") as spark:
             found = bench_merge.run(self.args, self.work, self.kafka_config, spark, say, self.record, interleaved)
             self.results["merge"] = {**found, **bench_merge.ratios_and_targets(found, self.times)}
+
+
+    # -- shared tables: constraints checked, a merge on a table with the change data feed ----------
+    def shared(self) -> None:
+        a = self.args
+        with self.classic_spark("shared") as spark:
+            bench_kafka.create_topic(self.broker.config, "shared-data", a.partitions)
+            say(f"shared: loading {a.records:,} records of {a.record_bytes} bytes")
+            bench_kafka.load(self.broker.config, "shared-data", a.records, a.partitions, a.record_bytes - 12)
+            found = bench_shared.run(a, self.work, self.kafka_config, "shared-data", spark, say, self.record,
+                                     interleaved)
+            self.results["shared"] = {**found, **bench_shared.ratios_and_targets(self.times)}
 
 
 def machine() -> dict:

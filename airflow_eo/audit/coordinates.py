@@ -145,6 +145,8 @@ class FileRef:
     path: str
     topic: str | None = None
     partition: int | None = None
+    deleted: tuple[int, ...] = ()  # row indexes its deletion vector removes (another engine's DELETE)
+    deleted_by: str = ""  # the commit that deleted them: "version 7 (DELETE)"
 
 
 V = TypeVar("V", str, int)
@@ -194,16 +196,21 @@ def _bounds(row: dict, key: str, cast: Callable[[Any], V]) -> Bounds[V]:
     return Bounds(None if low is None else cast(low), None if high is None else cast(high))
 
 
-def table_files(table) -> list[FileStats]:
-    """The data files of a ``deltalake.DeltaTable`` snapshot with their coordinate statistics."""
+def table_files(table, deleted: Mapping[str, tuple[int, ...]] | None = None,
+                deleted_by: Mapping[str, str] | None = None) -> list[FileStats]:
+    """The data files of a ``deltalake.DeltaTable`` snapshot with their coordinate statistics;
+    ``deleted``: the rows deletion vectors remove, by file (and ``deleted_by``: which commit)."""
     actions, out = add_actions_of(table), []
+    deleted, deleted_by = deleted or {}, deleted_by or {}
     wanted = ["path"] + [f"{kind}.{key}" for kind in ("partition", "min", "max") for key in KEYS]
     # column by column: Table.to_pylist() imports pandas (~0.2 s) to rule it out
     columns = {name: actions[name].to_pylist() for name in wanted if name in actions.column_names}
     for i in range(actions.num_rows):
         row = {name: values[i] for name, values in columns.items()}
         topic, partition = row.get("partition.topic"), row.get("partition.partition")
-        out.append(FileStats(FileRef(row["path"], None if topic is None else str(topic), _int(partition)),
+        path = row["path"]
+        out.append(FileStats(FileRef(path, None if topic is None else str(topic), _int(partition),
+                                     deleted.get(path, ()), deleted_by.get(path, "")),
                              _bounds(row, "topic", str), _bounds(row, "partition", int), _bounds(row, "offset", int)))
     return out
 
@@ -242,21 +249,30 @@ class FileIndex:
 
 
 def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPartition, lo: int, hi: int | None,
-                  ingest_id: str | None = None) -> np.ndarray:
+                  ingest_id: str | None = None, deleted: dict[str, list[np.ndarray]] | None = None,
+                  names: Mapping[str, str] | None = None) -> np.ndarray:
     """The ``offset`` of every row of ``tp`` in ``[lo, hi)`` in ``files``, duplicates kept; with
-    ``ingest_id``, only rows whose ``ingest_id`` column says so (a dead-letter table's)."""
+    ``ingest_id``, only rows whose ``ingest_id`` column says so (a dead-letter table's). Rows a
+    deletion vector removes are not rows of the table: their offsets go to ``deleted`` (by the
+    commit that deleted them) when it is given. ``names``: logical → physical column names (column
+    mapping: the files hold the physical ones)."""
     import pyarrow.parquet as pq
 
     found: list[np.ndarray] = []
     for ref in files:
+        first = 0  # the file's row index of the batch's first row
         with location.fs.open_input_file(location.join(ref.path)) as f:
             pf = pq.ParquetFile(f)
-            present = [k for k in (*KEYS, "ingest_id") if k in pf.schema_arrow.names]
-            strings = [k for k in ("topic", "ingest_id") if k in present]  # compared by dictionary index
+            physical = {k: (names or {}).get(k, k) for k in (*KEYS, "ingest_id")}
+            present = [k for k in (*KEYS, "ingest_id") if physical[k] in pf.schema_arrow.names]
+            strings = [physical[k] for k in ("topic", "ingest_id") if k in present]  # compared by dictionary index
             if strings:  # the footer read once: a reader naming a column absent from the file fails
                 pf = pq.ParquetFile(f, metadata=pf.metadata, read_dictionary=strings)
-            for batch in pf.iter_batches(columns=present, batch_size=262_144):
+            for batch in pf.iter_batches(columns=[physical[k] for k in present], batch_size=262_144):
+                batch = batch.rename_columns(present)
                 offsets = _ints(batch["offset"])
+                gone = _deleted_in(ref.deleted, first, offsets.size)
+                first += offsets.size
                 mask = offsets >= lo
                 if hi is not None:
                     mask &= offsets < hi
@@ -270,10 +286,27 @@ def table_offsets(location: TableLocation, files: Sequence[FileRef], tp: TopicPa
                     continue
                 if ingest_id is not None and "ingest_id" in present:
                     mask &= _equal(batch["ingest_id"], ingest_id)
+                if gone is not None:
+                    if deleted is not None and (mask & gone).any():
+                        deleted.setdefault(ref.deleted_by, []).append(offsets[mask & gone])
+                    mask &= ~gone
                 picked = offsets[mask]
                 if picked.size:
                     found.append(picked)
     return np.concatenate(found) if found else _NONE
+
+
+def _deleted_in(rows: tuple[int, ...], first: int, size: int) -> np.ndarray | None:
+    """Which of a batch's rows (the file's rows ``first``…) a deletion vector removes (None: none)."""
+    if not rows:
+        return None
+    indexes = np.asarray(rows, dtype=np.int64)
+    indexes = indexes[(indexes >= first) & (indexes < first + size)] - first
+    if not indexes.size:
+        return None
+    mask = np.zeros(size, dtype=bool)
+    mask[indexes] = True
+    return mask
 
 
 # Arrow to numpy through the data buffers: pyarrow's to_numpy(), pa.scalar() and compute calls

@@ -44,6 +44,7 @@ class FindingKind(str, enum.Enum):
     DEAD_LETTERED = "dead_lettered"  # offsets found in the dead-letter table
     DEDUPLICATED = "deduplicated"  # offsets missing from the table within the batch's recorded dropped duplicates
     ROW_COUNT = "row_count"  # merge mode: the table's rows differ from what its merge commits recorded
+    DELETED = "deleted"  # in the table once, then deleted by a later commit (another engine's deletion vector)
 
     def __str__(self) -> str:
         return self.value
@@ -311,6 +312,7 @@ class SliceResult:
     missing: dict[int, Listed] = field(default_factory=dict)  # per batch
     delivered: dict[int, int] = field(default_factory=dict)  # per batch
     rows_read: int = 0
+    deleted: dict[str, Listed] = field(default_factory=dict)  # by the commit that deleted them
 
     def to_dict(self) -> dict:
         def listed(x: Listed) -> list:
@@ -319,7 +321,8 @@ class SliceResult:
                 "duplicated_offsets": self.duplicated_offsets, "stray": listed(self.stray),
                 "dead_lettered": listed(self.dead_lettered),
                 "missing": {str(b): listed(x) for b, x in self.missing.items()},
-                "delivered": {str(b): n for b, n in self.delivered.items()}, "rows_read": self.rows_read}
+                "delivered": {str(b): n for b, n in self.delivered.items()}, "rows_read": self.rows_read,
+                "deleted": {by: listed(x) for by, x in self.deleted.items()}}
 
     @classmethod
     def from_dict(cls, raw: dict) -> "SliceResult":
@@ -328,7 +331,8 @@ class SliceResult:
         return cls(SliceSpec.from_dict(raw["spec"]), listed(raw["duplicated_rows"]), int(raw["duplicated_offsets"]),
                    listed(raw["stray"]), listed(raw["dead_lettered"]),
                    {int(b): listed(x) for b, x in raw["missing"].items()},
-                   {int(b): int(n) for b, n in raw["delivered"].items()}, int(raw["rows_read"]))
+                   {int(b): int(n) for b, n in raw["delivered"].items()}, int(raw["rows_read"]),
+                   {by: listed(x) for by, x in raw.get("deleted", {}).items()})
 
 
 def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -349,10 +353,12 @@ def _member(values: np.ndarray, distinct: np.ndarray) -> np.ndarray:
     return distinct[at] == values
 
 
-def compare_slice(spec: SliceSpec, kafka: np.ndarray, table: np.ndarray, dead: np.ndarray) -> SliceResult:
+def compare_slice(spec: SliceSpec, kafka: np.ndarray, table: np.ndarray, dead: np.ndarray,
+                  deleted: Mapping[str, np.ndarray] | None = None) -> SliceResult:
     """Compare one slice. ``kafka``: the offsets a read_committed consumer delivered in the
     slice's checked ranges; ``table`` / ``dead``: the offsets in ``[lo, hi)`` of the table's rows
-    and of the dead letters, duplicates kept."""
+    and of the dead letters, duplicates kept; ``deleted``: the offsets of rows a later commit
+    deleted (deletion vectors), by that commit: delivered, and accounted for."""
     kafka, dead = _counted(kafka)[0], _counted(dead)[0]
     rows, counts = _counted(table)
     twice = counts > 1
@@ -361,7 +367,14 @@ def compare_slice(spec: SliceSpec, kafka: np.ndarray, table: np.ndarray, dead: n
     outside = ~_in_spans(rows, list(spec.committed))
     undelivered = _in_spans(rows, spec.kafka_spans) & ~_member(rows, kafka)
     in_dead = _member(kafka, dead)
-    absent = kafka[~_member(kafka, rows) & ~in_dead]
+    absent_mask = ~_member(kafka, rows) & ~in_dead
+    gone: dict[str, Listed] = {}
+    for by, offsets in (deleted or {}).items():
+        was = absent_mask & _member(kafka, _counted(offsets)[0])
+        if was.any():
+            gone[by] = Listed.of(kafka[was])
+            absent_mask &= ~was
+    absent = kafka[absent_mask]
     missing: dict[int, Listed] = {}
     delivered: dict[int, int] = {}
     for b, s, e in spec.checked:
@@ -370,7 +383,7 @@ def compare_slice(spec: SliceSpec, kafka: np.ndarray, table: np.ndarray, dead: n
             missing[b] = missing.get(b, Listed()).plus(Listed.of(part))
         delivered[b] = delivered.get(b, 0) + int(((kafka >= s) & (kafka < e)).sum())
     return SliceResult(spec, duplicated, int(twice.sum()), Listed.of(rows[outside | undelivered]),
-                       Listed.of(kafka[in_dead]), missing, delivered, int(table.size))
+                       Listed.of(kafka[in_dead]), missing, delivered, int(table.size), gone)
 
 
 def unverifiable(scope: PartitionScope) -> list[Finding]:
@@ -388,12 +401,15 @@ def merge_slices(scope: PartitionScope, results: Iterable[SliceResult]) -> Parti
     """One partition's result from its slices' (in any order)."""
     tp, findings = scope.tp, unverifiable(scope)
     dup, dup_offsets, stray, dead = Listed(), 0, Listed(), Listed()
+    gone: dict[str, Listed] = {}
     missing: dict[int, Listed] = {}
     delivered: dict[int, int] = {}
     checked = rows = 0
     for r in sorted(results, key=lambda r: r.spec.lo):
         dup, dup_offsets = dup.plus(r.duplicated_rows), dup_offsets + r.duplicated_offsets
         stray, dead = stray.plus(r.stray), dead.plus(r.dead_lettered)
+        for by, x in r.deleted.items():
+            gone[by] = gone.get(by, Listed()).plus(x)
         for b, x in r.missing.items():
             missing[b] = missing.get(b, Listed()).plus(x)
         for b, n in r.delivered.items():
@@ -408,6 +424,9 @@ def merge_slices(scope: PartitionScope, results: Iterable[SliceResult]) -> Parti
                                        "transaction markers"))
     if dead.count:
         findings.append(Finding(FindingKind.DEAD_LETTERED, tp, dead.count, dead.offsets))
+    for by, x in sorted(gone.items()):
+        findings.append(Finding(FindingKind.DELETED, tp, x.count, x.offsets,
+                                detail=f"written by a batch, then deleted by {by or 'a later commit'}"))
     return PartitionResult(tp, tuple(findings), {b: x.offsets for b, x in missing.items()},
                            {b: x.count for b, x in missing.items()}, checked, rows, delivered)
 

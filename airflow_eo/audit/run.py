@@ -44,9 +44,10 @@ from airflow_eo.errors import ConfigError, KafkaUnavailableError, TableError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
 from airflow_eo.table.audit_log import AuditLog
+from airflow_eo.table.features import TableUse
 from airflow_eo.table.ledger import Ledger, partition_app_id
 from airflow_eo.spec.options import WriteMode
-from airflow_eo.table.metadata import CommitKind
+from airflow_eo.table.metadata import METADATA_KEY, CommitKind
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,17 @@ def merge_counts(ledger: Ledger, ingest_id: str) -> tuple[list[MergeCounts], boo
     return commits, oldest is not None and oldest.meta.batch == 1 and oldest.meta.operation is CommitKind.BATCH
 
 
+# operations of other engines that change rows (delta-spark, Databricks, deltalake's own)
+_ROW_CHANGES = ("DELETE", "UPDATE", "MERGE", "WRITE", "STREAMING UPDATE", "REPLACE TABLE AS SELECT", "TRUNCATE")
+
+
+def other_engines_changed_rows(ledger: Ledger) -> list[str]:
+    """The commits the log holds that changed rows and are not airflow-eo's ("version V (OPERATION)")."""
+    assert ledger.table is not None
+    return [f"version {c.get('version')} ({c.get('operation')})" for c in reversed(ledger.table.history())
+            if METADATA_KEY not in c and c.get("operation") in _ROW_CHANGES]
+
+
 def table_rows(ledger: Ledger) -> int:
     """The table's rows from its files' statistics (no data is read)."""
     table = ledger.table
@@ -138,10 +150,48 @@ def _open_table(uri: str, storage_options: Mapping[str, str] | None) -> Ledger:
     return ledger
 
 
+def deleting_commits(ledger: Ledger, deleted: Mapping[str, tuple[int, ...]]) -> dict[str, str]:
+    """Each file with a deletion vector → the commit that wrote that vector, "version V (OPERATION)":
+    the oldest snapshot in which the file already had it (found by bisection over the versions; a
+    file's vector only grows while the file is in the table)."""
+    if not deleted:
+        return {}
+    from deltalake import DeltaTable
+
+    from airflow_eo.table.files import deleted_rows_of
+
+    assert ledger.table is not None and ledger.version is not None
+    snapshots: dict[int, dict[str, tuple[int, ...]]] = {}
+
+    def rows_at(version: int) -> dict[str, tuple[int, ...]]:
+        if version not in snapshots:
+            try:
+                table = DeltaTable(ledger.table_uri, version=version, storage_options=ledger.storage_options)
+                reader = table.protocol().reader_features or ()
+                snapshots[version] = deleted_rows_of(table) if "deletionVectors" in reader else {}
+            except Exception:  # a version the log no longer holds (log cleanup): not this one
+                snapshots[version] = {}
+        return snapshots[version]
+
+    operations = {int(c.get("version", -1)): c.get("operation", "") for c in ledger.table.history()}
+    found = {}
+    for path, rows in deleted.items():
+        low, high = 0, ledger.version
+        while low < high:
+            middle = (low + high) // 2
+            if rows_at(middle).get(path) == rows:
+                high = middle
+            else:
+                low = middle + 1
+        found[path] = f"version {low} ({operations.get(low) or 'operation no longer in the log'})"
+    return found
+
+
 def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges],
                 scopes: dict[TopicPartition, PartitionScope], dead: Ledger | None) -> list[SliceTask]:
     """Every audited partition's slices, each with the files whose statistics may hold its rows."""
-    files = FileIndex(table_files(ledger.table))
+    deleted = ledger.deleted_rows()  # rows other engines deleted with deletion vectors: not the table's
+    files = FileIndex(table_files(ledger.table, deleted, deleting_commits(ledger, deleted)))
     dead_files = FileIndex(table_files(dead.table) if dead is not None else [])
     tasks = []
     for tp, scope in sorted(scopes.items()):
@@ -149,7 +199,8 @@ def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges
         for spec in plan_slices(scope, committed, request.slice_offsets, files.highest_offset(tp)):
             tasks.append(SliceTask(spec, ledger.table_uri, files.files(tp, spec.lo, spec.hi),
                                    dead.table_uri if dead is not None else None,
-                                   dead_files.files(tp, spec.lo, spec.hi), request.ingest_id))
+                                   dead_files.files(tp, spec.lo, spec.hi), request.ingest_id,
+                                   ledger.features.names.as_dict()))
     return tasks
 
 
@@ -181,6 +232,7 @@ def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditR
     ``spark``: where large audits run their slices (:class:`airflow_eo.submit.audit.SparkSlices`)."""
     ledger = _open_table(request.table_uri, request.storage_options)
     ledger.check_owner(request.ingest_id)
+    ledger.check_features(TableUse.AUDIT)  # deletion vectors, column mapping: refused, not misread
     audits = AuditLog(ledger.location())
     last = audits.last(request.ingest_id) if request.selection is Selection.SINCE_LAST_AUDIT else None
     batches = batch_ranges(ledger, request.ingest_id)
@@ -210,9 +262,13 @@ def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditR
     else:  # merge mode: rows do not keep every offset (see rows_keep_offsets): the ranges' tiling and the
         # table's rows against what its merge commits recorded
         commits, complete = merge_counts(ledger, request.ingest_id)
-        findings.extend(check_merge_counts(commits, table_rows(ledger), complete))
+        others = other_engines_changed_rows(ledger)
+        if not others:
+            findings.extend(check_merge_counts(commits, table_rows(ledger), complete))
         notes.append("rows written in merge mode are not compared offset by offset: the committed ranges are checked"
-                     + (", and the table's rows against the rows its merge commits inserted and deleted" if complete
+                     + ("; other engines changed rows (" + ", ".join(others[:3]) + "), so the table's rows are not "
+                        "counted against its merge commits" if others else
+                        ", and the table's rows against the rows its merge commits inserted and deleted" if complete
                         else "; the log no longer holds every merge commit, so the rows are not counted"))
         results = [PartitionResult(tp, tuple(unverifiable(scope))) for tp, scope in sorted(scopes.items())]
         engine, rows_read = InProcessSlices.engine, 0

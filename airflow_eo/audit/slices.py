@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Sequence
 
 import numpy as np
@@ -41,6 +41,7 @@ class SliceTask:
     dead_letter_uri: str | None = None
     dead_files: tuple[FileRef, ...] = ()
     ingest_id: str = ""  # a dead-letter table may hold other ingests' records too
+    names: dict = field(default_factory=dict)  # the table's logical → physical column names (column mapping)
 
     @property
     def size(self) -> int:
@@ -59,11 +60,13 @@ def run_slice(task: SliceTask, kafka: KafkaCoordinates, storage_options=None,
         return locations[uri]
 
     delivered = [kafka.offsets(spec.tp, s, e) for s, e in spec.kafka_spans]
-    table = table_offsets(location(task.table_uri), task.files, spec.tp, spec.lo, spec.hi)
+    deleted: dict[str, list[np.ndarray]] = {}  # rows later commits deleted (deletion vectors), by commit
+    table = table_offsets(location(task.table_uri), task.files, spec.tp, spec.lo, spec.hi, deleted=deleted,
+                          names=task.names)
     dead = table_offsets(location(task.dead_letter_uri), task.dead_files, spec.tp, spec.lo, spec.hi, task.ingest_id) \
         if task.dead_letter_uri else np.array([], dtype=np.int64)
     kafka_offsets = np.concatenate(delivered) if delivered else np.array([], dtype=np.int64)
-    return compare_slice(spec, kafka_offsets, table, dead)
+    return compare_slice(spec, kafka_offsets, table, dead, {by: np.concatenate(a) for by, a in deleted.items()})
 
 
 class SliceRunner(Protocol):

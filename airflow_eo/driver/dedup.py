@@ -114,7 +114,7 @@ class Deduplicated:
         the duplicates are counted again, exactly, by one more pass.
         """
         if self.observed:
-            ranked, kept = (_observed(o).get("records") for o in self.observed)
+            ranked, kept = (observed_metrics(o).get("records") for o in self.observed)
             if ranked is not None and kept is not None and kept <= ranked <= (read_at_most or ranked):
                 return int(ranked - kept)
         return self.duplicates.count()
@@ -129,7 +129,7 @@ def _first_copies(ranked, known, columns: tuple):
         return kept.select(*columns)
 
 
-def _observed(observation) -> dict:
+def observed_metrics(observation) -> dict:
     """An Observation's metrics, or {} when none arrived within :data:`OBSERVED_WAIT` seconds."""
     try:
         if observation_pending(observation, OBSERVED_WAIT):  # classic: .get would wait for an action that never ran
@@ -262,20 +262,21 @@ def drop_duplicates(source, expr: str, table_files: TableFiles | None, horizon_m
 
 
 def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: BatchPlan,
-              now_ms: int) -> tuple[list[TableFile], int | None]:
+              now_ms: int) -> tuple[list[TableFile], int | None, dict[str, str]]:
     """The table's data files that may hold keys within ``spec``'s horizon, and the horizon as
     epoch ms for a duration. ``"<n> batches"`` keeps the files of the last n batches' attempt
     directories (and every file outside them: a compaction mixes batches); a duration keeps the
-    files whose ``timestamp`` statistics reach it (or that have none)."""
+    files whose ``timestamp`` statistics reach it (or that have none); and the table's column mapping
+    (logical → physical names: the files are read by them)."""
     ledger = Ledger.open(location.uri, storage_options)
     if ledger.table is None:
-        return [], None
+        return [], None, {}
     actions = ledger.add_actions()
     newest = actions["max.timestamp"].to_pylist() if "max.timestamp" in actions.column_names else None
     batches = spec.horizon_batches()
     horizon_ms = None if batches or not spec.horizon else now_ms - int(parse_duration(spec.horizon) * 1000)
     kept = []
-    for i, file in enumerate(snapshot_files(actions)):
+    for i, file in enumerate(snapshot_files(actions, ledger.deleted_rows())):  # rows deleted since: not stored
         batch = batch_of_path(file.path)
         if batches and batch is not None and batch < plan.batch - batches:
             continue
@@ -283,7 +284,7 @@ def key_files(location: TableLocation, storage_options, spec: DedupSpec, plan: B
                 and newest[i].timestamp() * 1000 < horizon_ms:
             continue
         kept.append(file)
-    return kept, horizon_ms
+    return kept, horizon_ms, ledger.features.names.as_dict()
 
 
 def deduplicate(source, attempt: Attempt, location: TableLocation, storage_options, now_ms: int,
@@ -291,8 +292,8 @@ def deduplicate(source, attempt: Attempt, location: TableLocation, storage_optio
     """The batch split by ``attempt.dedup`` against the table's keys within its horizon, ranked by
     as many tasks as read it, at most one per core (Spark's default of 200 shuffle partitions
     costs more than the ranking itself on a small batch)."""
-    files, horizon_ms = key_files(location, storage_options, attempt.dedup, attempt.plan, now_ms)
-    stored = TableFiles(location.uri, tuple(files), storage_options)
+    files, horizon_ms, names = key_files(location, storage_options, attempt.dedup, attempt.plan, now_ms)
+    stored = TableFiles(location.uri, tuple(files), storage_options, names)
     own = attempt.plan.data_ranges if attempt.kind is AttemptKind.REPROCESS else ()
     tasks = len(read_slices(attempt.plan.data_ranges, attempt.spark.max_offsets_per_task))
     cores = _parallelism(source.sparkSession)

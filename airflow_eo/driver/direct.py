@@ -46,6 +46,7 @@ from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKi
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
 from airflow_eo.driver.writer import staged_from_reports, task_writer, written_struct
+from airflow_eo.table.features import TableFeatures
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation
 
@@ -96,10 +97,13 @@ class DirectStage:
     in_driver: bool = False
 
     @classmethod
-    def of(cls, attempt: Attempt) -> "DirectStage | None":
-        """The direct path for ``attempt``, or None when its rows need Spark (see the module)."""
+    def of(cls, attempt: Attempt, features: TableFeatures | None = None) -> "DirectStage | None":
+        """The direct path for ``attempt``, or None when its rows need Spark (see the module): also when the
+        table has rules for new rows (``features``: constraints, generated columns), which are Spark SQL
+        and so are checked on the Spark path (:mod:`airflow_eo.driver.constraints`), or column mapping
+        (the Spark path writes the physical names: :func:`airflow_eo.driver.writer.to_physical`)."""
         columns = direct_columns(attempt.spec)
-        if columns is None:
+        if columns is None or (features is not None and (features.enforced or features.names.active)):
             return None
         if attempt.plan.interval is not None and attempt.kind is AttemptKind.INGEST and TIMESTAMP_COLUMN not in columns:
             return None
@@ -107,9 +111,9 @@ class DirectStage:
         return cls(columns, in_driver=limit > 0 and sum(r.size for r in attempt.plan.data_ranges) <= limit)
 
     @staticmethod
-    def needs_spark(attempt: Attempt) -> bool:
+    def needs_spark(attempt: Attempt, features: TableFeatures | None = None) -> bool:
         """Whether ``attempt`` runs Spark at all (not when the driver reads its batch itself)."""
-        direct = DirectStage.of(attempt)
+        direct = DirectStage.of(attempt, features)
         return direct is None or not direct.in_driver
 
     @property

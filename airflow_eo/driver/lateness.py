@@ -27,10 +27,10 @@ from airflow_eo.table.staging import StagedFile
 from airflow_eo.table.storage import TableLocation
 
 
-def _may_be_late(f: StagedFile, start_ms: int) -> bool:
+def _may_be_late(f: StagedFile, start_ms: int, column: str = TIMESTAMP_COLUMN) -> bool:
     """From the file's Delta stats: can it hold a timestamp before ``start_ms``? (no stats: yes)"""
     try:
-        low = json.loads(f.stats or "{}").get("minValues", {}).get(TIMESTAMP_COLUMN)
+        low = json.loads(f.stats or "{}").get("minValues", {}).get(column)
     except ValueError:
         return True
     if low is None:
@@ -38,15 +38,16 @@ def _may_be_late(f: StagedFile, start_ms: int) -> bool:
     return datetime.fromisoformat(str(low).replace("Z", "+00:00")).timestamp() * 1000 < start_ms
 
 
-def late_in_files(files, location: TableLocation, start_ms: int) -> dict:
-    """Late rows of the staged ``files`` (which hold the ``timestamp`` column)."""
+def late_in_files(files, location: TableLocation, start_ms: int, column: str = TIMESTAMP_COLUMN) -> dict:
+    """Late rows of the staged ``files`` (which hold the ``timestamp`` column, as ``column``: its
+    physical name under column mapping)."""
     records, oldest = 0, None
     for f in files:
-        if not _may_be_late(f, start_ms):
+        if not _may_be_late(f, start_ms, column):
             continue
         with location.fs.open_input_file(location.join(f.path)) as handle:
-            column = pq.read_table(handle, columns=[TIMESTAMP_COLUMN]).column(TIMESTAMP_COLUMN)
-        micros = pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64())
+            values = pq.read_table(handle, columns=[column]).column(column)
+        micros = pc.cast(pc.cast(values, pa.timestamp("us", tz="UTC")), pa.int64())
         late = pc.filter(micros, pc.less(micros, start_ms * 1000))
         if len(late):
             records += len(late)
@@ -65,9 +66,10 @@ def late_in_frame(df, start_ms: int) -> dict:
     return {"records": int(row["n"] or 0), "oldest_ms": row["oldest"]}
 
 
-def late_records(files, location: TableLocation, arrow_schema: pa.Schema, start_ms: int, source) -> dict:
-    """Late rows of an interval batch: from the staged files when they keep ``timestamp``,
-    else from the batch's ``source`` records."""
+def late_records(files, location: TableLocation, arrow_schema: pa.Schema, start_ms: int, source,
+                 column: str = TIMESTAMP_COLUMN) -> dict:
+    """Late rows of an interval batch: from the staged files when they keep ``timestamp`` (as
+    ``column`` in the files), else from the batch's ``source`` records."""
     if TIMESTAMP_COLUMN in arrow_schema.names:
-        return late_in_files(files, location, start_ms)
+        return late_in_files(files, location, start_ms, column)
     return late_in_frame(source, start_ms)

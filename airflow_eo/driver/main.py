@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from airflow_eo.attempt import Attempt, AttemptKind, Secrets
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets
 from airflow_eo.driver import merge as merging
 from airflow_eo.driver.cdc import decoding_attempt
+from airflow_eo.driver.constraints import enforce
 from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
@@ -55,6 +56,7 @@ from airflow_eo.table.commit import (
     ALREADY_COMMITTED, COMMITTED, BatchCommit, CommitOutcome, FileSwap, MergeCommit, MergeReprocessCommit,
     ReprocessCommit, StagedBatch, commit, commit_dead_letters_of,
 )
+from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, LateRecords
 from airflow_eo.table.staging import StagedFile, StagingArea
@@ -102,7 +104,9 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     plan, storage_options = attempt.plan, secrets.storage_options
     failpoint("before_read")
     planned_offsets = sum(r.size for r in plan.data_ranges)
-    direct = DirectStage.of(attempt)  # identity or a projection of the Kafka columns: the read tasks write
+    # the table's rules on new rows (constraints, generated columns), from the snapshot the batch starts on
+    features = Ledger.open(attempt.table_uri, storage_options).features
+    direct = DirectStage.of(attempt, features)  # identity or a projection of the Kafka columns: the read tasks write
     if spark is None and (direct is None or not direct.in_driver):
         raise ValueError(f"batch {plan.batch} needs Spark ({planned_offsets} offsets; the driver reads a direct "
                          f"batch of at most {attempt.spark.driver_read_max_offsets} itself) but was given no session")
@@ -118,20 +122,23 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             late = late_records(files, staging.loc, direct.arrow_schema, plan.interval.start_ms, None)
         out = Staged(files, rows, direct.arrow_schema, planned, late=late)
     else:
-        out = _stage_with_spark(spark, attempt, secrets, staging, planned_offsets)
+        out = _stage_with_spark(spark, attempt, secrets, staging, planned_offsets, features)
     staged = time.monotonic()
     # phase timings: where a run's time goes (README "Performance")
     log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
              "in %.2fs", plan.batch, out.planned - started, sum(out.rows.values()), len(out.files),
              staged - out.planned)
-    if out.merged is not None:
+    if out.merged is not None and out.merged.engine:
+        log.info("batch %s: merge by %s: %d change(s), applied by deltalake's MERGE at the commit (it counts the rows)",
+                 plan.batch, list(out.merged.info.key), out.merged.info.changes)
+    elif out.merged is not None:
         info = out.merged.info
         log.info("batch %s: merge by %s: %d change(s) → %d inserted, %d updated, %d deleted; %d table file(s) "
                  "rewritten (%d rows copied)", plan.batch, list(info.key), info.changes, info.inserted, info.updated,
                  info.deleted, info.files_rewritten, info.rows_rewritten)
     failpoint("after_stage")
     failpoint("before_commit")
-    batch = StagedBatch(plan, tuple(out.files), out.rows, out.arrow_schema, attempt.partition_by)
+    batch = StagedBatch(plan, tuple(out.files), out.rows, out.arrow_schema, attempt.partition_by, features)
     if out.dropped is not None:
         log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, out.dropped,
                  attempt.dedup.key)
@@ -151,9 +158,10 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
 
 
 def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea,
-                      planned_offsets: int) -> Staged:
-    """Steps 1-4 through Spark: read, decode, transform, stage (Spark's Parquet writer, the
-    tasks' on object stores, or a merge's winners and rewritten files)."""
+                      planned_offsets: int, features: TableFeatures) -> Staged:
+    """Steps 1-4 through Spark: read, decode, transform, check the table's rules
+    (:mod:`airflow_eo.driver.constraints`), stage (Spark's Parquet writer, the tasks' on object
+    stores, or a merge's winners and rewritten files)."""
     # imported here: the registry client they import is ~0.2 s of every warm command that needs none
     from airflow_eo.decoding.decoder import record_decoder
     from airflow_eo.driver.dead_letters import DeadLetters
@@ -165,7 +173,7 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
     decoder, reader_schemas = record_decoder(decoding.decode.columns, secrets.schema_registry, plan)
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
-    dead = DeadLetters.of(source, decoding, secrets)  # None unless decoding
+    dead = DeadLetters.of(source, decoding, secrets, features.enforced)  # None unless records may go there
     merged = changes = None
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     with Progress(spark, plan.batch, planned_offsets):  # Spark itself is at WARN
@@ -183,26 +191,32 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                     dead.add(dups.duplicates)
             if attempt.merge.enabled:  # change events unwrapped, delete flags
                 source = changes = merging.change_view(source, attempt, dead)
-            if dead is not None:
-                dead.stage(stage)  # undecodable records (and duplicates): staged beside the dead-letter table
             out = apply_transform(attempt.transform, source, view, attempt.partition_by)
             if dups is not None:
                 out = with_key_column(out, dups)
             from airflow_eo.compat import arrow_schema_of
 
+            deleted = None
             if attempt.merge.enabled:
                 merging.check_output(out, attempt.merge.key)
                 out = merging.with_change_columns(out, changes)
+                deleted = merging.deletes(out)
+            # the table's rules: violating records to the dead letters, or counted by the write
+            out, enforced = enforce(out, features, attempt, dead, deleted)
+            if dead is not None:
+                dead.stage(stage)  # undecodable records (duplicates, violations): staged beside the dead-letter table
             arrow_schema = arrow_schema_of(out.drop(*merging.INTERNAL).schema if attempt.merge.enabled else out.schema)
             planned = time.monotonic()
             if attempt.merge.enabled:  # one row per key: winners, the table files that held their keys
                 tasks = len(read_slices(plan.data_ranges, attempt.spark.max_offsets_per_task))
+                use = TableUse.REPROCESS if attempt.kind is AttemptKind.REPROCESS else TableUse.MERGE
                 merged = merging.merge_into(out, attempt, location, storage_options, staging.attempt_path(plan),
-                                            stage, arrow_schema, tasks)
+                                            stage, arrow_schema, tasks, engine=features.engine_for(use))
                 files = list(merged.files)
-            else:
+            else:  # under column mapping the files hold physical names and field ids
                 files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
-                              attempt.partition_by)
+                              attempt.partition_by, features.names)
+            enforced.raise_if_violated()  # before anything is committed
             dropped = dups.dropped(planned_offsets) if dups is not None else None
             late = None
             if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
@@ -212,7 +226,8 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                 if merged is not None:  # the files hold one row per key: count over the records
                     in_files = pa.schema([])
                 late = late_records(files, location, in_files, plan.interval.start_ms,
-                                    source if dups is None else dups.unobserved)
+                                    source if dups is None else dups.unobserved,
+                                    features.names.physical(TIMESTAMP_COLUMN))
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
@@ -220,7 +235,7 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                 changes.unpersist()
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
-    rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files)
+    rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files, features.names)
     return Staged(files, rows, arrow_schema, planned, reader_schemas, dead, dropped, late, merged)
 
 
@@ -234,19 +249,22 @@ def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, fi
         if attempt.kind is AttemptKind.REPROCESS:
             rule = MergeReprocessCommit(batch, swap=swap, info=merged.info, merge=attempt.merge,
                                         reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
-                                        findings=findings)
+                                        findings=findings, engine=merged.engine)
         else:
             rule = MergeCommit(batch, swap=swap, info=merged.info, merge=attempt.merge, findings=findings,
-                               schema_evolution=attempt.schema_evolution, table_properties=attempt.table_properties)
+                               schema_evolution=attempt.schema_evolution, table_properties=attempt.table_properties,
+                               adopt_table=attempt.adopt_table, engine=merged.engine)
         outcome = commit(rule, uri, storage_options)
         if findings.dead_letters is not None and attempt.kind is AttemptKind.INGEST:
             commit_dead_letters_of(Ledger.open(uri, storage_options), batch.plan.ingest_id, storage_options)
     elif attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
-        outcome = commit(ReprocessCommit(batch, reprocess_from=attempt.reprocess_from,
-                                         requested_by=attempt.requested_by, findings=findings), uri, storage_options)
+        engine = batch.features is not None and batch.features.engine_for(TableUse.REPROCESS)
+        outcome = commit(ReprocessCommit(batch, reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
+                                         findings=findings, engine=engine), uri, storage_options)
     else:
         outcome = commit(BatchCommit(batch, findings=findings, schema_evolution=attempt.schema_evolution,
-                                     table_properties=attempt.table_properties), uri, storage_options)
+                                     table_properties=attempt.table_properties, adopt_table=attempt.adopt_table),
+                         uri, storage_options)
         if findings.dead_letters is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
             commit_dead_letters_of(Ledger.open(uri, storage_options), batch.plan.ingest_id, storage_options)
     staging.end_attempt(attempt.attempt_id, committed=outcome.status == COMMITTED)
@@ -302,7 +320,8 @@ def main(argv: list[str]) -> int:
         if args.attempt_id:
             attempt = StagingArea(TableLocation.of(args.table_uri, secrets.storage_options)).read_attempt(args.attempt_id)
             # a batch the driver reads itself needs no SparkContext: its start and stop are most of a small job
-            spark = job.session() if DirectStage.needs_spark(attempt) else None
+            features = Ledger.open(attempt.table_uri, secrets.storage_options).features
+            spark = job.session() if DirectStage.needs_spark(attempt, features) else None
             outcome = run_attempt(spark, attempt, secrets)
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0

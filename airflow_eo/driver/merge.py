@@ -34,7 +34,7 @@ import io
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -74,6 +74,7 @@ class MergedBatch:
     snapshot_files: frozenset[str]
     rows_per_partition: dict[str, int]
     info: MergeInfo
+    engine: bool = False  # ``files`` are the winners, deletes too, for deltalake's MERGE (no rewrites)
 
 
 # -- 1. the change view -----------------------------------------------------------------------------
@@ -118,6 +119,12 @@ def check_output(out, key: tuple[str, ...]) -> None:
         if kind in ("struct", "array", "map", "float", "double", "binary", "variant"):
             raise ConfigError(f"merge_key column {c!r} is a {kind}: a key must compare exactly (integers, strings, "
                               "dates, timestamps, decimals); cast it in the transform; nothing was committed")
+
+
+def deletes(out):
+    """The column that marks ``out``'s rows that delete their key (after :func:`with_change_columns`)."""
+    with functions_for(out) as F:
+        return F.col(f"{CHANGE_COLUMN}.{DELETE_COLUMN}")
 
 
 def with_change_columns(out, view):
@@ -206,11 +213,14 @@ def _null_keys(changed: pa.Table, key: tuple[str, ...]):
 
 
 def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, target: str, stage, arrow_schema,
-               tasks: int) -> MergedBatch:
+               tasks: int, engine: bool = False) -> MergedBatch:
     """Steps 3-4 (module doc) for the transform's output ``out`` (with :data:`CHANGE_COLUMN`):
     ``stage(df, location, target, storage_options, arrow_schema, partition_by)`` writes the
     winners that upsert (:func:`airflow_eo.driver.writer.stage`); the rewritten copies go
-    beside ``target`` (its ``-kept`` directory: they hold other batches' rows)."""
+    beside ``target`` (its ``-kept`` directory: they hold other batches' rows). ``engine``
+    (a table with a change data feed or deletion vectors): every winner is staged with its
+    delete flag and deltalake's MERGE applies them at the commit
+    (:mod:`airflow_eo.table.engine_merge`); no table file is read here."""
     key, plan = attempt.merge.key, attempt.plan
     started = time.monotonic()
     chosen = winners(out, key, tasks)
@@ -226,9 +236,17 @@ def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, 
                 f"batch {plan.batch}: {nulls.num_rows} record(s) have a null merge_key {list(key)}, e.g. "
                 f"{first['topic']}[{first['partition']}]@{first['offset']}: derive a key for every record in the "
                 "transform (deletes too: e.g. from the Kafka key), or filter such records out; nothing was committed")
+        keys = changed.select([*key, DELETE_COLUMN])
+        if engine:
+            winners_only = chosen.drop(*[c for c in INTERNAL if c in chosen.columns and c != DELETE_COLUMN])
+            staged = stage(winners_only, location, target, storage_options,
+                           arrow_schema.append(pa.field(DELETE_COLUMN, pa.bool_())), attempt.partition_by)
+            log.info("batch %s: %d winner(s) staged for deltalake's MERGE (change data feed or deletion vectors)",
+                     plan.batch, len(keys))
+            return MergedBatch(tuple(staged), (), keys, frozenset(), _rows_per_partition(changed),
+                               replace(_info(key, changed, []), inserted=0, engine=True), engine=True)
         ledger = Ledger.open(location.uri, storage_options)
         snapshot = ledger.file_paths()
-        keys = changed.select([*key, DELETE_COLUMN])
         files, in_range = [], keys.slice(0, 0)
         if ledger.table is not None and keys.num_rows:
             actions = ledger.add_actions()

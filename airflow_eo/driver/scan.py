@@ -14,7 +14,8 @@ the files.
 it as nulls, a partition column reads the file's value from the Delta log
 (:func:`airflow_eo.table.files.read_columns`). A local table is read by Spark's own Parquet reader
 instead (vectorised in the JVM, no rows through Python), unless a requested column partitions the
-table: given files, not the table's root, Spark's reader sees no partition values.
+table (given files, not the table's root, Spark's reader sees no partition values) or a file has a
+deletion vector (Spark's Parquet reader would return the rows it deletes; the tasks leave them out).
 
 Example::
 
@@ -49,6 +50,7 @@ class TableFiles:
     uri: str
     files: tuple[TableFile, ...] = ()
     storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+    names: Mapping[str, str] = field(default_factory=dict)  # logical → physical (column mapping)
 
     @property
     def options(self) -> dict[str, str] | None:
@@ -68,16 +70,18 @@ def over_files(spark, files: Sequence[TableFile], function: Callable, schema):
         return spark.range(0, len(files), 1, max(1, tasks_for(files))).mapInArrow(function, schema)
 
 
-def column_reader(table_uri: str, storage_options: dict | None, files: Sequence[TableFile], schema: pa.Schema):
+def column_reader(table_uri: str, storage_options: dict | None, files: Sequence[TableFile], schema: pa.Schema,
+                  names: Mapping[str, str] | None = None):
     """What each reading task runs (pickled to the workers): the rows of its share of ``files``, with
-    exactly ``schema``'s columns (:func:`airflow_eo.table.files.read_columns`)."""
-    files = tuple(files)
+    exactly ``schema``'s columns (:func:`airflow_eo.table.files.read_columns`; ``names``: physical
+    column names under column mapping)."""
+    files, names = tuple(files), dict(names or {})
 
     def read(batches):
         location = TableLocation.of(table_uri, storage_options)
         for batch in batches:
             for i in batch.column(0).to_pylist():
-                yield from read_columns(location, files[i], schema)
+                yield from read_columns(location, files[i], schema, names=names)
 
     return read
 
@@ -91,8 +95,11 @@ def read_table_files(spark, table: TableFiles | None, schema: pa.Schema):
 
     struct = spark_schema_of(schema)  # no SQL parser: its first use costs a cold job about a second
     partitioned = any(c in f.partition_values for f in table.files for c in schema.names)
-    if is_local(table.uri) and not partitioned:
+    deleted = any(f.deleted for f in table.files)  # Spark's Parquet reader knows no deletion vectors
+    mapped = any(table.names.get(c, c) != c for c in schema.names)  # nor column mapping's physical names
+    if is_local(table.uri) and not partitioned and not deleted and not mapped:
         location = TableLocation.of(table.uri)
         with for_session(spark):
             return spark.read.schema(struct).parquet(*[location.join(f.path) for f in table.files])
-    return over_files(spark, table.files, column_reader(table.uri, table.options, table.files, schema), struct)
+    return over_files(spark, table.files, column_reader(table.uri, table.options, table.files, schema, table.names),
+                      struct)

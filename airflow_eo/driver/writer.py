@@ -32,7 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_eo.errors import TableFeatureError
 from airflow_eo.table.files import StagedFile
+from airflow_eo.table.mapping import SPARK_FIELD_ID, ColumnNames, physical_batch
 from airflow_eo.table.partitioning import format_value, partition_dir, partition_values_of
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation, is_local
@@ -52,9 +54,11 @@ def written_struct():
 ROW_GROUP_BYTES = 64 * 2**20
 
 
-def split_by_partition(batch: pa.RecordBatch, partition_by: tuple[str, ...]):
+def split_by_partition(batch: pa.RecordBatch, partition_by: tuple[str, ...], names: ColumnNames | None = None):
     """``(directory, rows)`` per distinct partition value set of ``batch``; the rows without the
-    partition columns (a Delta file keeps them in its add action, not in the file)."""
+    partition columns (a Delta file keeps them in its add action, not in the file). ``names``: the
+    directories are named by physical column names (column mapping)."""
+    physical = (names or ColumnNames()).physical
     if not partition_by:
         yield "", batch
         return
@@ -65,7 +69,8 @@ def split_by_partition(batch: pa.RecordBatch, partition_by: tuple[str, ...]):
             match = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
             mask = match if mask is None else pc.and_(mask, match)
         rows = table.filter(mask).drop_columns(list(partition_by))
-        yield partition_dir({c: format_value(v) for c, v in values.items()}), rows.combine_chunks().to_batches()[0]
+        yield partition_dir({physical(c): format_value(v) for c, v in values.items()}), \
+            rows.combine_chunks().to_batches()[0]
 
 
 def rows_per_kafka_partition(batch: pa.RecordBatch) -> dict[str, int]:
@@ -113,14 +118,16 @@ class _OpenFile:
 
 
 def task_writer(table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema,
-                partition_by: tuple[str, ...] = ()):
+                partition_by: tuple[str, ...] = (), names: ColumnNames | None = None):
     """The function each Spark task runs (pickled to the executors' Python workers; the driver calls it
     with ``task`` for a batch it reads itself): it streams
     its Arrow batches into one Parquet file per partition directory they fall into, and yields
     one row per file (:data:`WRITTEN_SCHEMA`: path, size, modification time, rows, the Delta
     stats from the file's own footer; the task's rows per Kafka partition as JSON on its first
-    file's row), so the driver reads nothing back."""
-    file_schema = pa.schema([f for f in arrow_schema if f.name not in partition_by])
+    file's row), so the driver reads nothing back. ``names``: the table's column mapping (the files
+    get physical names and field ids, their directories physical partition names)."""
+    names = names or ColumnNames()
+    file_schema = names.physical_arrow_schema(pa.schema([f for f in arrow_schema if f.name not in partition_by]))
 
     def write(batches, task: int | None = None):
         import json
@@ -142,7 +149,8 @@ def task_writer(table_uri: str, storage_options: dict | None, target: str, arrow
                 batch = batch.cast(arrow_schema) if batch.schema != arrow_schema else batch
                 for key, n in rows_per_kafka_partition(batch).items():
                     kafka_rows[key] = kafka_rows.get(key, 0) + n
-                for directory, rows in split_by_partition(batch, partition_by):
+                for directory, rows in split_by_partition(batch, partition_by, names):
+                    rows = physical_batch(rows, file_schema) if names.active else rows
                     entry = open_files.get(directory)
                     if entry is None:
                         folder = f"{target}/{directory}" if directory else target
@@ -161,7 +169,7 @@ def task_writer(table_uri: str, storage_options: dict | None, target: str, arrow
                 "size": [i.size for i in infos],
                 "mtime": [int(i.mtime.timestamp() * 1000) if i.mtime else int(time.time() * 1000) for i in infos],
                 "rows": [e.rows for e in entries],
-                "stats": [json.dumps(file_stats(e.writer.writer.metadata)) for e in entries],
+                "stats": [json.dumps(file_stats(e.writer.writer.metadata, names)) for e in entries],
                 "partition_rows": [json.dumps(kafka_rows if i == 0 else {}) for i in range(len(entries))],
             })
 
@@ -193,7 +201,8 @@ def staged_from_reports(location: TableLocation, target: str, written: list) -> 
 
 
 def stage_with_arrow(df, location: TableLocation, target: str, storage_options: dict | None,
-                     arrow_schema: pa.Schema, partition_by: tuple[str, ...] = ()) -> list[StagedFile]:
+                     arrow_schema: pa.Schema, partition_by: tuple[str, ...] = (),
+                     names: ColumnNames | None = None) -> list[StagedFile]:
     """Write ``df`` as Parquet files under ``target`` from the executors; return them staged.
 
     ``arrow_schema`` is the table's Arrow schema (microsecond UTC timestamps), so the
@@ -202,19 +211,71 @@ def stage_with_arrow(df, location: TableLocation, target: str, storage_options: 
     from airflow_eo.driver.session import for_session
 
     with for_session(df):  # only the plan is built under the mark; running it needs none
-        plan = df.mapInArrow(task_writer(location.uri, storage_options, target, arrow_schema, partition_by),
+        plan = df.mapInArrow(task_writer(location.uri, storage_options, target, arrow_schema, partition_by, names),
                              written_struct())
     return staged_from_reports(location, target, plan.collect())[0]
 
 
 def stage(df, location: TableLocation, target: str, storage_options: dict | None,
-          arrow_schema: pa.Schema, partition_by: tuple[str, ...] = ()) -> list[StagedFile]:
+          arrow_schema: pa.Schema, partition_by: tuple[str, ...] = (), names: ColumnNames | None = None) -> list[StagedFile]:
     """Write ``df`` under ``target`` (the attempt's directory) and return the staged files:
     Spark's Parquet writer for local tables, the executors' pyarrow writer for object stores
     (Spark here has no ``hadoop-aws`` jar to write ``s3a://``). A partitioned table's files go
-    into Hive-style directories of their partition values (:mod:`airflow_eo.table.partitioning`)."""
+    into Hive-style directories of their partition values (:mod:`airflow_eo.table.partitioning`).
+    ``names``: the table's column mapping: the files get physical column names and field ids."""
+    names = names or ColumnNames()
     if is_local(location.uri):
+        if names.active:
+            df = to_physical(df, names)
+            partition_by = tuple(names.physical(c) for c in partition_by)
         writer = df.write.mode("error")
         (writer.partitionBy(*partition_by) if partition_by else writer).parquet(f"file://{target}")
-        return StagingArea(location).staged_files(target)
-    return stage_with_arrow(df, location, target, storage_options, arrow_schema, partition_by)
+        return StagingArea(location).staged_files(target, names=names)
+    if names.active and any(pa.types.is_list(f.type) or pa.types.is_large_list(f.type) or pa.types.is_map(f.type)
+                            for f in arrow_schema):
+        raise TableFeatureError(
+            f"{location.uri} uses column mapping and the transform's output has list or map columns, whose nested "
+            "physical names airflow-eo writes only through Spark's writer (local tables); nothing was committed")
+    return stage_with_arrow(df, location, target, storage_options, arrow_schema, partition_by, names)
+
+
+def to_physical(df, names: ColumnNames):
+    """``df`` (the table's logical columns) as column mapping stores it: each column, nested ones too,
+    under its physical name with its id as Spark's ``parquet.field.id`` metadata, which Spark's
+    Parquet writer writes as the Parquet field id (``spark.sql.parquet.fieldId.write.enabled``, on
+    by default). Nested fields are renamed by a cast to the physical type (Spark casts structs by
+    position)."""
+    from airflow_eo.driver.decode import functions_for
+
+    with functions_for(df) as F:
+        columns = []
+        for f in df.schema.fields:
+            mapped = names.field(f.name)
+            if mapped is None:
+                columns.append(F.col(f"`{f.name}`"))
+                continue
+            meta = {SPARK_FIELD_ID: mapped.id} if mapped.id is not None else {}
+            columns.append(F.col(f"`{f.name}`").cast(_physical_spark_type(f.dataType, mapped))
+                           .alias(mapped.physical, metadata=meta))
+        return df.select(*columns)
+
+
+def _physical_spark_type(kind, mapped):
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(kind, StructType):
+        fields = []
+        for f in kind.fields:
+            child = mapped.child(f.name)
+            if child is None:
+                fields.append(f)
+                continue
+            meta = {SPARK_FIELD_ID: child.id} if child.id is not None else {}
+            fields.append(StructField(child.physical, _physical_spark_type(f.dataType, child), f.nullable, meta))
+        return StructType(fields)
+    if isinstance(kind, ArrayType) and mapped.child("element") is not None:
+        return ArrayType(_physical_spark_type(kind.elementType, mapped.child("element")), kind.containsNull)
+    if isinstance(kind, MapType) and mapped.child("key") is not None:
+        return MapType(_physical_spark_type(kind.keyType, mapped.child("key")),
+                       _physical_spark_type(kind.valueType, mapped.child("value")), kind.valueContainsNull)
+    return kind

@@ -39,6 +39,10 @@ class TableSpec:
         "partition_by", "partition columns (produced by the transform, e.g. to_date(timestamp) AS date) of the "
         "table the first batch creates; an existing table must be named with its own", (), cli=Cli.REPEAT,
         metavar="COLUMN", templated=True, parse=check_partition_by, dump=list)
+    adopt_table: bool = option(
+        "adopt_table", "write into a Delta table created elsewhere (not by this ingest_id): its columns must accept "
+        "the transform's output (a missing nullable column stays null), its other rows are left alone, offsets "
+        "start at starting_offsets", False, cli=Cli.SWITCH, parse=switch)
     staging_grace_seconds: float = option(
         "staging_grace_seconds", "how long an attempt whose processes cannot be checked (another host) counts as "
         "running: runs wait for it and keep its staged files until then (seconds)", DEFAULT_GRACE_SECONDS, parse=float)

@@ -50,6 +50,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -60,16 +61,18 @@ from deltalake.transaction import (
     AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions,
 )
 
-from airflow_eo.errors import CommitConflictError, ConfigError, TableError
+from airflow_eo.errors import CommitConflictError, ConfigError, TableError, TableFeatureError
 from airflow_eo.faults import failpoint
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity, describe_mismatch
+from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.spec import MergeSpec
 from airflow_eo.table.ledger import (
     Ledger, batch_app_id, dlq_app_id, merge_app_id, merge_mark, partition_app_id, reprocess_app_id,
 )
-from airflow_eo.table.merge import Rewrite, candidate_files
+from airflow_eo.table.engine_merge import OFFSET_KEY, EngineMerge
+from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files
 from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, MergeInfo, ReprocessInfo
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
@@ -96,6 +99,8 @@ class StagedBatch:
     rows_per_partition: dict[str, int] = field(default_factory=dict)
     arrow_schema: pa.Schema | None = None
     partition_by: tuple[str, ...] = ()  # of the table the batch creates; an existing table keeps its own
+    # the table's features its rows were checked against (constraints, generated columns); None: no rows
+    features: TableFeatures | None = None
 
     @property
     def rows(self) -> int:
@@ -119,10 +124,46 @@ def add_actions(files) -> list[AddAction]:
     return [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files]
 
 
-def _open_writable(table_uri: str, storage_options, ingest_id: str) -> Ledger:
+def _open_writable(table_uri: str, storage_options, ingest_id: str, adopt: bool = False) -> Ledger:
     ledger = Ledger.open(table_uri, storage_options)
-    ledger.check_writable(ingest_id)
+    ledger.check_writable(ingest_id, adopt=adopt)
     return ledger
+
+
+def _check_features(staged: StagedBatch, ledger: Ledger, use: TableUse) -> None:
+    """The commit's snapshot, like the plan's, allows ``use``; and its rows were checked against the
+    rules it has now (another engine may have added a constraint while the batch ran: then a
+    retry checks the rows again)."""
+    ledger.check_features(use)
+    if staged.features is None or ledger.table is None:
+        return
+    now, then = ledger.features, staged.features
+    if (now.constraints, now.generated, now.engine_for(use)) != (then.constraints, then.generated, then.engine_for(use)):
+        raise CommitConflictError(
+            f"the constraints, generated columns or change feed/deletion vectors of {ledger.table_uri} changed while "
+            f"batch {staged.plan.batch} ran (another engine altered the table); nothing was committed. Run again: "
+            "the retry checks the records against the table as it is now")
+
+
+# What deltalake's commit refuses for a reason a retry cannot fix (a protocol or feature error, an
+# append-only table): named so, never reported as a lost race. Everything else it raises as
+# CommitFailedError is a conflict with another commit (delta-rs' TransactionError: "Tried committing
+# existing table version", "Commit failed: a concurrent transaction…", "Metadata/Protocol changed
+# since last commit", the retry budget) and is compared again / retried.
+_REFUSED = re.compile(r"unsupported table features|table features must be specified|append-only|does not support "
+                      r"(reader|writer) version|snapshot is corrupted|error serializing|invariant|constraint",
+                      re.IGNORECASE)
+
+
+def refused_by_engine(exc: Exception) -> bool:
+    """Whether deltalake refused a commit for a reason a retry cannot fix.
+
+    >>> refused_by_engine(CommitFailedError("Unsupported table features required: [RowTracking]"))
+    True
+    >>> refused_by_engine(CommitFailedError("Commit failed: a concurrent transactions added new data."))
+    False
+    """
+    return bool(_REFUSED.search(str(exc)))
 
 
 class CommitRule(Protocol):
@@ -133,6 +174,7 @@ class CommitRule(Protocol):
     creates_table: bool
     table_properties: dict[str, str] | None
     exact_snapshot: bool  # commit only on the snapshot compared (no rebase by deltalake)
+    engine: EngineMerge | None  # commit through deltalake's MERGE (:mod:`airflow_eo.table.engine_merge`), not actions
 
     def open(self, table_uri: str, storage_options) -> Ledger: ...
     def check(self, ledger: Ledger) -> CommitCheck: ...
@@ -169,9 +211,14 @@ def _evolve_schema(rule: "BatchCommit | MergeCommit", ledger: Ledger, table_uri:
     if rule.staged.arrow_schema is None:  # boundaries only (an interval without records): no columns
         return ledger
     schema = delta_schema_of(rule.staged.arrow_schema)
-    new_columns = check_schema(ledger, schema, rule.schema_evolution)
+    new_columns = check_schema(ledger, schema, rule.schema_evolution, adopted=rule.adopt_table)
     if not new_columns:
         return ledger
+    if ledger.features.names.active:
+        raise TableFeatureError(
+            f"schema evolution cannot add {new_columns} to {ledger.table_uri}: it uses column mapping, and deltalake "
+            "cannot add columns to such a table (each needs a physical name and id); add them with the engine that "
+            "manages the table, then run again; nothing was committed")
     add_columns(ledger, schema, new_columns, rule.plan)
     ledger = rule.open(table_uri, storage_options)
     rule.check(ledger)
@@ -216,21 +263,25 @@ class BatchCommit:
     kind = CommitKind.BATCH
     creates_table = True
     exact_snapshot = False
+    engine: EngineMerge | None = None
 
     def __init__(self, staged: StagedBatch, *, findings: BatchFindings | None = None, schema_evolution: bool = False,
-                 table_properties: dict[str, str] | None = None):
+                 table_properties: dict[str, str] | None = None, adopt_table: bool = False):
         self.staged, self.plan = staged, staged.plan
         self.findings = findings or BatchFindings()
         self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
+        self.adopt_table = adopt_table
 
     def open(self, table_uri: str, storage_options) -> Ledger:
-        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id, self.adopt_table)
 
     def check(self, ledger: Ledger) -> CommitCheck:
         return _compare_offsets(self.plan, ledger)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
-        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by)  # a table made since planning
+        # a table made since planning
+        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, adopt=self.adopt_table)
+        _check_features(self.staged, ledger, TableUse.APPEND)
         return _evolve_schema(self, ledger, table_uri, storage_options)
 
     def actions(self, ledger: Ledger) -> list:
@@ -289,11 +340,13 @@ class ReprocessCommit:
     exact_snapshot = True  # it removes the files its snapshot holds: a compaction may replace them meanwhile
 
     def __init__(self, staged: StagedBatch, *, reprocess_from: int, requested_by: RunIdentity | None = None,
-                 findings: BatchFindings | None = None):
+                 findings: BatchFindings | None = None, engine: bool = False):
         self.staged, self.plan = staged, staged.plan
         self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
         self.findings = findings or BatchFindings()
         self.removed = self.rewritten = 0
+        # deltalake's MERGE on the batch's offsets: matched rows replaced, the range's others deleted
+        self.engine = EngineMerge(OFFSET_KEY, ranges=tuple(self.plan.ranges)) if engine else None
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id)
@@ -302,12 +355,15 @@ class ReprocessCommit:
         return _compare_reprocess_counter(self.plan, self.reprocess_from, ledger)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        _check_features(self.staged, ledger, TableUse.REPROCESS)
         check_schema(ledger, delta_schema_of(self.staged.arrow_schema), replacing=True)
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
         """Remove the batch's own files; rewrite files it shares with other batches (after a
         compaction) without its rows; add the new rows. One commit, so readers see either."""
+        if self.engine is not None:  # the MERGE finds and rewrites the files itself
+            return []
         new_dir = attempt_dir_name(self.plan)
         now_ms = int(time.time() * 1000)
         whole, mixed = ledger.files_of_batch(self.plan.batch, self.plan.ranges)
@@ -328,9 +384,9 @@ class ReprocessCommit:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
 
     def metadata(self) -> BatchMetadata:
-        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition,
-                                self.findings, ReprocessInfo(self.reprocess_from, self.removed, self.rewritten,
-                                                             self.requested_by))
+        return BatchMetadata.of(self.kind, self.plan, () if self.engine else self.staged.files,
+                                self.staged.rows_per_partition, self.findings,
+                                ReprocessInfo(self.reprocess_from, self.removed, self.rewritten, self.requested_by))
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return _reprocess_lost_race(self.plan, exc)
@@ -346,6 +402,7 @@ class DeadLetterCommit:
     creates_table = False
     table_properties: dict[str, str] | None = None
     exact_snapshot = False
+    engine: EngineMerge | None = None
 
     def __init__(self, staged: StagedBatch):
         self.staged, self.plan = staged, staged.plan
@@ -355,6 +412,7 @@ class DeadLetterCommit:
         if not ledger.exists:
             raise TableError(f"the dead-letter table {table_uri} does not exist: it is created when a batch "
                              "stages dead letters; nothing was committed")
+        ledger.check_features(TableUse.APPEND)
         return ledger
 
     def check(self, ledger: Ledger) -> CommitCheck:
@@ -448,13 +506,15 @@ class MergeCommit:
 
     def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
                  findings: BatchFindings | None = None, schema_evolution: bool = False,
-                 table_properties: dict[str, str] | None = None):
+                 table_properties: dict[str, str] | None = None, adopt_table: bool = False, engine: bool = False):
         self.staged, self.plan, self.swap, self.info, self.merge = staged, staged.plan, swap, info, merge
         self.findings = findings or BatchFindings()
         self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
+        self.adopt_table = adopt_table
+        self.engine = EngineMerge(merge.key, DELETE_COLUMN) if engine else None  # stages the winners, deletes too
 
     def open(self, table_uri: str, storage_options) -> Ledger:
-        return _open_writable(table_uri, storage_options, self.plan.ingest_id)
+        return _open_writable(table_uri, storage_options, self.plan.ingest_id, self.adopt_table)
 
     def check(self, ledger: Ledger) -> CommitCheck:
         state = _compare_offsets(self.plan, ledger)
@@ -463,21 +523,23 @@ class MergeCommit:
         return state
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
-        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, self.merge)
+        ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, self.merge, adopt=self.adopt_table)
+        _check_features(self.staged, ledger, TableUse.MERGE)
         ledger = _evolve_schema(self, ledger, table_uri, storage_options)
-        self.swap.check(ledger, self.plan)
+        if self.engine is None:  # the MERGE reads the snapshot it commits on itself
+            self.swap.check(ledger, self.plan)
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
-        return self.swap.actions(self.staged.files)
+        return [] if self.engine is not None else self.swap.actions(self.staged.files)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [*_offset_transactions(self.plan, ledger),
                 Transaction(merge_app_id(self.plan.ingest_id), merge_mark(self.merge.key))]
 
     def metadata(self) -> BatchMetadata:
-        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings,
-                                merge=self.info)
+        return BatchMetadata.of(self.kind, self.plan, () if self.engine else self.staged.files,
+                                self.staged.rows_per_partition, self.findings, merge=self.info)
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return _batch_lost_race(self.plan, exc)
@@ -496,10 +558,13 @@ class MergeReprocessCommit:
     exact_snapshot = True
 
     def __init__(self, staged: StagedBatch, *, swap: FileSwap, info: MergeInfo, merge: MergeSpec,
-                 reprocess_from: int, requested_by: RunIdentity | None = None, findings: BatchFindings | None = None):
+                 reprocess_from: int, requested_by: RunIdentity | None = None, findings: BatchFindings | None = None,
+                 engine: bool = False):
         self.staged, self.plan, self.swap, self.info, self.merge = staged, staged.plan, swap, info, merge
         self.reprocess_from, self.requested_by = int(reprocess_from), requested_by
         self.findings = findings or BatchFindings()
+        # the winners by key, and the batch's own rows (by offset) that no winner matched deleted
+        self.engine = EngineMerge(merge.key, DELETE_COLUMN, tuple(self.plan.ranges)) if engine else None
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id)
@@ -513,20 +578,22 @@ class MergeReprocessCommit:
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         ledger.check_write_mode(self.plan.ingest_id, self.merge)
+        _check_features(self.staged, ledger, TableUse.REPROCESS)
         check_schema(ledger, delta_schema_of(self.staged.arrow_schema))
-        self.swap.check(ledger, self.plan)
+        if self.engine is None:
+            self.swap.check(ledger, self.plan)
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
-        return self.swap.actions(self.staged.files)
+        return [] if self.engine is not None else self.swap.actions(self.staged.files)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]
 
     def metadata(self) -> BatchMetadata:
         info = ReprocessInfo(self.reprocess_from, len(self.swap.rewrites), self.swap.copies, self.requested_by)
-        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition,
-                                self.findings, info, merge=self.info)
+        return BatchMetadata.of(self.kind, self.plan, () if self.engine else self.staged.files,
+                                self.staged.rows_per_partition, self.findings, info, merge=self.info)
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return _reprocess_lost_race(self.plan, exc)
@@ -574,9 +641,16 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
                 if ledger.table is None:  # only rules that create tables commit to a path without one
                     raise TableError(f"there is no Delta table at {ledger.table_uri} to commit batch "
                                      f"{staged.plan.batch} to; nothing was committed")
-                ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
-                                                      commit_properties=properties)
+                if rule.engine is not None:  # deltalake's MERGE: deletion vectors, change data files
+                    rule.engine.write(ledger.table, ledger.location(), staged.files, staged.arrow_schema, properties)
+                else:
+                    ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
+                                                          commit_properties=properties)
         except (CommitFailedError, DeltaError) as exc:
+            if refused_by_engine(exc):  # a retry would be refused the same way: not a race
+                raise TableFeatureError(f"the Delta engine refused batch {staged.plan.batch}'s commit to "
+                                        f"{ledger.table_uri} ({_first_line(exc)}); nothing was committed. The table "
+                                        "needs what airflow-eo cannot write: see docs/how-to/shared-tables.md") from exc
             if not (isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()):
                 raise TableError(f"committing batch {staged.plan.batch} to {ledger.table_uri} failed: {exc}. Nothing "
                                  "was committed; fix the cause and retry the run") from exc
@@ -592,6 +666,10 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
         log.info("committed batch %s (%s) as table version %s", staged.plan.batch, rule.kind.value, outcome.version)
         return outcome
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
 
 
 def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict | None = None) -> RunStatus | None:

@@ -25,6 +25,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_eo.table.mapping import ColumnNames, rename_columns
 from airflow_eo.table.partitioning import format_value, partition_values_of
 from airflow_eo.table.storage import TableLocation
 
@@ -52,9 +53,32 @@ class TableFile:
     path: str  # relative to the table root
     size: int
     partition_values: dict = field(default_factory=dict)  # column -> value as Delta writes it (text), or None
+    deleted: tuple[int, ...] = ()  # the row indexes its deletion vector removes (read as absent)
+
+    def __post_init__(self):  # from JSON (a rewrite's record) the rows arrive as a list
+        object.__setattr__(self, "deleted", tuple(self.deleted))
 
 
-def add_actions_of(table) -> pa.Table:
+def deleted_rows_of(table) -> dict[str, tuple[int, ...]]:
+    """Each file of a ``deltalake.DeltaTable`` snapshot that has a deletion vector → the row indexes it
+    deletes, by the file's path relative to the root (deltalake decodes the vectors: inline, or in
+    their files)."""
+    import numpy as np
+
+    vectors = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
+    root = unquote(table.table_uri).rstrip("/")
+    out = {}
+    for uri, keep in zip(vectors["filepath"].to_pylist(), vectors["selection_vector"].to_pylist()):
+        path = unquote(uri)
+        for prefix in (root + "/", "file://" + root.removeprefix("file://") + "/"):
+            if path.startswith(prefix):
+                path = path[len(prefix):]
+                break
+        out[path] = tuple(int(i) for i in np.flatnonzero(~np.asarray(keep, dtype=bool)))
+    return out
+
+
+def add_actions_of(table, names: ColumnNames | None = None) -> pa.Table:
     """A snapshot's add actions (``DeltaTable.get_add_actions(flatten=True)``: path, size,
     partition values, stats), each ``path`` decoded: the one place log paths become file paths.
 
@@ -63,6 +87,9 @@ def add_actions_of(table) -> pa.Table:
     ``%253A``): the file's path is its decoding, which is what opening it, an add action and a
     remove action take (``DeltaTable.file_uris()`` decodes too). A remove action given the log's
     form removes nothing, without an error.
+
+    Under column mapping the log keeps statistics and partition values by physical name: they are
+    named here by the logical names every reader asks for (``min.<column>``, ``partition.<column>``).
     """
     # through the Arrow C stream, pa.array() only for escaped paths and cast() only when needed:
     # pa.table() of a foreign table and pa.array() of a list import pandas (~0.2 s) to rule it
@@ -74,20 +101,36 @@ def add_actions_of(table) -> pa.Table:
         column = pa.array([unquote(p) for p in paths], pa.string())
     elif column.type != pa.string():
         column = column.cast(pa.string())
-    return actions.set_column(actions.schema.get_field_index("path"), "path", column)
+    actions = actions.set_column(actions.schema.get_field_index("path"), "path", column)
+    if names is None:
+        from airflow_eo.table.features import column_names_of
+
+        names = column_names_of(table)
+    if not names.active:
+        return actions
+    renamed = []
+    for name in actions.column_names:
+        kind, dot, rest = name.partition(".")
+        if dot and kind in ("min", "max", "null_count", "partition"):
+            top, dot2, nested = rest.partition(".")
+            name = f"{kind}.{names.logical(top)}{dot2}{nested}"
+        renamed.append(name)
+    return actions.rename_columns(renamed)
 
 
-def snapshot_files(actions: pa.Table) -> list[TableFile]:
+def snapshot_files(actions: pa.Table, deleted: dict[str, tuple[int, ...]] | None = None) -> list[TableFile]:
     """The files of a snapshot's add actions (:func:`add_actions_of`, paths decoded). Partition
     values come from the log's ``partition.<column>`` columns (the truth: another writer may
-    name directories differently), from the path when the log has none.
+    name directories differently), from the path when the log has none; ``deleted``: the rows
+    deletion vectors remove (:func:`deleted_rows_of`).
     """
+    deleted = deleted or {}
     parted = [c for c in actions.column_names if c.startswith("partition.")]
     files = []
     for row in actions.select(["path", "size_bytes", *parted]).to_pylist():
         path = row["path"]
         values = {c.split(".", 1)[1]: format_value(row[c]) for c in parted} if parted else partition_values_of(path)
-        files.append(TableFile(path, row["size_bytes"], values))
+        files.append(TableFile(path, row["size_bytes"], values, deleted.get(path, ())))
     return files
 
 
@@ -98,22 +141,45 @@ def read_file(location: TableLocation, path: str) -> pa.Table:
 
 
 def read_columns(location: TableLocation, file: TableFile, schema: pa.Schema,
-                 batch_rows: int = READ_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+                 batch_rows: int = READ_BATCH_ROWS, names: dict[str, str] | None = None) -> Iterator[pa.RecordBatch]:
     """``file``'s rows with exactly ``schema``'s columns (:func:`conform`), one row group's share at a
-    time; only the columns the file has are read."""
+    time; only the columns the file has are read, and the rows its deletion vector removes are left out.
+    ``names``: logical → physical column names (column mapping, :meth:`ColumnNames.as_dict`): the file's
+    physical columns are read under their logical names."""
+    names = names or {}
+    logical = {physical: name for name, physical in names.items()}
     with location.fs.open_input_file(location.join(file.path)) as handle:
         parquet = pq.ParquetFile(handle)
         stored = set(parquet.schema_arrow.names)
-        present = [n for n in schema.names if n in stored and n not in file.partition_values]
+        present = [names.get(n, n) for n in schema.names if names.get(n, n) in stored and n not in file.partition_values]
         if not present:  # nothing to read: each row group's rows, all from the log or null
-            for group in range(parquet.metadata.num_row_groups):
-                rows = parquet.metadata.row_group(group).num_rows
-                if rows:
-                    yield conform(pa.record_batch([pa.nulls(rows)], names=["_"]), file, schema)
-            return
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=present):
+            batches: Iterator[pa.RecordBatch] = (
+                pa.record_batch([pa.nulls(parquet.metadata.row_group(g).num_rows)], names=["_"])
+                for g in range(parquet.metadata.num_row_groups))
+        else:
+            batches = parquet.iter_batches(batch_size=batch_rows, columns=present)
+        first = 0  # the file's row index of the batch's first row
+        for batch in batches:
+            rows = batch.num_rows
+            batch = rename_columns(batch, logical)
+            if file.deleted:
+                batch = _without(batch, first, file.deleted)
+            first += rows
             if batch.num_rows:
                 yield conform(batch, file, schema)
+
+
+def _without(batch: pa.RecordBatch, first: int, deleted: tuple[int, ...]) -> pa.RecordBatch:
+    """``batch`` (rows ``first``… of its file) without the rows ``deleted`` names."""
+    import numpy as np
+
+    gone = np.asarray(deleted, dtype=np.int64)
+    gone = gone[(gone >= first) & (gone < first + batch.num_rows)] - first
+    if not gone.size:
+        return batch
+    keep = np.ones(batch.num_rows, dtype=bool)
+    keep[gone] = False
+    return batch.filter(pa.array(keep))
 
 
 def conform(rows: _Rows, file: TableFile, schema: pa.Schema) -> _Rows:

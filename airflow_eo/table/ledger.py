@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
 from deltalake import DeltaTable
@@ -31,13 +31,14 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from airflow_eo.attempt import TXN_RETENTION
 from airflow_eo.spec import MergeSpec
-from airflow_eo.errors import ConfigError, TableError
+from airflow_eo.errors import ConfigError, TableError, TableFeatureError
 from airflow_eo.intervals import interval_state
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, OffsetRange, TopicPartition, batch_state,
 )
 # METADATA_KEY: re-exported, the commitInfo key is named from here too
 from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind  # noqa: F401
+from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.partitioning import check_table_partitioning
 from airflow_eo.spec import validate_ingest_id  # noqa: F401 - parsed with the spec; re-exported here
 from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
@@ -117,6 +118,8 @@ class BatchRecord:
             meta = BatchMetadata.from_json(text)
         except (ValueError, KeyError, TypeError):
             return None
+        if meta.merge is not None and meta.merge.engine:  # deltalake's MERGE counted the rows
+            meta = replace(meta, merge=meta.merge.counted_by(info.get("operationMetrics")))
         return cls(version=int(info.get("version", -1)), timestamp_ms=info.get("timestamp"), meta=meta)
 
 
@@ -166,6 +169,7 @@ class Ledger:
         self.table_uri = table_uri
         self.storage_options = storage_options
         self._history: dict[int | None, list[dict]] = {}  # commitInfo of this snapshot, by limit
+        self._features: TableFeatures | None = None
 
     @classmethod
     def open(cls, table_uri: str, storage_options: dict[str, str] | None = None) -> "Ledger":
@@ -179,6 +183,11 @@ class Ledger:
             _refuse_foreign_directory(uri)
             return cls(None, uri, storage_options)
         except DeltaError as exc:  # a _delta_log that cannot be read
+            if "catalog" in str(exc).lower():  # the catalogManaged feature: commits go through a catalog
+                raise TableFeatureError(
+                    f"the Delta table at {uri} is catalog-managed (table feature 'catalogManaged'): its commits go "
+                    "through its catalog, which airflow-eo does not talk to; ingest into a path-based table; "
+                    "nothing was changed") from exc
             raise TableError(
                 f"{uri} has a Delta log that cannot be read ({str(exc).splitlines()[0]}): it is not a "
                 "usable Delta table. Point table_uri at the right table or repair/move the log; "
@@ -197,18 +206,31 @@ class Ledger:
     def version(self) -> int | None:
         return self.table.version() if self.table is not None else None
 
-    def check_owner(self, ingest_id: str) -> None:
-        """Refuse a path that holds a Delta table this ingest never wrote.
+    @property
+    def features(self) -> TableFeatures:
+        """The Delta features this snapshot's protocol and metadata ask writers and readers to honour."""
+        if self._features is None:
+            self._features = TableFeatures.of(self.table)
+        return self._features
+
+    def check_features(self, use: TableUse) -> None:
+        """Refuse ``use`` of the table when one of its Delta features forbids it (one line, no retry)."""
+        self.features.check(use, self.table_uri)
+
+    def check_owner(self, ingest_id: str, adopt: bool = False) -> None:
+        """Refuse a path that holds a Delta table this ingest never wrote (unless ``adopt``: the
+        ``adopt_table`` option lets an ingest write into a table created elsewhere; its first batch
+        starts at ``starting_offsets`` and marks the table as this ingest's).
 
         Ownership is the ingest's batch counter in the log (a ``txn`` action, which
         survives log cleanup), so no table property is needed.
         """
-        if self.table is None or self.table.transaction_version(batch_app_id(ingest_id)) is not None:
+        if self.table is None or adopt or self.table.transaction_version(batch_app_id(ingest_id)) is not None:
             return
         raise TableError(
             f"the Delta table at {self.table_uri} was not written by ingest_id {ingest_id!r} "
             "(another ingest id, or a table created elsewhere): use the ingest_id that created "
-            "it, or another table path; nothing was changed"
+            "it, or another table path, or adopt_table=True (CLI --adopt-table) to write into it; nothing was changed"
         )
 
     def check_txn_retention(self) -> None:
@@ -228,13 +250,16 @@ class Ledger:
         return list(self.table.metadata().partition_columns) if self.table is not None else []
 
     def check_writable(self, ingest_id: str, partition_by: Iterable[str] | None = None,
-                       merge: MergeSpec | None = None) -> None:
+                       merge: MergeSpec | None = None, use: TableUse | None = None, adopt: bool = False) -> None:
         """What ingestion checks before it plans and again when it commits: the table is this
-        ingest's (:meth:`check_owner`), keeps its offsets (:meth:`check_txn_retention`) and, when
+        ingest's (:meth:`check_owner`, or ``adopt``-ed), keeps its offsets (:meth:`check_txn_retention`),
+        honours ``use`` with its Delta features (:meth:`check_features`) and, when
         ``partition_by`` is given, is partitioned so; when ``merge`` is given, the table is
         written the same way (:meth:`check_write_mode`)."""
-        self.check_owner(ingest_id)
+        self.check_owner(ingest_id, adopt)
         self.check_txn_retention()
+        if use is not None:
+            self.check_features(use)
         if partition_by is not None and self.table is not None:
             check_table_partitioning(self.partition_columns, partition_by, self.table_uri)
         if merge is not None:
@@ -293,6 +318,15 @@ class Ledger:
         if self.table is None:
             return set()
         return set(self.add_actions().column("path").to_pylist())
+
+    def deleted_rows(self) -> dict[str, tuple[int, ...]]:
+        """The rows deletion vectors remove, by file (:func:`airflow_eo.table.files.deleted_rows_of`);
+        read only when the snapshot has any."""
+        from airflow_eo.table.files import deleted_rows_of
+
+        if self.table is None or not self.features.has_deletion_vectors:
+            return {}
+        return deleted_rows_of(self.table)
 
     def add_actions(self) -> "pa.Table":
         """This snapshot's add actions with their paths decoded (:func:`airflow_eo.table.files.add_actions_of`)."""

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from deltalake.exceptions import CommitFailedError
 
 from airflow_eo.errors import CommitConflictError, TableError
+from airflow_eo.table.features import TableUse
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, KEPT_SUFFIX, collect_orphans
 
@@ -146,6 +147,7 @@ def maintain(table_uri: str, storage_options: dict | None = None,
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and storage "
                          "options for object storage); nothing was changed")
     ledger.check_txn_retention()
+    ledger.check_features(TableUse.COMPACT if plan.compact else TableUse.MAINTAIN)
     try:
         return _maintain(ledger, table_uri, storage_options, plan)
     except CommitFailedError as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Iterable
 
 from airflow_eo.attempt import Attempt, AttemptKind
@@ -133,9 +133,23 @@ class MergeInfo:
     deleted: int = 0
     files_rewritten: int = 0
     rows_rewritten: int = 0
+    engine: bool = False  # committed by deltalake's MERGE: the counts are its operationMetrics
 
     def to_dict(self) -> dict:
         return {**asdict(self), "key": list(self.key)}
+
+    def counted_by(self, metrics: dict | None) -> "MergeInfo":
+        """With the counts of deltalake's MERGE (a commit's ``operationMetrics``), when it made the commit.
+
+        >>> MergeInfo(("id",), 3, engine=True).counted_by({"num_target_rows_inserted": 2}).inserted
+        2
+        """
+        if not self.engine or not metrics:
+            return self
+        count = lambda name: int(metrics.get(name) or 0)  # noqa: E731
+        return replace(self, inserted=count("num_target_rows_inserted"), updated=count("num_target_rows_updated"),
+                       deleted=count("num_target_rows_deleted"), files_rewritten=count("num_target_files_removed"),
+                       rows_rewritten=count("num_target_rows_copied"))
 
     @classmethod
     def from_dict(cls, raw: dict) -> "MergeInfo":

@@ -31,10 +31,22 @@ def delta_schema_of(arrow_schema: pa.Schema) -> Schema:
 
 
 def _field_types(schema: Schema) -> dict[str, str]:
-    return {f["name"]: json.dumps(f["type"], sort_keys=True) for f in json.loads(schema.to_json())["fields"]}
+    return {f["name"]: json.dumps(_without_metadata(f["type"]), sort_keys=True)
+            for f in json.loads(schema.to_json())["fields"]}
 
 
-def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = False, replacing: bool = False) -> list[str]:
+def _without_metadata(kind):
+    """A type's JSON without its nested fields' metadata (column mapping's physical names and ids:
+    the table's, which the transform's output has no part in)."""
+    if isinstance(kind, dict):
+        return {k: _without_metadata(v) for k, v in kind.items() if k != "metadata"}
+    if isinstance(kind, list):
+        return [_without_metadata(v) for v in kind]
+    return kind
+
+
+def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = False, replacing: bool = False,
+                 adopted: bool = False) -> list[str]:
     """Refuse a batch whose columns differ from the table's, before anything is committed.
 
     With ``schema_evolution`` new columns are allowed (they are returned so the caller
@@ -42,6 +54,8 @@ def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = Fals
     (a reprocess, replacing one past batch's rows) may lack nullable columns: its rows read them
     as null, like the batch's rows written before schema evolution added them — a batch is
     decoded with the reader schema pinned in its plan, older than the fields added since.
+    ``adopted`` (a table created elsewhere, ``adopt_table``) may have nullable columns the
+    transform does not produce: the batch's rows read them as null.
     """
     if ledger.table is None:
         return []
@@ -51,12 +65,15 @@ def check_schema(ledger: Ledger, incoming: Schema, schema_evolution: bool = Fals
     missing = sorted(set(have) - set(want))
     extra = sorted(set(want) - set(have))
     changed = sorted(k for k in set(have) & set(want) if have[k] != want[k])
-    if replacing and missing and not extra and not changed:
+    if (replacing or adopted) and missing and not changed and (adopted or not extra):
         nullable = {f["name"] for f in json.loads(ledger.table.schema().to_json())["fields"] if f.get("nullable", True)}
         if set(missing) <= nullable:
-            log.info("the reprocessed rows have no %s (null, as in rows written before these columns were added)",
-                     ", ".join(missing))
-            return []
+            log.info("the reprocessed rows have no %s (null, as in rows written before these columns were added)"
+                     if replacing else "the batch's rows have no %s (null: columns of the adopted table the transform "
+                     "does not produce)", ", ".join(missing))
+            missing = []
+            if not extra:
+                return []
     if schema_evolution and not missing and not changed:
         return extra
     fix = ("schema evolution adds new columns only: restore the dropped or retyped columns in the "

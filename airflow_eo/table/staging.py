@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind
 from airflow_eo.planning import BatchPlan
 from airflow_eo.spec import DEFAULT_GRACE_SECONDS  # the default of the staging_grace_seconds option
+from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch, scratch_attempt_ids
 from airflow_eo.table.files import StagedFile  # noqa: F401 - re-exported: what an attempt staged
 from airflow_eo.table.partitioning import partition_segments, partition_values_of
@@ -206,11 +207,13 @@ class StagingArea:
                 removed.append(attempt_id)
         return removed
 
-    def staged_files(self, attempt_path: str, only: set[str] | None = None) -> list[StagedFile]:
+    def staged_files(self, attempt_path: str, only: set[str] | None = None,
+                     names: ColumnNames | None = None) -> list[StagedFile]:
         """Every Parquet data file an attempt wrote, with Delta stats from the footers.
 
         ``only``: full paths to keep (the files successful tasks reported), so that files
-        of failed task attempts in the same directory are never staged."""
+        of failed task attempts in the same directory are never staged; ``names``: the table's
+        column mapping (the files hold physical names, the stats are kept by them)."""
         staged = []
         for info in self.loc.list_files(attempt_path):
             name = info.base_name
@@ -218,19 +221,21 @@ class StagingArea:
                 continue
             if only is not None and info.path not in only:
                 continue
-            staged.append(staged_file(self.loc, info))
+            staged.append(staged_file(self.loc, info, names))
         return sorted(staged, key=lambda f: f.path)
 
-    def rows_per_partition(self, files: list[StagedFile]) -> dict[str, int]:
-        """Rows staged per ``topic[partition]``, read from two columns of the files."""
+    def rows_per_partition(self, files: list[StagedFile], names: ColumnNames | None = None) -> dict[str, int]:
+        """Rows staged per ``topic[partition]``, read from two columns of the files (by their
+        physical names under column mapping)."""
         if not files:
             return {}
         import pyarrow.dataset as pads  # here, not at import: it imports pandas (~0.3 s of every command)
 
+        names = names or ColumnNames()
         paths = [self.loc.join(f.path) for f in files]
         table = pads.dataset(paths, format="parquet", filesystem=self.loc.fs).to_table(
-            columns=["topic", "partition"]
-        )
+            columns=[names.physical("topic"), names.physical("partition")]
+        ).rename_columns(["topic", "partition"])
         counts = table.group_by(["topic", "partition"]).aggregate([([], "count_all")])
         return {
             f"{t}[{p}]": n
@@ -324,7 +329,7 @@ def rewrite_without(location: TableLocation, path: str, ranges, target_dir: str)
     return staged_file(location, location.fs.get_file_info(full))
 
 
-def staged_file(location: TableLocation, info) -> StagedFile:
+def staged_file(location: TableLocation, info, names: ColumnNames | None = None) -> StagedFile:
     """A written Parquet file (``info``: its pyarrow ``FileInfo``) with what its add action needs."""
     meta = pq.read_metadata(info.path, filesystem=location.fs)
     relative = location.relative(info.path)
@@ -333,34 +338,37 @@ def staged_file(location: TableLocation, info) -> StagedFile:
         size=info.size,
         modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
         num_records=meta.num_rows,
-        stats=json.dumps(file_stats(meta)),
+        stats=json.dumps(file_stats(meta, names)),
         partition_values=partition_values_of(relative),
     )
 
 
-def file_stats(meta: pq.FileMetaData) -> dict:
+def file_stats(meta: pq.FileMetaData, mapping: ColumnNames | None = None) -> dict:
     """Delta per-file stats: numRecords, min/max/nullCount of the key columns, and of the
     Kafka ``timestamp`` when the file keeps it as a timestamp (dedup's horizon and the late
-    count prune files by it)."""
+    count prune files by it). Under column mapping (``mapping``) the file holds, and the stats
+    are kept by, physical names."""
     stats: dict = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-    for column in KEY_COLUMNS:
+    physical = (mapping or ColumnNames()).physical
+    for column in (physical(c) for c in KEY_COLUMNS):
         if column not in names:
             continue
         bounds = column_bounds(meta, names.index(column))
         if bounds is None or bounds[0] is None:
             return {"numRecords": meta.num_rows}
         stats["minValues"][column], stats["maxValues"][column], stats["nullCount"][column] = bounds
-    if TIMESTAMP_COLUMN in names:
-        idx = names.index(TIMESTAMP_COLUMN)
+    timestamp = physical(TIMESTAMP_COLUMN)
+    if timestamp in names:
+        idx = names.index(timestamp)
         bounds = column_bounds(meta, idx) if meta.schema.column(idx).logical_type.type == "TIMESTAMP" else None
         if bounds is not None and getattr(bounds[0], "tzinfo", None) is not None:  # UTC-adjusted, not NTZ
             low, high, nulls = bounds
             # as delta-rs writes them: ISO-8601 UTC truncated to the millisecond (exact for
             # comparisons with whole milliseconds, which Kafka timestamps are)
-            stats["minValues"][TIMESTAMP_COLUMN] = _iso_millis(low)
-            stats["maxValues"][TIMESTAMP_COLUMN] = _iso_millis(high)
-            stats["nullCount"][TIMESTAMP_COLUMN] = nulls
+            stats["minValues"][timestamp] = _iso_millis(low)
+            stats["maxValues"][timestamp] = _iso_millis(high)
+            stats["nullCount"][timestamp] = nulls
     return stats
 
 

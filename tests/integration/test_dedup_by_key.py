@@ -146,7 +146,7 @@ def test_a_duration_horizon_reads_only_the_files_whose_timestamps_reach_it(broke
     stats = pa.table(ledger.table.get_add_actions(flatten=True)).to_pydict()
     assert all(ts is not None for ts in stats["max.timestamp"])  # every file says how new it is
     next_plan = type("Plan", (), {"batch": ledger.last_batch("test") + 1})()  # key_files reads only .batch
-    files, horizon_ms = key_files(TableLocation.of(uri), None, DedupSpec(key=KEY, horizon="1d"), next_plan, now_ms)
+    files, horizon_ms, _ = key_files(TableLocation.of(uri), None, DedupSpec(key=KEY, horizon="1d"), next_plan, now_ms)
     recent = [p for p, ts in zip(stats["path"], stats["max.timestamp"]) if ts.timestamp() * 1000 >= horizon_ms]
     assert 0 < len(files) == len(recent) < len(stats["path"])  # the old batch's files are not read
     third = send([3, 4, 13, 14, 99], now_ms)  # two old resends, two recent resends, one new event

@@ -223,7 +223,7 @@ def test_a_key_stored_twice_drops_its_record_once(session, tmp_path):
 def test_dropped_comes_from_the_write_and_is_recounted_exactly_without_one(session, tmp_path):
     """The count of duplicates: before any action there are no observed metrics, so it is a
     recount (one more pass); after the kept rows are written, it is what that write observed."""
-    from airflow_eo.driver.dedup import _observed
+    from airflow_eo.driver.dedup import observed_metrics
 
     rows = [rec(topic, p, o, None if o % 7 == 0 else b"k%d" % (o % 40))
             for topic in ("t", "u") for p in range(3) for o in range(50)]
@@ -232,9 +232,9 @@ def test_dropped_comes_from_the_write_and_is_recounted_exactly_without_one(sessi
         sum(1 for r in rows if r[5] is None)
     out = drop_duplicates(frame(session, rows), "CAST(key AS STRING)", stored(files), partitions=3)
     assert out.dropped() == expected  # nothing ran yet: counted exactly
-    assert all(_observed(o) == {} for o in out.observed)
+    assert all(observed_metrics(o) == {} for o in out.observed)
     out.kept.write.parquet(str(tmp_path / "kept"))
-    ranked, kept = (_observed(o).get("records") for o in out.observed)
+    ranked, kept = (observed_metrics(o).get("records") for o in out.observed)
     assert ranked == len(rows) and kept == len(rows) - expected  # the write's own metrics
     assert out.dropped() == expected
     assert out.dropped(read_at_most=len(rows) - 1) == expected  # impossible metrics: recounted

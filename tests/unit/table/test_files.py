@@ -8,6 +8,7 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
+from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.files import TableFile, add_actions_of, conform, snapshot_files
 
 ROWS = pa.table({"offset": pa.array([7, 8], pa.int32())})
@@ -42,7 +43,7 @@ def test_log_paths_are_decoded_once_and_partition_values_come_from_the_log():
     raw = pa.table({"path": ["d=2026-03-04/r=a%252Fb/p.parquet", "d=__HIVE_DEFAULT_PARTITION__/r=x/q.parquet"],
                         "size_bytes": [10, 20], "partition.d": pa.array([dt.date(2026, 3, 4), None], pa.date32()),
                         "partition.r": ["a/b", "x"]})
-    actions = add_actions_of(Snapshot(raw))
+    actions = add_actions_of(Snapshot(raw), ColumnNames())  # no column mapping: the log's names
     assert actions["path"].to_pylist() == ["d=2026-03-04/r=a%2Fb/p.parquet", "d=__HIVE_DEFAULT_PARTITION__/r=x/q.parquet"]
     assert snapshot_files(actions) == [TableFile("d=2026-03-04/r=a%2Fb/p.parquet", 10, {"d": "2026-03-04", "r": "a/b"}),
                                        TableFile("d=__HIVE_DEFAULT_PARTITION__/r=x/q.parquet", 20, {"d": None, "r": "x"})]
