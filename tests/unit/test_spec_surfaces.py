@@ -116,7 +116,7 @@ def test_the_operator_names_no_option_the_spec_lacks(operator_class):
 
 
 def test_options_are_mappable_and_take_default_args(operator_class):
-    from airflow.sdk import DAG
+    from airflow.providers.common.compat.sdk import DAG
 
     with DAG("surfaces", schedule=None):
         mapped = operator_class.partial(task_id="ingest", topics="orders").expand(table_uri=["/a", "/b"])

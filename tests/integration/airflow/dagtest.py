@@ -1,25 +1,45 @@
-"""Running DAGs in-process with ``dag.test()`` and reading back what Airflow recorded."""
+"""Running DAGs in-process with ``dag.test()`` and reading back what Airflow recorded, on every
+supported Airflow (2.11, 3.0–3.3: the differences are named by :mod:`airflow_eo.version_compat`)."""
 
 from __future__ import annotations
 
-import json
+from airflow_eo.version_compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_1_PLUS, dag_test, task_return_value
 
 
 def serialise(dag) -> None:
-    """A DAG defined in a test is not in any bundle: write it to the metadata DB first."""
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    """A DAG defined in a test is not in any bundle (or folder): write it to the metadata DB first."""
+    if AIRFLOW_V_3_1_PLUS:
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+        from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
-    DagBundlesManager().sync_bundles_to_db()
-    bag = DagBag(collect_dags=False)
-    bag.bag_dag(dag)
-    sync_bag_to_db(bag, "dags-folder", None)
+        DagBundlesManager().sync_bundles_to_db()
+        bag = DagBag(collect_dags=False)
+        bag.bag_dag(dag)
+        sync_bag_to_db(bag, "dags-folder", None)
+    elif AIRFLOW_V_3_0_PLUS:
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+        from airflow.models.dagbag import DagBag
+
+        DagBundlesManager().sync_bundles_to_db()
+        bag = DagBag(collect_dags=False)
+        bag.bag_dag(dag)
+        bag.sync_to_db("dags-folder", None)
+    else:
+        from airflow.models.dagbag import DagBag
+
+        bag = DagBag(collect_dags=False)
+        bag.bag_dag(dag, root_dag=dag)
+        bag.sync_to_db()
 
 
 def run_dag(dag, **kwargs):
-    """``dag.test(**kwargs)``; returns ``(dag_run, {task_id: state})``."""
+    """``dag.test(**kwargs)``; returns ``(dag_run, {task_id: (state, try_number)})``. ``logical_date``
+    (with Airflow 3's ``run_after`` defaulting to it) is passed as the installed Airflow names it."""
     serialise(dag)
-    dr = dag.test(**kwargs)
+    if "logical_date" in kwargs:
+        dr = dag_test(dag, kwargs.pop("logical_date"), **kwargs)
+    else:
+        dr = dag.test(**kwargs)
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
@@ -30,13 +50,38 @@ def run_dag(dag, **kwargs):
 
 
 def xcom(dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1):
-    from airflow.models.xcom import XComModel
+    assert key == "return_value", "only return values are read back"
+    return task_return_value(dag_id, run_id, task_id, map_index)
+
+
+def asset_events(uri: str) -> list[tuple[dict, str | None]]:
+    """(extra, source run id) of each event on the Asset (a Dataset on Airflow 2) ``uri``, oldest first."""
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        row = session.query(XComModel).filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key,
-                                                 map_index=map_index).one_or_none()
-        if row is None:
-            return None
-        value = row.value
-        return json.loads(value) if isinstance(value, str) else value
+        if AIRFLOW_V_3_0_PLUS:
+            from airflow.models.asset import AssetEvent as Event, AssetModel as Model
+
+            target = Event.asset_id
+        else:
+            from airflow.models.dataset import DatasetEvent as Event, DatasetModel as Model
+
+            target = Event.dataset_id
+        rows = (session.query(Event.extra, Event.source_run_id).join(Model, target == Model.id)
+                .filter(Model.uri == uri).order_by(Event.id).all())
+        return [(dict(extra or {}), run_id) for extra, run_id in rows]
+
+
+def deferred(dag_id: str, task_id: str) -> bool:
+    """Whether a run's task has deferred and not resumed yet (Airflow recorded its next method)."""
+    from sqlalchemy.exc import OperationalError
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    try:
+        with create_session() as session:
+            return session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id,
+                                                      TaskInstance.next_method.is_not(None)).count() > 0
+    except OperationalError:  # SQLite busy while the task writes: ask again
+        return False
