@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -62,6 +63,24 @@ def mask_secret(secret: Any, name: str | None = None) -> None:
     mask(secret, name)
 
 
+def asset_event_extra(summary: dict) -> dict:
+    """The extra of the table's Asset event: the run's summary.
+
+    Airflow 2.11 files the events added through an alias by ``frozenset(extra.items())``, so a list
+    or dict value fails the task after its commit (``TypeError: unhashable type``). There the
+    summary's nested values (ranges, lag, interval…) travel as JSON text, its scalars (status,
+    batch, version, rows…) as they are; Airflow 3 stores the summary as it is.
+
+    >>> asset_event_extra({"status": "committed", "lag": {"t[0]": 0}}) == (
+    ...     {"status": "committed", "lag": {"t[0]": 0}} if AIRFLOW_V_3_0_PLUS
+    ...     else {"status": "committed", "lag": '{"t[0]": 0}'})
+    True
+    """
+    if AIRFLOW_V_3_0_PLUS:
+        return summary
+    return {k: json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v for k, v in summary.items()}
+
+
 def xcom_of_task(ti_key: Any) -> Any:
     """The return value (XCom) of the task instance ``ti_key`` when Airflow's webserver asks for an
     extra link (Airflow 2: links are computed there, from the serialised operator, after the run).
@@ -87,8 +106,6 @@ def task_return_value(dag_id: str, run_id: str, task_id: str, map_index: int = -
 
     Airflow 3: the ``XComModel`` row (JSON); Airflow 2: ``XCom.get_one``, which deserialises it.
     """
-    import json
-
     from airflow.utils.session import create_session
 
     with create_session() as session:

@@ -70,7 +70,7 @@ from airflow_eo.spec.options import topic_list
 from airflow_eo.table.storage import is_local, normalize_table_uri
 from airflow_eo.triggers.interval_closed import IntervalClosedTrigger
 from airflow_eo.triggers.polling import error_of_event
-from airflow_eo.version_compat import AIRFLOW_V_3_0_PLUS, xcom_of_task
+from airflow_eo.version_compat import AIRFLOW_V_3_0_PLUS, asset_event_extra, xcom_of_task
 
 
 def run_key_of(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
@@ -330,7 +330,8 @@ class KafkaToDeltaOperator(BaseOperator):
         self.log.info("Delta batch: %s", summary_link(summary))
         emit_run_metrics(summary)
         if RunStatus(summary["status"]).wrote_commit and "outlet_events" in context:
-            context["outlet_events"][self.asset_alias].add(self.asset or table_asset(self.table_uri), extra=summary)
+            context["outlet_events"][self.asset_alias].add(self.asset or table_asset(self.table_uri),
+                                                           extra=asset_event_extra(summary))
         return summary
 
     def defer_until_closed(self, config: IngestConfig, interval: Interval, why: IntervalNotClosedError) -> NoReturn:

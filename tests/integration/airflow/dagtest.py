@@ -71,17 +71,3 @@ def asset_events(uri: str) -> list[tuple[dict, str | None]]:
                 .filter(Model.uri == uri).order_by(Event.id).all())
         return [(dict(extra or {}), run_id) for extra, run_id in rows]
 
-
-def deferred(dag_id: str, task_id: str) -> bool:
-    """Whether a run's task has deferred and not resumed yet (Airflow recorded its next method)."""
-    from sqlalchemy.exc import OperationalError
-
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    try:
-        with create_session() as session:
-            return session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id,
-                                                      TaskInstance.next_method.is_not(None)).count() > 0
-    except OperationalError:  # SQLite busy while the task writes: ask again
-        return False
