@@ -43,6 +43,11 @@ AIRFLOW_V_3_1_PLUS = AIRFLOW_BASE_VERSION >= (3, 1, 0)
 AIRFLOW_V_3_2_PLUS = AIRFLOW_BASE_VERSION >= (3, 2, 0)
 AIRFLOW_V_3_3_PLUS = AIRFLOW_BASE_VERSION >= (3, 3, 0)
 
+# Before 3.1.3 (2.11, 3.0, 3.1.0-3.1.2) Airflow files the Asset events added through an alias by
+# ``frozenset(extra.items())``: every value of such an event's extra must be hashable (apache-airflow-core
+# 3.1.3 keys them by the extra's JSON instead).
+ALIAS_EVENT_EXTRA_MUST_BE_HASHABLE = AIRFLOW_BASE_VERSION < (3, 1, 3)
+
 # The "Exactly-once tables" page needs a plugin's ``external_views`` (a navigation entry opening a
 # page in the UI), which arrived with Airflow 3.1; below it the plugin registers nothing.
 UI_PAGE_SUPPORTED = AIRFLOW_V_3_1_PLUS
@@ -66,17 +71,17 @@ def mask_secret(secret: Any, name: str | None = None) -> None:
 def asset_event_extra(summary: dict) -> dict:
     """The extra of the table's Asset event: the run's summary.
 
-    Airflow 2.11 files the events added through an alias by ``frozenset(extra.items())``, so a list
-    or dict value fails the task after its commit (``TypeError: unhashable type``). There the
-    summary's nested values (ranges, lag, interval…) travel as JSON text, its scalars (status,
-    batch, version, rows…) as they are; Airflow 3 stores the summary as it is.
+    Before Airflow 3.1.3 (:data:`ALIAS_EVENT_EXTRA_MUST_BE_HASHABLE`) a list or dict value of it
+    fails the task after its commit (``TypeError: unhashable type``): there the summary's nested
+    values (ranges, lag, interval…) travel as JSON text, its scalars (status, batch, version,
+    rows…) as they are. From 3.1.3 the summary is stored as it is.
 
     >>> asset_event_extra({"status": "committed", "lag": {"t[0]": 0}}) == (
-    ...     {"status": "committed", "lag": {"t[0]": 0}} if AIRFLOW_V_3_0_PLUS
-    ...     else {"status": "committed", "lag": '{"t[0]": 0}'})
+    ...     {"status": "committed", "lag": '{"t[0]": 0}'} if ALIAS_EVENT_EXTRA_MUST_BE_HASHABLE
+    ...     else {"status": "committed", "lag": {"t[0]": 0}})
     True
     """
-    if AIRFLOW_V_3_0_PLUS:
+    if not ALIAS_EVENT_EXTRA_MUST_BE_HASHABLE:
         return summary
     return {k: json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v for k, v in summary.items()}
 

@@ -3,14 +3,20 @@ supported Airflow (2.11, 3.0–3.3: the differences are named by :mod:`airflow_e
 
 from __future__ import annotations
 
-from airflow_eo.version_compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_1_PLUS, dag_test, task_return_value
+from airflow_eo.version_compat import (
+    AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_1_PLUS, AIRFLOW_V_3_2_PLUS, dag_test, task_return_value,
+)
 
 
 def serialise(dag) -> None:
     """A DAG defined in a test is not in any bundle (or folder): write it to the metadata DB first."""
     if AIRFLOW_V_3_1_PLUS:
         from airflow.dag_processing.bundles.manager import DagBundlesManager
-        from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+        if AIRFLOW_V_3_2_PLUS:
+            from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+        else:  # 3.1: the same two, in airflow.models
+            from airflow.models.dagbag import DagBag, sync_bag_to_db
 
         DagBundlesManager().sync_bundles_to_db()
         bag = DagBag(collect_dags=False)
@@ -21,6 +27,8 @@ def serialise(dag) -> None:
         from airflow.models.dagbag import DagBag
 
         DagBundlesManager().sync_bundles_to_db()
+        if dag.relative_fileloc is None:  # set by 3.0's DagBag when it parses a file (as here: no bundle path)
+            dag.relative_fileloc = dag.fileloc
         bag = DagBag(collect_dags=False)
         bag.bag_dag(dag)
         bag.sync_to_db("dags-folder", None)
