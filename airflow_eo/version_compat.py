@@ -59,13 +59,15 @@ def mask_secret(secret: Any, name: str | None = None) -> None:
     SDK's ``execution_time.secrets_masker`` (3.0.0's ``airflow.sdk.log`` has none); 2.11: core's
     ``airflow.utils.log.secrets_masker``.
     """
+    import importlib
+
     if AIRFLOW_V_3_1_PLUS:
-        from airflow.sdk.log import mask_secret as mask
+        module = "airflow.sdk.log"
     elif AIRFLOW_V_3_0_PLUS:
-        from airflow.sdk.execution_time.secrets_masker import mask_secret as mask
+        module = "airflow.sdk.execution_time.secrets_masker"
     else:
-        from airflow.utils.log.secrets_masker import mask_secret as mask
-    mask(secret, name)
+        module = "airflow.utils.log.secrets_masker"
+    importlib.import_module(module).mask_secret(secret, name)
 
 
 def asset_event_extra(summary: dict) -> dict:
