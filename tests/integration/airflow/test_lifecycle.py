@@ -7,7 +7,9 @@ metadata DB. In file order, building on each other: a committed run and the tabl
 (Dataset on 2.11) event with the run's summary as extra; a clear of that run, which is a no-op
 without Spark; a reprocess of it through the DAG's params (``run_conf``); the backlog sensor
 deferring, resuming in the (inline) triggerer and the ingest taking the backlog; and, on a table
-of its own, an interval-mode run that ingests exactly its run's data interval.
+of its own, an interval-mode run that ingests exactly its run's data interval. Between them, a run a
+retry cannot fix fails at once, its retries unspent. (The older Airflows' lane also runs
+tests/integration/operators/test_errors_metrics_lineage.py: errors, metrics and OpenLineage.)
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def world(airflow_db, airflow_connections, kafka_config, tmp_path_factory):
     return {"topic": new_topic(kafka_config, 2), "table": str(tmp_path_factory.mktemp("lifecycle") / "orders")}
 
 
-def lifecycle_dag(world, dag_id="eo_lifecycle", sensor_min_records=None):
+def lifecycle_dag(world, dag_id="eo_lifecycle", sensor_min_records=None, retries=0):
     """The README's DAG: (sensor →) ingest, with the ``reprocess`` params a run's conf sets."""
     from airflow.providers.common.compat.sdk import DAG, Param
 
@@ -40,7 +42,7 @@ def lifecycle_dag(world, dag_id="eo_lifecycle", sensor_min_records=None):
     from airflow_eo.sensors.kafka_backlog import KafkaBacklogSensor
 
     with DAG(dag_id, schedule="@daily", start_date=datetime(2026, 1, 1), catchup=False,
-             params={"reprocess": Param(False, type="boolean"), "reprocess_run_id": Param("", type="string")}) as dag:
+             default_args={"retries": retries, "retry_delay": timedelta(seconds=1)}, params={"reprocess": Param(False, type="boolean"), "reprocess_run_id": Param("", type="string")}) as dag:
         ingest = KafkaToDeltaOperator(task_id="ingest", topics=[world["topic"]], table_uri=world["table"],
                                       ingest_id="orders", transform_sql=SQL, spark_conf=SPARK_CONF)
         if sensor_min_records is not None:
@@ -101,6 +103,14 @@ def test_a_reprocess_through_params_replaces_that_runs_rows(world, kafka_config)
     assert duplicates(after) == {} and set(keys_of(after)) == set(keys_of(before))
     events = asset_events(table_uri_of_asset(world["table"]))
     assert len(events) == 2 and events[-1] == (asset_event_extra(summary), dr.run_id)  # a reprocess changed the table
+
+
+def test_a_run_a_retry_cannot_fix_fails_without_spending_its_retries(world):
+    """Reprocessing a run that never committed: nothing to reprocess (AirflowFailException), no Spark."""
+    dag = lifecycle_dag(world, dag_id="eo_lifecycle_fail_fast", retries=2)
+    dr, states = run_dag(dag, logical_date=D1, run_conf={"reprocess": True, "reprocess_run_id": "never_ran"})
+    assert states["ingest"] == ("failed", 1), states
+    assert xcom(dag.dag_id, dr.run_id, "ingest") is None
 
 
 def test_the_sensor_defers_resumes_and_the_ingest_takes_the_backlog(world, kafka_config, monkeypatch):

@@ -64,7 +64,7 @@ def kafka_env(broker, monkeypatch):
 
 
 def make_operator(dag_id, table_uri, topic, conn_id, **kwargs):
-    from airflow.sdk import DAG
+    from airflow.providers.common.compat.sdk import DAG
 
     with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1)):
         kwargs.setdefault("transform_sql", "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source")
