@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG
+# common-compat's names: the example runs unchanged on Airflow 2.11 and 3.x (on 3.x alone: airflow.sdk)
+from airflow.providers.common.compat.sdk import DAG
 
 from airflow_eo.attempt import Env
 from airflow_eo.operators.delta_maintenance import DeltaMaintenanceOperator

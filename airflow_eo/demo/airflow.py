@@ -74,17 +74,12 @@ def run_demo_via_airflow(table_uri: str, bootstrap_servers: str, topic: str = "o
     clear does: the same run key, XCom gone; without a logical date dag.test() makes a new random
     run id each time); ``ingest_only`` marks the sensor done, as clearing only the ingest task would."""
     prepare_airflow_env(table_uri, bootstrap_servers, topic)
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
+    from airflow_eo.version_compat import dag_test, task_return_value
 
     dag = load_demo_dag()
     logical_date = logical_date or datetime.now(timezone.utc).replace(microsecond=0)
-    dr = dag.test(logical_date=logical_date, run_after=logical_date,
-                  mark_success_pattern="^wait_for_records$" if ingest_only else None)
-    with create_session() as session:
-        row = session.query(XComModel).filter_by(dag_id=dag.dag_id, run_id=dr.run_id, task_id="ingest",
-                                                 key="return_value").one_or_none()
-    if row is None:
+    dr = dag_test(dag, logical_date, mark_success_pattern="^wait_for_records$" if ingest_only else None)
+    summary = task_return_value(dag.dag_id, dr.run_id, "ingest")
+    if summary is None:
         raise RuntimeError(f"the demo DAG run {dr.run_id} ended {dr.state} without an ingest summary; see its log")
-    summary = json.loads(row.value) if isinstance(row.value, str) else row.value
     return DemoRun(summary, dr.run_id, logical_date)

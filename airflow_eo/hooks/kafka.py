@@ -31,7 +31,7 @@ def mask_config(config: dict[str, Any]) -> None:
 
     The whole JSON form is masked too: it is what travels to the Spark job.
     """
-    from airflow.sdk.log import mask_secret
+    from airflow_eo.version_compat import mask_secret
 
     for key, value in config.items():
         if any(h in key.lower() for h in SECRET_HINTS) and value:

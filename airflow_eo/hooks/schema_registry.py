@@ -22,8 +22,9 @@ from airflow_eo.errors import ConfigError
 
 def schema_registry_config_of(conn_id: str) -> dict:
     """The ``SchemaRegistryClient`` config of the Airflow connection ``conn_id``."""
-    from airflow.sdk import BaseHook
-    from airflow.sdk.log import mask_secret
+    from airflow.providers.common.compat.sdk import BaseHook
+
+    from airflow_eo.version_compat import mask_secret
 
     conn = BaseHook.get_connection(conn_id)
     if not conn.host:

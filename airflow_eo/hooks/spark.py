@@ -21,7 +21,7 @@ CONNECT_CONN_TYPE = "spark_connect"
 
 
 def connection_type(conn_id: str) -> str | None:
-    from airflow.sdk import BaseHook
+    from airflow.providers.common.compat.sdk import BaseHook
 
     try:
         return BaseHook.get_connection(conn_id).conn_type
@@ -32,7 +32,8 @@ def connection_type(conn_id: str) -> str | None:
 def connect_url(conn_id: str) -> str:
     """The ``sc://`` URL of a ``spark_connect`` connection; its token is masked in logs."""
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-    from airflow.sdk.log import mask_secret
+
+    from airflow_eo.version_compat import mask_secret
 
     url = SparkConnectHook(conn_id=conn_id).get_connection_url()
     if ";" in url:
@@ -63,7 +64,7 @@ def audit_spark_for(conn_id: str | None, conf: dict[str, str]):
     built as SparkSubmitHook builds it (host, and port when set); the session runs in this process."""
     import logging
 
-    from airflow.sdk import BaseHook
+    from airflow.providers.common.compat.sdk import BaseHook
 
     from airflow_eo.submit.audit import SparkSlices
 

@@ -64,7 +64,7 @@ def storage_options_from_airflow(conn_id: str) -> dict[str, str]:
     are resolved once per run and expire (default 1 h): a longer batch needs static or
     instance credentials.
     """
-    from airflow.sdk import BaseHook
+    from airflow.providers.common.compat.sdk import BaseHook
 
     conn = BaseHook.get_connection(conn_id)
     extra = dict(conn.extra_dejson)

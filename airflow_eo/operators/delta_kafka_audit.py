@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.providers.common.compat.sdk import AirflowFailException
-from airflow.sdk import BaseOperator
+from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator
 
 from airflow_eo.audit.findings import AuditReport, FindingKind
 from airflow_eo.audit.run import AuditRequest, Selection, run_audit

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.providers.common.compat.sdk import BaseOperator
 
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.storage import storage_options_of

@@ -47,8 +47,8 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 from urllib.parse import urlencode
 
-from airflow.providers.common.compat.sdk import conf
-from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
+# Asset and AssetAlias are Dataset and DatasetAlias on Airflow 2.11 (common-compat resolves them)
+from airflow.providers.common.compat.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink, conf
 
 from airflow_eo.errors import AirflowEoError, ConfigError, IntervalNotClosedError
 from airflow_eo.hooks.kafka import kafka_config_of
@@ -70,6 +70,7 @@ from airflow_eo.spec.options import topic_list
 from airflow_eo.table.storage import is_local, normalize_table_uri
 from airflow_eo.triggers.interval_closed import IntervalClosedTrigger
 from airflow_eo.triggers.polling import error_of_event
+from airflow_eo.version_compat import AIRFLOW_V_3_0_PLUS, asset_event_extra, xcom_of_task
 
 
 def run_key_of(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
@@ -137,7 +138,10 @@ class DeltaBatchLink(BaseOperatorLink):
 
     def get_link(self, operator, *, ti_key) -> str:
         # Airflow 3 computes links in the task process as it finishes: the operator still holds
-        # its summary (None after a failed try: no link, and no XCom lookup that logs an error)
+        # its summary (None after a failed try: no link, and no XCom lookup that logs an error).
+        # Airflow 2's webserver computes them later, from the serialised operator: the XCom then.
+        if not AIRFLOW_V_3_0_PLUS:
+            return summary_link(xcom_of_task(ti_key))
         return summary_link(getattr(operator, "summary", None))
 
 
@@ -326,7 +330,8 @@ class KafkaToDeltaOperator(BaseOperator):
         self.log.info("Delta batch: %s", summary_link(summary))
         emit_run_metrics(summary)
         if RunStatus(summary["status"]).wrote_commit and "outlet_events" in context:
-            context["outlet_events"][self.asset_alias].add(self.asset or table_asset(self.table_uri), extra=summary)
+            context["outlet_events"][self.asset_alias].add(self.asset or table_asset(self.table_uri),
+                                                           extra=asset_event_extra(summary))
         return summary
 
     def defer_until_closed(self, config: IngestConfig, interval: Interval, why: IntervalNotClosedError) -> NoReturn:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from airflow.sdk import BaseSensorOperator
+from airflow.providers.common.compat.sdk import BaseSensorOperator
 
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.kafka import kafka_config_of

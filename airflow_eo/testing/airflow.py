@@ -22,7 +22,6 @@ Example::
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import subprocess
@@ -69,28 +68,46 @@ def migrate() -> None:
 
 
 def serialise(dag) -> None:
-    """A DAG defined in a test is in no bundle: write it to the metadata database first."""
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    """A DAG defined in a test is in no bundle (or folder): write it to the metadata database first
+    (where and how differs by Airflow version: :mod:`airflow_eo.version_compat`)."""
+    from airflow_eo.version_compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_1_PLUS, AIRFLOW_V_3_2_PLUS
 
-    DagBundlesManager().sync_bundles_to_db()
-    bag = DagBag(collect_dags=False)
-    bag.bag_dag(dag)
-    sync_bag_to_db(bag, "dags-folder", None)
+    if AIRFLOW_V_3_1_PLUS:
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+        if AIRFLOW_V_3_2_PLUS:
+            from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+        else:  # 3.1: the same two, in airflow.models
+            from airflow.models.dagbag import DagBag, sync_bag_to_db
+
+        DagBundlesManager().sync_bundles_to_db()
+        bag = DagBag(collect_dags=False)
+        bag.bag_dag(dag)
+        sync_bag_to_db(bag, "dags-folder", None)
+    elif AIRFLOW_V_3_0_PLUS:
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+        from airflow.models.dagbag import DagBag
+
+        DagBundlesManager().sync_bundles_to_db()
+        if dag.relative_fileloc is None:  # set by 3.0's DagBag when it parses a file (as here: no bundle path)
+            dag.relative_fileloc = dag.fileloc
+        bag = DagBag(collect_dags=False)
+        bag.bag_dag(dag)
+        bag.sync_to_db("dags-folder", None)
+    else:
+        from airflow.models.dagbag import DagBag
+
+        bag = DagBag(collect_dags=False)
+        bag.bag_dag(dag, root_dag=dag)
+        bag.sync_to_db()
 
 
 def xcom(dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
-    """A task's XCom (its return value by default), as the metadata database holds it."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
+    """A task's return value (its XCom), as the metadata database holds it, or None."""
+    from airflow_eo.version_compat import task_return_value
 
-    with create_session() as session:
-        row = session.query(XComModel).filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key,
-                                                 map_index=map_index).one_or_none()
-        if row is None:
-            return None
-        value = row.value
-        return json.loads(value) if isinstance(value, str) else value
+    assert key == "return_value", "only return values are read back"
+    return task_return_value(dag_id, run_id, task_id, map_index)
 
 
 def task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
@@ -104,9 +121,12 @@ def task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
 
 
 def run_dag(dag, **kwargs):
-    """``dag.test(**kwargs)`` of a DAG defined anywhere; returns ``(dag_run, {task_id: (state, try_number)})``."""
+    """``dag.test(**kwargs)`` of a DAG defined anywhere; returns ``(dag_run, {task_id: (state, try_number)})``.
+    ``logical_date`` is passed as the installed Airflow names it (``execution_date`` on 2.x)."""
+    from airflow_eo.version_compat import dag_test
+
     serialise(dag)
-    dr = dag.test(**kwargs)
+    dr = dag_test(dag, kwargs.pop("logical_date"), **kwargs) if "logical_date" in kwargs else dag.test(**kwargs)
     return dr, task_states(dag.dag_id, dr.run_id)
 
 
@@ -147,7 +167,7 @@ class DagRunner:
         need ``retries`` ≥ 1 and a ``spark`` (spark-submit) connection; their retry delay is cut to
         one second for the run. Fails if the fault was armed but never reached."""
         if task_id is not None:
-            dag = dag.partial_subset(task_ids=[task_id], include_upstream=False)
+            dag = dag.partial_subset([task_id], include_upstream=False)  # task_ids_or_regex on 2.x
         if fail_at is None:
             dr, states = run_dag(dag, **test_kwargs)
             return DagOutcome(dag.dag_id, dr.run_id, states, dag_run=dr)
@@ -166,7 +186,7 @@ class DagRunner:
         """Arm ``point`` in the Spark jobs of the DAG's ingest tasks only (their ``spark_env_vars``: the
         task process, which is this test process, never sees it); returns the file whose creation
         fires it and each task's environment to restore."""
-        from airflow.sdk import BaseHook
+        from airflow.providers.common.compat.sdk import BaseHook
 
         from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
 

@@ -6,6 +6,10 @@ navigation entry "Exactly-once tables" (under Browse) that opens it in the UI's 
 app is built only when Airflow asks for it, so the other processes that load plugins (the
 scheduler, the workers) import nothing of it.
 
+The page needs Airflow 3.1 or later (a plugin's ``external_views`` arrived in 3.1): on 2.11 and
+3.0 the plugin loads and registers no app and no view, and the rest of the provider works as on
+3.1+ (:data:`airflow_eo.version_compat.UI_PAGE_SUPPORTED`).
+
 Turn it off with ``[airflow_eo] ui_enabled = False`` (``AIRFLOW__AIRFLOW_EO__UI_ENABLED=False``):
 the plugin then registers no app and no view. ``[airflow_eo] ui_storage_conn_id`` names an
 ``aws`` connection the page reads object-store tables with.
@@ -20,8 +24,11 @@ from __future__ import annotations
 
 from functools import cache
 
-# the Task SDK's class (what providers subclass): a worker with the SDK alone loads the plugin too
-from airflow.sdk.plugins_manager import AirflowPlugin
+# the Task SDK's class from 3.2 (a worker with the SDK alone loads the plugin too), core's before:
+# common-compat picks the one the installed Airflow has
+from airflow.providers.common.compat.sdk import AirflowPlugin
+
+from airflow_eo.version_compat import UI_PAGE_SUPPORTED
 
 URL_PREFIX = "/airflow-eo"
 URL_ROUTE = "exactly-once-tables"
@@ -29,7 +36,10 @@ NAME = "Exactly-once tables"
 
 
 def enabled() -> bool:
-    from airflow.sdk.configuration import conf
+    """The page is served: Airflow 3.1+ and not turned off."""
+    if not UI_PAGE_SUPPORTED:
+        return False
+    from airflow.providers.common.compat.sdk import conf
 
     return conf.getboolean("airflow_eo", "ui_enabled", fallback=True)
 

@@ -64,7 +64,7 @@ def kafka_env(broker, monkeypatch):
 
 
 def make_operator(dag_id, table_uri, topic, conn_id, **kwargs):
-    from airflow.sdk import DAG
+    from airflow.providers.common.compat.sdk import DAG
 
     with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1)):
         kwargs.setdefault("transform_sql", "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source")
@@ -72,14 +72,19 @@ def make_operator(dag_id, table_uri, topic, conn_id, **kwargs):
                                     **kwargs)
 
 
-class OutletEvents(dict):
-    """Airflow's outlet event accessors, recording what ``add`` emits through an alias."""
+class OutletEvents:
+    """Airflow's outlet event accessors, recording what ``add`` emits through an alias. Keyed by the
+    alias's name, as Airflow's own accessors are: Airflow 3.0's ``AssetAlias`` is not hashable."""
 
-    def __missing__(self, key):
-        emitted = []
-        self[key] = SimpleNamespace(extra=None, emitted=emitted,
-                                    add=lambda asset, extra=None: emitted.append((asset, extra)))
-        return self[key]
+    def __init__(self):
+        self.by_name: dict[str, SimpleNamespace] = {}
+
+    def __getitem__(self, alias):
+        if alias.name not in self.by_name:
+            emitted: list = []
+            self.by_name[alias.name] = SimpleNamespace(extra=None, emitted=emitted,
+                                                       add=lambda asset, extra=None: emitted.append((asset, extra)))
+        return self.by_name[alias.name]
 
 
 def context_for(op, run_id, try_number=1, params=None):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import BaseHook
+from airflow.providers.common.compat.sdk import BaseHook
 
 EXAMPLES = {
     "standalone": (

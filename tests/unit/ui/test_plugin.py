@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
+import pytest
+
 from airflow_eo.ui.plugin import URL_PREFIX, ExactlyOnceTablesPlugin
+from airflow_eo.version_compat import UI_PAGE_SUPPORTED
+
+# below 3.1 the plugin registers nothing: tests/unit/test_version_compat.py checks that there
+page_only = pytest.mark.skipif(not UI_PAGE_SUPPORTED, reason="the page needs Airflow 3.1+")
 
 
 def test_the_entry_point_names_the_plugin():
@@ -13,6 +19,7 @@ def test_the_entry_point_names_the_plugin():
     assert found.load() is ExactlyOnceTablesPlugin and found.dist.name == "airflow-eo"
 
 
+@page_only
 def test_one_app_and_one_navigation_entry_opening_it():
     plugin = ExactlyOnceTablesPlugin()
     (app,) = plugin.fastapi_apps
@@ -24,6 +31,7 @@ def test_one_app_and_one_navigation_entry_opening_it():
     ExactlyOnceTablesPlugin.validate()
 
 
+@page_only
 def test_ui_enabled_false_registers_nothing(monkeypatch):
     monkeypatch.setenv("AIRFLOW__AIRFLOW_EO__UI_ENABLED", "False")
     plugin = ExactlyOnceTablesPlugin()
