@@ -176,6 +176,17 @@ def frame_click(page: Page, selector: str) -> None:
     page.click(x, y)
 
 
+def check_fits(page: Page, checks: Checks, view: str) -> dict:
+    """The frame's page and each of its tables no wider than the frame, no header past its edge."""
+    layout = page.evaluate(f"({OVERFLOW})({DOC})")
+    checks.check(layout["page"] <= layout["view"] + 1, f"{view}: the page fits its frame",
+                 f"{layout['page']} px in {layout['view']} px")
+    for t in layout["tables"]:
+        checks.check(t["scroll"] <= t["client"] + 1 and not t["cut"], f"{view}: table {t['cls']} fits",
+                     f"{t['scroll']} px in {t['client']} px, cut: {t['cut']}")
+    return layout
+
+
 def check_views(browser: Chromium, server: StandaloneAirflow, table: str, shots: str, checks: Checks) -> None:
     for width, height in SIZES:
         size = f"{width}x{height}"
@@ -183,12 +194,7 @@ def check_views(browser: Chromium, server: StandaloneAirflow, table: str, shots:
         log_in(page, server)
         open_in_ui(page, server, "table.list")
         page.screenshot(os.path.join(shots, f"list-{size}.png"))
-        layout = page.evaluate(f"({OVERFLOW})({DOC})")
-        checks.check(layout["page"] <= layout["view"] + 1, f"{size} list: the page fits its frame",
-                     f"{layout['page']} px in {layout['view']} px")
-        for t in layout["tables"]:
-            checks.check(t["scroll"] <= t["client"] + 1 and not t["cut"], f"{size} list: table {t['cls']} fits",
-                         f"{t['scroll']} px in {t['client']} px, cut: {t['cut']}")
+        layout = check_fits(page, checks, f"{size} list")
         path = page.evaluate(f"({LINE_BREAKS})({DOC}.querySelector('a.table-uri'))")
         checks.check(path["text"] == table, f"{size} list: the demo table's path is shown", path["text"])
         checks.check(all(c == "/" for c in path["before"]), f"{size} list: the path wraps only after '/'",
@@ -207,12 +213,7 @@ def check_views(browser: Chromium, server: StandaloneAirflow, table: str, shots:
         page.screenshot(os.path.join(shots, f"table-{size}.png"))
         page.evaluate(f"{DOC}.querySelector('table.batches').scrollIntoView()")
         page.screenshot(os.path.join(shots, f"table-batches-{size}.png"))
-        layout = page.evaluate(f"({OVERFLOW})({DOC})")
-        checks.check(layout["page"] <= layout["view"] + 1, f"{size} table page: the page fits its frame",
-                     f"{layout['page']} px in {layout['view']} px")
-        for t in layout["tables"]:
-            checks.check(t["scroll"] <= t["client"] + 1 and not t["cut"], f"{size} table page: table {t['cls']} fits",
-                         f"{t['scroll']} px in {t['client']} px, cut: {t['cut']}")
+        layout = check_fits(page, checks, f"{size} table page")
         for chart in layout["charts"]:
             checks.check(chart["left"] >= 0 and chart["right"] <= layout["view"] + 1,
                          f"{size} table page: chart '{chart['label']}' fits", f"{chart['left']:.0f}-{chart['right']:.0f} "

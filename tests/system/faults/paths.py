@@ -28,7 +28,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -40,7 +39,7 @@ from airflow_eo.faults import ENV as FAILPOINTS_ENV
 from airflow_eo.submit.connect_server import ConnectServer
 from tests.changes import ChangeProducer, assert_model_holds, broker_changes
 from tests.system.faults.harness import (
-    FAILPOINT_WINDOWS, STEP_WINDOWS, Check, Outcome, Tally, driver_started, kill_tree, run_once,
+    FAILPOINT_WINDOWS, STEP_WINDOWS, Check, Flowing, Outcome, Tally, driver_started, kill_tree, run_once,
 )
 
 log = logging.getLogger(__name__)
@@ -63,15 +62,19 @@ class Path:
     final: object = None  # the check after the drain run
 
     def chain_windows(self, rng: random.Random) -> list[str]:
-        """This trial's windows: every one once, in a random order, after_commit last (its rerun
-        must then find the batch committed without starting Spark)."""
+        """This trial's windows: every one once, the windows killed least so far first (a trial ends
+        at the first run that commits: a kill that came too late), after_commit last (its rerun must
+        then find the batch committed without starting Spark)."""
         middle = [w for w in self.windows if w != "after_commit"]
         rng.shuffle(middle)
+        middle.sort(key=lambda w: self.tally.kills[w])  # stable: a random order among equals
         return [*middle, "after_commit"]
 
 
-def spark_submit_path(name: str, config, check: Callable[[], Check]) -> Path:
-    return Path(name, lambda key, window, rng: run_once(config, key, window, rng), STEP_WINDOWS, check)
+def spark_submit_path(name: str, config, check: Callable[[], Check], max_delay: float = 8.0) -> Path:
+    """A path through spark-submit; ``max_delay``: when a random kill lands at the latest (a job that
+    reads a small batch in its driver is over in ~3 s on an idle machine, one with Spark tasks in ~10 s)."""
+    return Path(name, lambda key, window, rng: run_once(config, key, window, rng, max_delay), STEP_WINDOWS, check)
 
 
 @dataclass
@@ -122,7 +125,7 @@ class ConnectClients:
         out, err = proc.communicate(timeout=900)
         if window in FAILPOINT_WINDOWS or window == "before_submit":
             killed = proc.returncode == -9
-        if window == "server":
+        if window == "server" and killed:
             self.start_server(self.server.port)  # the next run finds a server again, warm
         result = error = None
         if proc.returncode == 0:
@@ -133,8 +136,8 @@ class ConnectClients:
         return Outcome(window, killed, result, error, time.monotonic() - started)
 
     def _kill(self, proc: subprocess.Popen, window: str, rng: random.Random) -> bool:
-        if window == "random":
-            deadline = time.monotonic() + rng.uniform(0.5, 6.0)
+        if window == "random":  # within a small batch's ~1.5 s of start-up and ~2 s of batch
+            deadline = time.monotonic() + rng.uniform(0.3, 3.5)
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:  # the client's attempt has started: the server is reading for it
@@ -142,7 +145,7 @@ class ConnectClients:
             while proc.poll() is None and not any(driver_started(self.table_uri, name.split(".")[0], proc.pid)
                                                   for name in (os.listdir(attempts) if os.path.isdir(attempts) else [])):
                 time.sleep(0.02)
-            time.sleep(rng.uniform(0.0, 0.8))
+            time.sleep(rng.uniform(0.0, 0.4 if window == "server" else 0.8))  # a small batch reads in ~1 s
         if proc.poll() is not None:
             return False
         if window == "server":
@@ -152,30 +155,16 @@ class ConnectClients:
         return kill_tree(proc.pid)
 
 
-class ChangeFlow:
+class ChangeFlow(Flowing):
     """Upserts and tombstones of keys 0..``keys`` written until stopped, with a transaction every few
     rounds (every other one aborted); survives a broker restart (a failed producer is replaced)."""
+
+    name = "flowing-changes"
 
     def __init__(self, config: dict, topic: str, keys: int = 400, rate: float = 4.0):
         self.config, self.topic, self.keys, self.rate = config, topic, keys, rate
         self.changes = ChangeProducer(config, topic)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flowing-changes", daemon=True)
-
-    def __enter__(self) -> "ChangeFlow":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(120)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+        super().__init__()
 
     def _run(self) -> None:
         rng, n = random.Random(11), 0

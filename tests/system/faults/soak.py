@@ -53,11 +53,14 @@ PATHS = ("driver", "spark", "connect", "merge")
 
 
 def restart_broker_during_run(broker: EmbeddedBroker, path: Path, run_key: str, delay: float) -> None:
-    """One unharmed run with the broker restarted ``delay`` seconds into it."""
-    timer = threading.Timer(delay, broker.restart)
-    timer.start()
-    path.run(run_key, None, random.Random())
-    timer.join()
+    """One unharmed run with the broker restarted ``delay`` seconds into it. The restart is this
+    (main) thread's: the broker dies with the thread that started it (PR_SET_PDEATHSIG), so a
+    timer thread's broker would be gone the moment the timer's thread ends."""
+    run = threading.Thread(target=path.run, args=(run_key, None, random.Random()), name="run-during-restart")
+    run.start()
+    time.sleep(delay)
+    broker.restart()
+    run.join()
 
 
 def commit_of_this_checkout() -> str:
@@ -84,7 +87,7 @@ def build_paths(names: tuple[str, ...], broker: EmbeddedBroker, tmp: str, topic:
         if name == "driver":  # a projection: the driver reads the (small) batch itself, no SparkContext
             config = IngestConfig(table_uri=table, ingest_id=name, topics=[topic], kafka_config=broker.config,
                                   transform=Transform(sql=PROJECTION))
-            paths.append(spark_submit_path(name, config, append_check(table, name)))
+            paths.append(spark_submit_path(name, config, append_check(table, name), max_delay=4.0))
         elif name == "spark":  # a transform Spark runs: the tasks read
             paths.append(spark_submit_path(name, ingest_config(table, name, topic, bootstrap), append_check(table, name)))
         elif name == "connect":
@@ -111,7 +114,12 @@ def soak(kills: int, seed: int, restart_every: int, out=sys.stdout, paths: tuple
             with FlowingProducer(broker.config, topic, PARTITIONS) as producer, \
                     ChangeFlow(broker.config, change_topic) as changes:
                 lanes = build_paths(paths, broker, tmp, topic, change_topic, producer, connect)
-                trial = 0
+                deadline = time.monotonic() + 120
+                while producer.sent < 500 or changes.changes.n < 50:  # every first batch has records to read
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the producers wrote nothing in 2 minutes: is the broker up?")
+                    time.sleep(0.5)
+                trial, idle = 0, {}
                 while sum(p.tally.total_kills for p in lanes) < kills or any(p.tally.trials == 0 for p in lanes):
                     if not producer.alive or not changes.alive:
                         raise RuntimeError("a producer thread died: no new data, no kills; see the log")
@@ -119,9 +127,10 @@ def soak(kills: int, seed: int, restart_every: int, out=sys.stdout, paths: tuple
                     trial += 1
                     before = path.tally.total_kills
                     kill_chain(path.run, f"soak-{path.name}-{path.tally.trials + 1}", path.chain_windows(rng), rng,
-                               path.tally, path.check)
-                    if path.tally.total_kills == before:
-                        raise RuntimeError(f"a {path.name} trial without a kill: is data still flowing?")
+                               path.tally, path.check, until_committed=True)
+                    idle[path.name] = 0 if path.tally.total_kills > before else idle.get(path.name, 0) + 1
+                    if idle[path.name] >= 3:  # a kill can miss (the batch was done first), three trials cannot
+                        raise RuntimeError(f"three {path.name} trials without a kill: is data still flowing?")
                     if restart_every and trial % restart_every == 0:
                         restart_broker_during_run(broker, path, f"soak-{path.name}-restart-{restarts}",
                                                   rng.uniform(3, 20))
