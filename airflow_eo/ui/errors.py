@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_eo.ui.plugin import URL_PREFIX, URL_ROUTE
+from airflow_eo.ui.urls import URL_PREFIX, URL_ROUTE
 from airflow_eo.ui.render import render_message
 
 # what each page's parameters are, for the 400 page

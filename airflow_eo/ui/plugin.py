@@ -24,9 +24,7 @@ from functools import cache
 # the Task SDK's class (what providers subclass): a worker with the SDK alone loads the plugin too
 from airflow.sdk.plugins_manager import AirflowPlugin
 
-URL_PREFIX = "/airflow-eo"
-URL_ROUTE = "exactly-once-tables"
-NAME = "Exactly-once tables"
+from airflow_eo.ui.urls import NAME, URL_PREFIX, URL_ROUTE
 
 
 def enabled() -> bool:
