@@ -308,7 +308,8 @@ def _audit_parser(sub) -> None:
 def cmd_connect_server(args) -> int:
     from airflow_eo.submit.connect_server import serve
 
-    return serve(args.port, args.master, _pairs(args.conf, "--conf"), args.log_level, token_file=args.token_file)
+    return serve(args.port, args.master, _pairs(args.conf, "--conf"), args.log_level, token_file=args.token_file,
+                 ready_file=args.ready_file)
 
 
 def cmd_demo(args) -> int:
@@ -434,13 +435,15 @@ def parser() -> argparse.ArgumentParser:
     mt.set_defaults(func=cmd_maintain)
     _audit_parser(sub)
     srv = sub.add_parser("connect-server", help="run a local Spark Connect server (127.0.0.1) for --remote / "
-                         "spark_connect connections; prints its sc:// URL, stops on SIGTERM")
+                         "spark_connect connections; prints its sc:// URL once it is ready (warm), stops on SIGTERM")
     srv.add_argument("--port", type=int, default=15002)
     srv.add_argument("--master", default="local[*]", help="Spark master of the server (local[*], spark://…)")
     srv.add_argument("--token-file", metavar="PATH", help="clients must send the token in PATH (a new random one is "
                      "written there, mode 0600, if it does not exist; default: a file in the server's scratch "
                      "directory, printed at start); clients: $SPARK_CONNECT_AUTHENTICATE_TOKEN")
     srv.add_argument("--conf", action="append", help="extra Spark conf key=value (repeatable)")
+    srv.add_argument("--ready-file", metavar="PATH", help="create PATH once the server is ready (warmed up: a "
+                     "batch runs at full speed), remove it when the server stops: for a health check")
     srv.add_argument("--log-level", default="WARN", help="Spark's own log level (default WARN)")
     srv.set_defaults(func=cmd_connect_server)
     demo = sub.add_parser("demo", help="embedded broker + sample data + ingestion through Airflow + show the table")

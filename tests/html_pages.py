@@ -1,9 +1,11 @@
 """Checks of a rendered HTML page, for the unit and integration tests of the UI page (airflow_eo/ui/).
 
 :func:`check_page` parses a page strictly (every element closed, in order; what a browser
-would silently repair fails), refuses scripts, forms, frames and event-handler attributes,
-requires every link to be relative (no scheme, no host, no leading ``/``: the page lives under
-Airflow's base URL and behind proxies), and parses every inline ``<svg>`` as XML.
+would silently repair fails), refuses forms, frames, event-handler attributes and any script but
+the page's own (``static/ui.js``, once), requires every link to be relative (no scheme, no host,
+no leading ``/``: the page lives under Airflow's base URL and behind proxies), every link to an
+Airflow page (``../…``) to open in the whole window (``target="_top"``) and every link between the
+page's own views to stay in the frame (no ``target``), and parses every inline ``<svg>`` as XML.
 """
 
 from __future__ import annotations
@@ -26,12 +28,24 @@ class StrictHTML(HTMLParser):
         self.stack: list[str] = []
         self.urls: list[str] = []
         self.tags: set[str] = set()
+        self.links: list[dict] = []  # each <a>'s attributes
+        self.scripts: list[str] = []  # each <script>'s text
+        self.script_attributes: list[list] = []
 
     def handle_starttag(self, tag, attrs):
         self.tags.add(tag)
         self.urls += [v for k, v in attrs if k in URL_ATTRIBUTES and v is not None]
+        if tag == "a":
+            self.links.append(dict(attrs))
+        if tag == "script":
+            self.scripts.append("")
+            self.script_attributes.append(attrs)
         if tag not in VOID:
             self.stack.append(tag)
+
+    def handle_data(self, data):
+        if self.stack and self.stack[-1] == "script":
+            self.scripts[-1] += data
 
     def handle_startendtag(self, tag, attrs):
         self.tags.add(tag)
@@ -53,10 +67,15 @@ def check_page(html: str) -> StrictHTML:
     parser.feed(html)
     parser.close()
     assert parser.stack == [], f"never closed: {parser.stack}"
-    assert not parser.tags & {"script", "form", "iframe", "object", "embed", "base", "input", "button"}
+    assert not parser.tags & {"form", "iframe", "object", "embed", "base", "input", "button"}
     assert not re.search(r"\son\w+\s*=", html), "an event handler attribute"
-    # the UI's frame is sandboxed without allow-top-navigation or allow-popups: such links do nothing
-    assert "target=" not in html, "a link that leaves the frame"
+    from airflow_eo.ui.render import script
+
+    # one script, the page's own (the CSP allows it by its hash): no other, no src
+    assert parser.scripts == [script()] and parser.script_attributes == [[]], parser.scripts
+    for link in parser.links:  # Airflow's pages in the whole window, the page's own views in the frame
+        airflow_page = bool(re.match(r"(\./)?(\.\./)+[^./]", link.get("href", "")))  # not the list: ./ or ../../
+        assert link.get("target") == ("_top" if airflow_page else None), link
     for url in parser.urls:
         parts = urlsplit(url)
         assert not parts.scheme and not parts.netloc and not url.startswith("/"), f"not a relative URL: {url}"

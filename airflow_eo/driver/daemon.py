@@ -9,9 +9,12 @@ Two fixed costs per task and per worker were measured on the read tasks (py-spy,
   Those archives were on ``sys.path`` when the daemon started (Spark's installation, Python's
   own) and do not change while it runs, so they keep their directories; every other cache (a
   file or archive a session adds) is still invalidated.
-* every new worker imports pyarrow, confluent-kafka and the reader and writer (~0.5 s). They
-  are imported here once, before the daemon forks, and frozen out of the garbage collector
-  (the worker collects after every task), so a worker starts with them.
+* every new worker imports pyarrow, confluent-kafka and the reader and writer (~0.5 s), and at
+  its first conversion of Python values pyarrow imports pandas (~0.2–0.45 s of CPU, 350 modules).
+  They are imported here once, before the daemon forks, and frozen out of the garbage collector
+  (the worker collects after every task), so a worker starts with them. That matters beyond a
+  server's first batch: Spark stops the idle workers of a daemon after a minute without tasks
+  (``PythonWorkerFactory``), so after any pause the next batch runs on newly forked workers.
 
 Set by :data:`airflow_eo.attempt.SPARK_APP_DEFAULTS` for the Spark applications airflow-eo
 starts (spark-submit, ``airflow-eo connect-server``); a cluster's own servers read Kafka the
@@ -53,6 +56,12 @@ def preload() -> None:
             importlib.import_module(module)
         except ImportError:  # a worker without it fails the task with the import error itself
             pass
+    try:  # pyarrow's lazy pandas shim, as the reader's first conversion would load it (no thread starts)
+        import pyarrow
+
+        pyarrow.array([0])
+    except ImportError:
+        pass
 
 
 if __name__ == "__main__":

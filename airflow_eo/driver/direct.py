@@ -158,33 +158,32 @@ def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int,
         frame = task_frame(spark, tasks).mapInArrow(read_and_write, written_struct())
     return staged_from_reports(location, target, frame.collect())
 
-def warm_up(spark, directory: str, tasks: int, rounds: int = 3) -> None:
-    """Run what a direct batch runs, without Kafka, ``rounds`` times on ``tasks`` tasks at once:
-    the session's Python workers forked with the reader and writer imported, pyarrow's Parquet
-    writer and the footer stats used, the JVM's code for these jobs compiled. Writes a few rows
-    per task under ``directory`` (the caller removes it). What a new Spark Connect server does
-    before it serves (:mod:`airflow_eo.submit.connect_server`), so its first batch runs as fast
-    as the later ones."""
-    import time
-
+def warm_up(spark, tasks: int, rounds: int = 3) -> None:
+    """Run what a direct batch's read tasks run, without Kafka, ``rounds`` times on ``tasks`` tasks at
+    once: the session's Python workers forked with everything a read task loads (the reader's record
+    path over synthetic messages, :func:`airflow_eo.driver.reader.rehearse`; pyarrow's conversions,
+    which import pandas; the Parquet writer and its footer stats), the JVM's code for these jobs
+    compiled. Each task writes into a scratch directory of its own on its executor and removes it,
+    so nothing is left on a cluster's hosts either. What a Spark Connect server runs before it says
+    it is ready (:mod:`airflow_eo.submit.connect_server`), so its first batch runs as fast as the
+    later ones."""
     from airflow_eo.driver.session import for_session
 
-    schema = KAFKA_SCHEMA
-    for n in range(rounds):
-        write = task_writer(directory, None, f"{directory}/round-{n}", schema)
-        stamp = time.time_ns() // 1000
+    def rehearse_task(batches):
+        import shutil
+        import tempfile
 
-        def read_and_write(batches, write=write, stamp=stamp):
-            from airflow_eo.driver.reader import read_ranges
+        from airflow_eo.driver.reader import rehearse
 
-            for batch in batches:
-                for i in batch.column(0).to_pylist():
-                    list(read_ranges({}, ()))  # nothing to read: the import and the call path
-                    rows = pa.RecordBatch.from_pylist(
-                        [{"topic": "warm-up", "partition": i, "offset": o, "timestamp": stamp, "timestampType": 0,
-                          "key": None, "value": b"v", "headers": None} for o in range(100)], schema=schema)
-                    yield from write(iter([rows]))
+        for batch in batches:
+            for _ in batch.column(0).to_pylist():
+                scratch = tempfile.mkdtemp(prefix="airflow-eo-warm-up-")
+                try:
+                    yield from task_writer(scratch, None, f"{scratch}/staged", KAFKA_SCHEMA)(rehearse())
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
 
+    for _ in range(rounds):
         with for_session(spark):
-            written = task_frame(spark, [()] * tasks).mapInArrow(read_and_write, written_struct())
+            written = task_frame(spark, [()] * tasks).mapInArrow(rehearse_task, written_struct())
         written.collect()

@@ -110,6 +110,48 @@ def read_ranges(
         consumer.close()
 
 
+def rehearse(partitions: int = 2, rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The record path of :func:`read_ranges` — runs of messages cut by partition, each column built
+    in one pass, batches of ``BATCH_ROWS`` — over ``rows`` synthetic messages of each of
+    ``partitions`` partitions, without a broker: what a Spark Connect server's warm-up runs in its
+    Python workers (:func:`airflow_eo.driver.direct.warm_up`), so a batch's first task finds the
+    code and the lazily loaded parts of pyarrow and confluent-kafka it needs already loaded.
+
+    >>> sum(b.num_rows for b in rehearse(partitions=2, rows=15_000))
+    30000
+    """
+    wanted = [OffsetRange("airflow-eo-warm-up", p, 0, rows) for p in range(partitions)]
+    yield from _Reading(_Rehearsal(wanted), wanted, BATCH_ROWS, stall_timeout=60.0).batches()
+
+
+class _Rehearsal:
+    """The three calls :class:`_Reading` makes of a consumer, answered from synthetic messages
+    (consume() hands out runs of one partition, as librdkafka does)."""
+
+    def __init__(self, ranges: list[OffsetRange]):
+        from confluent_kafka import Message
+
+        self._message = Message
+        self.next = {(r.topic, r.partition): r.start for r in ranges}
+        self.ends = {(r.topic, r.partition): r.end for r in ranges}
+        self.stamp = int(time.time() * 1000)
+
+    def consume(self, num_messages: int, timeout: float) -> list:
+        for key, offset in self.next.items():
+            n = min(num_messages, self.ends[key] - offset)
+            if n > 0:
+                self.next[key] = offset + n
+                return [self._message(topic=key[0], partition=key[1], offset=o, key=b"key-%d" % o,
+                                      value=b"v" * 180, timestamp=(1, self.stamp)) for o in range(offset, offset + n)]
+        return []
+
+    def position(self, partitions: list) -> list:
+        return [KafkaTopicPartition(tp.topic, tp.partition, self.next[(tp.topic, tp.partition)]) for tp in partitions]
+
+    def pause(self, partitions: list) -> None:
+        pass
+
+
 def _import_pandas_meanwhile() -> None:
     """pyarrow imports pandas (~0.2 s of CPU) at its first conversion of Python values, which the
     columns are built from: a thread starts that import now, while the consumer connects and waits

@@ -92,10 +92,11 @@ class SparkSlices:
         if self._spark is not None:
             return self._spark
         if self.remote is not None:
-            from airflow_eo.submit.connect import ConnectSubmitter, check_version
+            from airflow_eo.submit.connect import ConnectSubmitter, check_version, wait_until_ready
 
             self._spark = ConnectSubmitter(self.remote, conf=self.conf).session()
             check_version(self._spark, self.remote)  # the tasks import this airflow-eo on the server
+            wait_until_ready(self._spark, self.remote)  # its slices are Spark tasks: not beside a warm-up
         else:
             from pyspark.sql import SparkSession
 

@@ -13,7 +13,8 @@ shared session each attempt leaves nothing behind (its own temp view, dropped; c
 unpersisted), and its operations carry a tag with the attempt id:
 :meth:`ConnectSubmitter.kill` interrupts exactly those (``interruptTag``), so a killed task
 stops using the cluster. A server on another airflow-eo version is refused before anything
-runs.
+runs. A batch that needs a Spark job on a server still warming up waits until it is ready
+(:func:`wait_until_ready`, bounded): it would otherwise share the server's cores with the warm-up.
 
 Example::
 
@@ -25,11 +26,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 
 from airflow_eo import __version__
 from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.compat import client_closed, close_client_once, limit_client_retries
+from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.main import run_attempt
 from airflow_eo.errors import ConfigError, SparkUnavailableError
 
@@ -40,6 +43,11 @@ RETRIES = 4  # ~3 s of backoff before "the server went away" is reported
 SESSION_SLOTS = 20  # shared session ids to try when the server has closed earlier ones
 VERSION_CONF = "spark.airflow_eo.version"  # set by `airflow-eo connect-server`
 _verified: set[str] = set()  # servers whose airflow-eo version matched, per process
+_ready: set[str] = set()  # servers seen ready (warmed up), per process
+READY_WAIT = 300.0  # seconds a client waits for a server's warm-up before it runs its job anyway
+# set by `airflow-eo connect-server` (airflow_eo.submit.connect_server says when)
+ANNOUNCES_READY_CONF = "spark.airflow_eo.announces_ready"
+READY_VIEW = "airflow_eo_ready"
 _clients: dict[str, object] = {}  # one client per server URL and process, reused by every attempt
 _clients_lock = threading.Lock()
 
@@ -83,6 +91,35 @@ def check_version(spark, url: str) -> None:
         raise ConfigError(f"the Spark Connect server at {redact_url(url)} runs airflow-eo {theirs}, this client "
                           f"runs {__version__}: install the same airflow-eo version on both")
     _verified.add(url)
+
+
+def server_ready(spark) -> bool:
+    """Whether the server has finished its warm-up (its global temp view :data:`READY_VIEW` exists)."""
+    return bool(spark.catalog.tableExists(f"global_temp.{READY_VIEW}"))
+
+
+def wait_until_ready(spark, url: str, timeout: float = READY_WAIT, poll: float = 0.5) -> float:
+    """Wait until the server at ``url`` is ready — warmed up, so a batch runs at full speed — when it
+    says it warms up (``airflow-eo connect-server`` does; another server is taken as ready); the
+    seconds waited. Past ``timeout`` the caller goes ahead anyway, slower, with a warning: a warm-up
+    that cannot finish is the server's problem, not a reason to fail the batch. Asked once per
+    server and process."""
+    if url in _ready:
+        return 0.0
+    started = time.monotonic()
+    if spark.conf.get(ANNOUNCES_READY_CONF, "false") == "true" and not server_ready(spark):
+        log.info("the Spark Connect server %s is still warming up: waiting until it is ready (at most %.0fs)",
+                 redact_url(url), timeout)
+        while not server_ready(spark):
+            if time.monotonic() - started > timeout:
+                log.warning("the Spark Connect server %s is not ready after %.0fs: running the batch anyway (the "
+                            "warm-up's failure, if any, is in the server's output)", redact_url(url), timeout)
+                break
+            time.sleep(poll)
+        else:
+            log.info("the Spark Connect server %s is ready (waited %.1fs)", redact_url(url), time.monotonic() - started)
+    _ready.add(url)
+    return time.monotonic() - started
 
 
 def shared_session_id(slot: int = 0) -> str:
@@ -224,9 +261,11 @@ class ConnectSubmitter:
         with self._lock:
             self._session, self._tag = spark, tag
         self.submissions += 1
+        spark.addTag(tag)  # first: the finally below removes it, whatever fails
         try:
             check_version(spark, self.url)
-            spark.addTag(tag)
+            if DirectStage.needs_spark(attempt):  # a batch the driver reads itself does not use the server
+                wait_until_ready(spark, self.url)
             run_attempt(spark, attempt, secrets)
         except Exception as exc:
             if is_unavailable(exc):

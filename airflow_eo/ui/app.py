@@ -35,25 +35,27 @@ from datetime import datetime, timezone
 
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_eo.ui import errors
 from airflow_eo.ui.events import TableRef, TaskRun, find_tables, lag_history, last_runs
-from airflow_eo.ui.render import ListRow, render_list, render_message, render_table
+from airflow_eo.ui.render import ListRow, render_list, render_table, script_source
 from airflow_eo.ui.tables import TableReader, TableState
 
 log = logging.getLogger(__name__)
 
 READ_THREADS = 8  # tables read at once (their logs are read in native code, mostly outside the GIL)
 
-# The page embeds nothing from elsewhere and runs no script; it may be framed by the Airflow UI only.
+# The page embeds nothing from elsewhere and runs one script of its own (allowed by its hash: the
+# links to Airflow's pages open in the whole window, airflow_eo/ui/static/ui.js); it may be framed
+# by the Airflow UI only.
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
-                               "frame-ancestors 'self'; base-uri 'none'; form-action 'none'",
+    "Content-Security-Policy": f"default-src 'none'; script-src {script_source()}; style-src 'unsafe-inline'; "
+                               "img-src 'self' data:; frame-ancestors 'self'; base-uri 'none'; form-action 'none'",
 }
 
 
@@ -101,12 +103,7 @@ def create_app(reader: TableReader | None = None) -> FastAPI:
     reader = reader or TableReader(storage_options=storage_options_from_config)
     app = FastAPI(title="airflow-eo: exactly-once tables", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.reader = reader
-
-    @app.exception_handler(StarletteHTTPException)
-    async def as_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
-        response = _page(render_message(exc.status_code, str(exc.detail), _now()), exc.status_code)
-        response.headers.update(getattr(exc, "headers", None) or {})
-        return response
+    errors.install(app, HEADERS)  # the page's own error pages, a missing or bad parameter's too
 
     @app.get("/", response_class=HTMLResponse)
     def table_list(user: GetUserDep, session: SessionDep) -> HTMLResponse:

@@ -1,7 +1,8 @@
 """The Airflow plugin "Exactly-once tables": a page in Airflow's UI, registered by the package's ``airflow.plugins`` entry point.
 
 Installing airflow-eo adds it (``airflow plugins`` lists ``airflow_eo``): the API server
-mounts the page's app (:mod:`airflow_eo.ui.app`) under ``/airflow-eo`` and the UI shows a
+mounts the page's app (:mod:`airflow_eo.ui.app`) under ``/airflow-eo``, with a root middleware
+that redirects the bare ``/airflow-eo`` there (:mod:`airflow_eo.ui.redirect`), and the UI shows a
 navigation entry "Exactly-once tables" (under Browse) that opens it in the UI's frame. The
 app is built only when Airflow asks for it, so the other processes that load plugins (the
 scheduler, the workers) import nothing of it.
@@ -30,9 +31,7 @@ from airflow.providers.common.compat.sdk import AirflowPlugin
 
 from airflow_eo.version_compat import UI_PAGE_SUPPORTED
 
-URL_PREFIX = "/airflow-eo"
-URL_ROUTE = "exactly-once-tables"
-NAME = "Exactly-once tables"
+from airflow_eo.ui.urls import NAME, URL_PREFIX, URL_ROUTE
 
 
 def enabled() -> bool:
@@ -61,6 +60,16 @@ class ExactlyOnceTablesPlugin(AirflowPlugin):
         if not enabled():
             return []
         return [{"app": _app(), "url_prefix": URL_PREFIX, "name": NAME}]
+
+    @property  # type: ignore[override]
+    def fastapi_root_middlewares(self) -> list[dict]:
+        if not enabled():
+            return []
+        from airflow_eo.ui.redirect import TrailingSlash
+
+        # a mount serves only the paths below it: /airflow-eo itself would be the UI's 404
+        return [{"middleware": TrailingSlash, "args": [], "kwargs": {"prefix": URL_PREFIX},
+                 "name": "airflow-eo: /airflow-eo to /airflow-eo/"}]
 
     @property  # type: ignore[override]
     def external_views(self) -> list[dict]:

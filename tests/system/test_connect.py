@@ -4,6 +4,7 @@ Spark Connect servers, real Delta tables)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -309,3 +310,92 @@ def test_kill_interrupts_the_attempts_operations_on_the_server(broker, kafka_con
     assert len(errors) == 1 and isinstance(errors[0], SparkJobError), errors
     assert "OPERATION_CANCELED" in str(errors[0]) and "without committing" in str(errors[0])
     assert not os.path.exists(os.path.join(str(tmp_path / "t"), "_delta_log")), "nothing may be committed"
+
+
+def test_the_command_says_ready_on_stdout_and_with_its_ready_file_only_once_warm(tmp_path):
+    """`--ready-file` (the compose service's health check tests it): a file a killed server left is
+    removed at start, the file appears with the URL line once the server is warm, holding that URL,
+    and goes when the server stops."""
+    port, ready = free_port(), tmp_path / "ready"
+    ready.write_text("left by a killed server\n")
+    proc = subprocess.Popen([AIRFLOW_EO, "connect-server", "--port", str(port), "--master", "local[1]",
+                             "--ready-file", str(ready)], stdout=subprocess.PIPE,
+                            stderr=open(tmp_path / "server.log", "w"), text=True, start_new_session=True)
+    try:
+        deadline, served_before_ready = time.monotonic() + 300, False
+        while not ready.exists() or ready.read_text() == "left by a killed server\n":
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                served_before_ready = served_before_ready or not ready.exists()
+            time.sleep(0.05)
+        assert served_before_ready, "the port never served before ready: the test did not see the warm-up"
+        line = proc.stdout.readline().strip()
+        assert line == f"sc://localhost:{port}" and ready.read_text() == line + "\n"
+        assert "ready after" in (tmp_path / "server.log").read_text()  # and how long the warm-up took
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert not ready.exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_client_that_arrives_during_the_warm_up_waits_for_ready(kafka_config, tmp_path, monkeypatch):
+    """A batch that needs Spark, started while the server's port already serves but its warm-up runs,
+    waits for ready before its job: its staged files are written after the ready file appeared. The
+    warm-up is held until the client says it waits (on a fast machine it would be over first). The
+    server starts in this thread: its JVM dies with the thread that forked it (PR_SET_PDEATHSIG)."""
+    import airflow_eo.driver.direct as direct
+
+    held, release = threading.Event(), threading.Event()
+    real = direct.warm_up
+
+    def held_warm_up(spark, tasks, **kwargs):
+        held.set()
+        release.wait(300)
+        return real(spark, tasks, **kwargs)
+
+    monkeypatch.setattr(direct, "warm_up", held_warm_up)
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 2000, partitions=2)
+    ready, table_uri = tmp_path / "ready", str(tmp_path / "table")
+    server = ConnectServer(master="local[2]", ready_file=str(ready), log_file=str(tmp_path / "server.log"))
+    seen: dict = {}
+
+    def early_client():
+        try:
+            assert held.wait(300), "the server never started its warm-up"
+            client = seen["client"] = cli_ingest(server.url, table_uri, topic, kafka_config, "early")
+            lines = seen["lines"] = []
+            for line in client.stderr:
+                lines.append(line)
+                if "still warming up" in line:
+                    seen["ready_then"] = ready.exists()
+                    seen["table_then"] = os.path.exists(os.path.join(table_uri, "_delta_log"))
+                    break
+        finally:
+            release.set()
+
+    watcher = threading.Thread(target=early_client)
+    watcher.start()
+    try:
+        server.start(timeout=300)
+        watcher.join(300)
+        client = seen["client"]
+        out, err = client.communicate(timeout=300)
+        assert "still warming up" in seen["lines"][-1], "".join(seen["lines"])[-3000:]
+        assert seen["ready_then"] is False and seen["table_then"] is False
+        assert client.returncode == 0, err[-3000:]
+        assert "is ready (waited" in err
+        ready_at = ready.stat().st_mtime
+        staged = [os.path.join(d, f) for d, _, files in os.walk(table_uri) for f in files if f.endswith(".parquet")]
+        assert staged and all(os.stat(f).st_mtime >= ready_at for f in staged), (ready_at, staged)
+        assert assert_exactly_once(table_uri, kafka_config["bootstrap.servers"], [topic], ingest_id="warm") == 2000
+    finally:
+        release.set()
+        watcher.join(300)
+        if "client" in seen and seen["client"].poll() is None:
+            seen["client"].kill()
+        server.stop()
+    assert not ready.exists()

@@ -137,34 +137,67 @@ def test_the_example_dag_finds_everything_it_reads(resolved):
 
 
 def test_the_spark_connect_service_serves_the_warm_path(resolved, monkeypatch):
-    """The spark_connect connection points at the spark-connect service, which runs the server
-    class against the compose master and declares this airflow-eo version. It shares the network
-    namespace of the scheduler, where LocalExecutor runs the tasks, so they reach it as localhost."""
-    import airflow_eo
+    """The spark_connect connection points at the spark-connect service: `airflow-eo connect-server`
+    against the compose master (it declares this airflow-eo version itself), healthy only once its
+    ready file exists, i.e. once it is warm. It shares the network namespace of the scheduler, where
+    LocalExecutor runs the tasks, so they reach it as localhost."""
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from airflow_eo.cli import parser
 
     services = resolved["services"]
     service = services["spark-connect"]
     command = service["command"]
-    assert "org.apache.spark.sql.connect.service.SparkConnectServer" in command
-    assert command[command.index("--master") + 1] == "spark://spark-master:7077"
-    assert f"spark.airflow_eo.version={airflow_eo.__version__}" in command
-    port = next(c.split("=")[1] for c in command if c.startswith("spark.connect.grpc.binding.port="))
+    assert command[:2] == ["airflow-eo", "connect-server"]
+    args = parser().parse_args(command[1:])  # the command line this airflow-eo accepts
+    assert args.master == "spark://spark-master:7077"
+    port = args.port
     assert service["network_mode"] == "service:airflow-scheduler" and "airflow-scheduler" in service["depends_on"]
     assert services["airflow-scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     assert f"127.0.0.1:{port}:{port}" in services["airflow-scheduler"]["ports"]
     # the executors on spark-worker reach the server's driver at the scheduler's name
-    assert "spark.driver.host=airflow-scheduler" in command
+    assert "spark.driver.host=airflow-scheduler" in args.conf and "spark.driver.bindAddress=0.0.0.0" in args.conf
+    # healthy = ready: the health check tests the file the server creates once warm
+    assert service["healthcheck"]["test"] == ["CMD", "test", "-f", args.ready_file]
+    assert service["healthcheck"]["start_period"]  # the warm-up is not a failed check
+    # the token file the command reads is the one the entrypoint writes from the environment
+    assert args.token_file == service["environment"]["AIRFLOW_EO_CONNECT_TOKEN_FILE"]
+    path = service["environment"]["PATH"].split(":")
+    assert path[0] == os.path.dirname(services["spark-worker"]["environment"]["PYSPARK_PYTHON"])  # airflow-eo
+    assert "/opt/spark/bin" in path  # spark-submit of the Spark distribution
     env = services["airflow-scheduler"]["environment"]
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
     assert SparkConnectHook("spark_connect_default").get_connection_url().startswith(f"sc://localhost:{port}")
     assert any(v.startswith(f"{TABLES_VOLUME}:") for v in service["volumes"])
 
 
-def test_the_spark_connect_service_takes_its_token_from_the_environment_and_refuses_to_start_without(resolved):
+def test_the_spark_image_holds_what_the_connect_server_command_imports():
+    """The spark image's venv gets airflow-eo without its dependencies: what `airflow-eo
+    connect-server` imports beyond the standard library must be installed there by name."""
+    probe = ("import sys; before = set(sys.modules); import airflow_eo.cli, airflow_eo.submit.connect_server, "
+             "pyspark.sql.connect.session; print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    third_party = {m for m in done.stdout.split() if m not in sys.stdlib_module_names and not m.startswith("_")}
+    dockerfile = (ROOT / "docker" / "spark" / "Dockerfile").read_text()
+    installed = set(re.search(r"constraints-3\.11\.txt \\\n\s+([^\\]+)\\", dockerfile).group(1).split())
+    # imported under another name than installed, or brought by what is installed
+    provided = {"pyspark": "pyspark-client", "confluent_kafka": "confluent-kafka", "google": "pyspark-client",
+                "grpc": "pyspark-client", "grpc_status": "pyspark-client", "zstandard": "pyspark-client",
+                "numpy": "pandas", "dateutil": "pandas", "pytz": "pandas", "yaml": "pyspark-client",
+                "arro3": "deltalake", "typing_extensions": "deltalake", "six": "pandas", "airflow_eo": None,
+                "py4j": None,  # this venv's full pyspark imports it, the image's pyspark-client does not
+                "cython_runtime": None}  # a module Cython extensions register, not a package
+    missing = {m for m in third_party if provided.get(m, m) is not None and provided.get(m, m) not in installed}
+    assert not missing, f"the spark image lacks {missing} (installed there: {installed})"
+
+
+def test_the_spark_connect_service_takes_its_token_from_the_environment_and_refuses_to_start_without(
+        resolved, tmp_path):
     """The server and the Airflow services that are its clients take SPARK_CONNECT_AUTHENTICATE_TOKEN
     from the environment of `docker compose up` (a key without a value: Compose passes the variable
-    through; the file holds no token); the service's entrypoint exits with one line when it is unset."""
+    through; the file holds no token); the service's entrypoint exits with one line when it is unset,
+    and otherwise writes it to the server's token file, readable by its owner only."""
     services = resolved["services"]
     token = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
     for name in ("spark-connect", *AIRFLOW_SERVICES):
@@ -173,15 +206,21 @@ def test_the_spark_connect_service_takes_its_token_from_the_environment_and_refu
     entrypoint = services["spark-connect"]["entrypoint"]
     script = entrypoint[2].replace("$$", "$")  # Compose's escape of a literal $
     command = [sys.executable, "-c", "print('server started')"]
-    env = {k: v for k, v in os.environ.items() if k != token}
+    token_file = tmp_path / "connect" / "token"
+    env = {**{k: v for k, v in os.environ.items() if k != token}, "AIRFLOW_EO_CONNECT_TOKEN_FILE": str(token_file)}
     refused = subprocess.run([*entrypoint[:2], script, *entrypoint[3:], *command], env=env, capture_output=True,
                              text=True)
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.strip() == ("spark-connect: set SPARK_CONNECT_AUTHENTICATE_TOKEN in the environment of "
                                       "docker compose up")
-    started = subprocess.run([*entrypoint[:2], script, *entrypoint[3:], *command], env={**env, token: "t"},
+    assert not token_file.exists()
+    started = subprocess.run([*entrypoint[:2], script, *entrypoint[3:], *command], env={**env, token: "t0k"},
                              capture_output=True, text=True)
-    assert started.returncode == 0 and started.stdout == "server started\n"
+    assert started.returncode == 0 and started.stdout == "server started\n", started.stderr
+    assert token_file.read_text() == "t0k\n" and oct(token_file.stat().st_mode & 0o777) == "0o600"
+    from airflow_eo.submit.connect_server import read_or_create_token
+
+    assert read_or_create_token(str(token_file)) == "t0k"  # what the server then reads
 
 
 def test_the_spark_connection_resolves_to_the_compose_master(resolved, monkeypatch):

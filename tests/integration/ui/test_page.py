@@ -91,9 +91,14 @@ def get(world, path: str, user: str | None = "admin"):
     return world["client"].get(f"/airflow-eo/{path}", headers=headers)
 
 
+def plain(html: str) -> str:
+    """The page without what it sets into long names so they wrap well: <wbr>, a path's segments."""
+    return re.sub(r'<span class="seg">([^<]*)</span>', r"\1", html).replace("<wbr>", "")
+
+
 def asset_link(html: str, table: str) -> str:
     """The relative link of ``table``'s row in the list."""
-    row = next(r for r in html.split("<tr>") if f">{table}</a>" in r)
+    row = next(r for r in plain(html).split("<tr>") if f">{table}</a>" in r)
     return re.search(r'href="(table\?[^"]+)"', row).group(1).replace("&amp;", "&")
 
 
@@ -101,7 +106,7 @@ def test_the_list_shows_each_table_with_its_last_run_lag_and_counts(world):
     r = get(world, "")
     assert r.status_code == 200, r.text
     page = check_page(r.text)
-    html = r.text
+    html = plain(r.text)
     offsets_run, offsets_summary = world["runs"]["offsets"][-1]
     for table, ingest, mode in ((world["tables"]["offsets"], "ui_orders", "offsets · append"),
                                 (world["tables"]["interval"], "ui_hourly", "interval · append")):
@@ -122,17 +127,18 @@ def test_a_tables_page_has_its_batches_lag_and_committed_offsets(world):
     assert r.status_code == 200, r.text
     check_page(r.text)
     (first_run, first), (second_run, second) = world["runs"]["offsets"]
-    batches = r.text.split("<h2>Recent batches</h2>")[1].split("<h2>")[0]
-    rows = re.findall(r'<tr>\n<td class="num">(\d+)</td><td class="num">(\d+)</td>', batches)
+    batches = plain(r.text).split("<h2>Recent batches</h2>")[1].split("<h2>")[0]
+    rows = re.findall(r'<tr>\n<td data-label="Batch" class="num">(\d+)<div class="sub">v(\d+)</div></td>', batches)
     assert rows == [("2", str(second["version"])), ("1", str(first["version"]))]  # newest first
     assert f">{second_run}</a>" in batches and f">{first_run}</a>" in batches
-    assert '<td class="num">12</td>' in batches and '<td class="num">30</td>' in batches
+    assert '<td data-label="Rows" class="num">12<' in batches and '<td data-label="Rows" class="num">30<' in batches
     rows_chart, lag_chart = svgs(r.text)[:2]
     assert len(list(rows_chart.iter(f"{SVG}rect"))) == 2 and len(list(lag_chart.iter(f"{SVG}circle"))) == 2
     ledger = Ledger.open(world["tables"]["offsets"])
     partitions = [TopicPartition(x["topic"], x["partition"]) for x in second["ranges"]]
     for tp, offset in ledger.committed_offsets("ui_orders", partitions).items():
-        assert f'<td>{tp.topic}</td><td class="num">{tp.partition}</td><td class="num">{offset:,}</td>' in r.text
+        assert (f'<td data-label="Topic">{tp.topic}</td><td data-label="Partition" class="num">{tp.partition}</td>'
+                f'<td data-label="Next offset" class="num">{offset:,}</td>') in r.text
 
 
 def test_an_interval_tables_page_shows_committed_gap_and_not_closed(world):
@@ -144,7 +150,7 @@ def test_an_interval_tables_page_shows_committed_gap_and_not_closed(world):
     assert [x.get("class") for x in strip.iter(f"{SVG}rect")] == ["committed", "gap", "committed", "not-closed"]
     base = world["base"]
     hour = datetime.fromtimestamp((base + H) / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
-    assert re.search(rf'<tr class="span-gap"><td>{hour} – ', r.text)  # hour 1: a backfill would fill it
+    assert re.search(rf'<tr class="span-gap"><td data-label="Interval \(UTC\)">{hour} – ', r.text)  # a backfill fills it
 
 
 def test_each_tables_log_is_read_once_per_view(world, monkeypatch):
@@ -169,9 +175,26 @@ def test_each_tables_log_is_read_once_per_view(world, monkeypatch):
 def test_without_a_token_it_is_refused(world):
     for path in ("", "table?asset=1&ingest=ui_orders"):
         r = get(world, path, user=None)
-        assert r.status_code == 401 and world["tables"]["offsets"] not in r.text
+        assert r.status_code == 401 and world["tables"]["offsets"] not in plain(r.text)
+        assert 'href="./../api/v2/auth/login?next=%2Fplugin%2Fexactly-once-tables" target="_top"' in r.text
     r = world["client"].get("/airflow-eo/", headers={"Authorization": "Bearer not-a-jwt"})
     assert r.status_code == 403
+
+
+def test_airflows_api_server_sends_the_bare_prefix_to_the_list_and_bad_links_to_the_pages_error_page(world):
+    """Through Airflow's own app: the plugin's root middleware answers /airflow-eo (else the UI's 404),
+    and a table link with a missing or malformed parameter gets the page's error page, not JSON."""
+    client, headers = world["client"], {"Authorization": f"Bearer {world['tokens']['admin']}"}
+    r = client.get("/airflow-eo", headers=headers, follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "airflow-eo/"
+    followed = client.get("/airflow-eo", headers=headers)
+    assert followed.status_code == 200 and "Exactly-once tables" in followed.text
+    assert world["tables"]["offsets"] in plain(followed.text)
+    for query in ("", "?asset=1", "?asset=first&ingest=ui_orders"):
+        bad = get(world, "table" + query)
+        assert bad.status_code == 400 and bad.headers["content-type"].startswith("text/html"), bad.text
+        check_page(bad.text)
+        assert '<a href="./">Back to the table list</a>' in bad.text
 
 
 def test_a_user_without_a_dag_does_not_see_its_tables(world, monkeypatch):
@@ -185,8 +208,8 @@ def test_a_user_without_a_dag_does_not_see_its_tables(world, monkeypatch):
     admin_list = get(world, "").text
     r = get(world, "", user="alice")
     assert r.status_code == 200
-    assert world["tables"]["offsets"] in r.text
-    assert world["tables"]["interval"] not in r.text and INTERVAL_DAG not in r.text
+    assert world["tables"]["offsets"] in plain(r.text)
+    assert world["tables"]["interval"] not in plain(r.text) and INTERVAL_DAG not in plain(r.text)
     assert get(world, asset_link(admin_list, world["tables"]["offsets"]), user="alice").status_code == 200
     refused = get(world, asset_link(admin_list, world["tables"]["interval"]), user="alice")
-    assert refused.status_code == 403 and world["tables"]["interval"] not in refused.text
+    assert refused.status_code == 403 and world["tables"]["interval"] not in plain(refused.text)

@@ -61,6 +61,8 @@ def test_benchmark_smoke(tmp_path):
     assert {metric for metric, row in rows.items() if row["met"] is None} == {
         f"{path}, 100-record batch as Spark tasks (--driver-read-max-offsets 0)" for path in ("warm", "cold")}
     assert rows["warm, 5,000 records, steady state: raw / whole command"]["raw"]  # the raw time beside the ratio
+    # the first batch starts when the fresh server's ready file appears (what a deployment's restart sees)
+    assert "warm, first 5,000-record batch from ready (a fresh server's ready file) / steady batch" in targets
     assert "unreachable broker, until the error" in done.stdout and "[raw " in done.stdout
     assert report["other_load"] and "load average at the end" in done.stdout
     assert "exactly_once.x1" in done.stdout  # the printed table

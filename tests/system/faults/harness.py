@@ -44,10 +44,12 @@ from tests.helpers import broker_records, committed_offsets, read_table
 
 log = logging.getLogger(__name__)
 
-# Windows: failpoints for the narrow ones, real kill -9 of the process tree for the others.
-FAILPOINT_WINDOWS = {"after_stage": "after_stage", "during_commit": "during_commit", "after_commit": "after_commit"}
+# Windows: failpoints (airflow_eo/faults.py) at the protocol's steps, real kill -9 of the process tree
+# for the others. WINDOWS are CI's (tests/system/faults/test_faults.py); the soak kills at every step.
+FAILPOINT_WINDOWS = {w: w for w in ("before_read", "after_stage", "before_commit", "during_commit", "after_commit")}
 TREE_WINDOWS = ("reading", "random")
 WINDOWS = ("reading", "after_stage", "during_commit", "random", "after_commit")
+STEP_WINDOWS = ("before_read", "reading", "after_stage", "before_commit", "during_commit", "random", "after_commit")
 TRANSFORM = Transform(sql="SELECT topic, partition, offset, timestamp, CAST(value AS STRING) AS value FROM source")
 # C1-only JIT and the serial GC: a few seconds less JVM start per spark-submit; these
 # jobs are too short for the optimising compiler to pay off.
@@ -55,22 +57,19 @@ SPARK_CONF = {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "512m"
               "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
-class FlowingProducer:
-    """Writes to ``partitions`` partitions until stopped: idempotent records and transactions.
+class Flowing:
+    """A thread that writes to Kafka from ``with`` until :meth:`stop` (subclasses write in ``_run``)."""
 
-    Every 4th transaction is aborted; their values (``abort-…``) are kept in ``aborted``.
-    Survives a broker restart: a transactional producer that errors is replaced, and a
-    transaction whose outcome is unknown is neither counted committed nor aborted.
-    """
+    name = "flowing"
 
-    def __init__(self, config: dict, topic: str, partitions: int, rate: float = 150.0):
-        self.config, self.topic, self.partitions, self.rate = config, topic, partitions, rate
-        self.aborted: set[str] = set()
-        self.sent = 0
+    def __init__(self):
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flowing-producer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def __enter__(self) -> "FlowingProducer":
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
         self._thread.start()
         return self
 
@@ -79,11 +78,28 @@ class FlowingProducer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(60)
+        self._thread.join(120)
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+class FlowingProducer(Flowing):
+    """Writes to ``partitions`` partitions until stopped: idempotent records and transactions.
+
+    Every 4th transaction is aborted; their values (``abort-…``) are kept in ``aborted``.
+    Survives a broker restart: a transactional producer that errors is replaced, and a
+    transaction whose outcome is unknown is neither counted committed nor aborted.
+    """
+
+    name = "flowing-producer"
+
+    def __init__(self, config: dict, topic: str, partitions: int, rate: float = 150.0):
+        self.config, self.topic, self.partitions, self.rate = config, topic, partitions, rate
+        self.aborted: set[str] = set()
+        self.sent = 0
+        super().__init__()
 
     def _tx_producer(self) -> Producer | None:
         try:
@@ -180,12 +196,25 @@ def has_python_worker(pid: int) -> bool:
     return False
 
 
+def driver_started(table_uri: str, attempt_id: str, pid: int | None = None) -> bool:
+    """Whether the attempt's driver has started (its marker names a driver process; ``pid``: that one)."""
+    from airflow_eo.table.staging import StagingArea
+    from airflow_eo.table.storage import TableLocation
+
+    try:
+        marker = StagingArea(TableLocation.of(table_uri)).read_marker(attempt_id)
+    except OSError:
+        return False
+    return marker is not None and marker.driver_pid != 0 and (pid is None or marker.driver_pid == pid)
+
+
 class KillingSubmit(LocalSparkSubmit):
     """spark-submit that dies in ``window``; ``killed`` says whether it really did.
 
-    ``reading``: kill -9 of the tree moments after the first Python worker appears (the data
-    source reads Kafka in Python workers); ``random``: kill -9 at a random time; the other
-    windows are failpoints inside the driver.
+    ``reading``: kill -9 of the tree moments after the reading starts — the first Python worker
+    (Spark tasks read Kafka in Python workers), or, for a batch the driver reads itself
+    (``driver_read_max_offsets``), the driver's start recorded in the attempt's marker;
+    ``random``: kill -9 at a random time; the other windows are failpoints inside the driver.
     """
 
     # A random kill lands within the first 8 s: an idle 2-core machine runs a small job in
@@ -196,8 +225,10 @@ class KillingSubmit(LocalSparkSubmit):
         self.window, self.rng, self.max_delay = window, rng or random.Random(), max_delay
         self.killed = False
         self._done = threading.Event()
+        self._attempt = None
 
     def submit(self, attempt, secrets) -> None:
+        self._attempt = attempt
         # a JVM killed with -9 runs no shutdown hook and leaves its Spark scratch dirs behind:
         # this job's go in a directory of its own, removed once the job is gone
         scratch = tempfile.mkdtemp(prefix="airflow-eo-killed-")
@@ -224,9 +255,14 @@ class KillingSubmit(LocalSparkSubmit):
         if pid is None:
             return
         if self.window == "reading":
-            while not self._done.is_set() and not has_python_worker(pid):
-                time.sleep(0.05)
-            delay = self.rng.uniform(0.0, 0.6)
+            from airflow_eo.driver.direct import DirectStage
+
+            in_driver = not DirectStage.needs_spark(self._attempt)
+            while not self._done.is_set() and not (
+                    driver_started(self._attempt.table_uri, self._attempt.attempt_id) if in_driver
+                    else has_python_worker(pid)):
+                time.sleep(0.02)
+            delay = self.rng.uniform(0.0, 0.3 if in_driver else 0.6)  # a small batch reads in well under 1 s
         else:
             delay = self.rng.uniform(1.0, self.max_delay)
         if not self._done.wait(delay):
@@ -276,9 +312,14 @@ def check_table(table_uri: str, ingest_id: str, topic: str, partitions: int, boo
         duplicated={k: n for k, n in counts.items() if n > 1},
         beyond_offsets=sorted(k for k in counts if committed.get(k[1]) is None or k[2] >= committed[k[1]]),
         not_in_broker=sorted(k for t, p, o, v in rows if (k := (t, p, o)) not in visible
-                             or visible[k].decode() != v),
-        aborted_in_table=sorted(v for *_, v in rows if v in aborted),
+                             or visible[k].decode() != _text(v)),
+        aborted_in_table=sorted(_text(v) for *_, v in rows if _text(v) in aborted),
     )
+
+
+def _text(value) -> str:
+    """A table's value column as text: a cast string, or the Kafka bytes a projection keeps."""
+    return value.decode() if isinstance(value, (bytes, bytearray)) else value
 
 
 @dataclass
@@ -290,9 +331,11 @@ class Outcome:
     seconds: float
 
 
-def run_once(config: IngestConfig, run_key: str, window: str | None, rng: random.Random) -> Outcome:
-    """One ingestion run whose Spark job is killed in ``window`` (None: not killed)."""
-    submit = KillingSubmit(window, rng)
+def run_once(config: IngestConfig, run_key: str, window: str | None, rng: random.Random,
+             max_delay: float = 8.0) -> Outcome:
+    """One ingestion run whose Spark job is killed in ``window`` (None: not killed; ``random``: within
+    ``max_delay`` seconds of its start)."""
+    submit = KillingSubmit(window, rng, max_delay=max_delay)
     started = time.monotonic()
     try:
         result, error = Ingestion(config, submit).run(RunIdentity(run_key=run_key)), None
@@ -320,17 +363,24 @@ class Tally:
         return sum(self.kills.values())
 
 
-def kill_chain(config: IngestConfig, run_key: str, windows: list[str], rng: random.Random,
-               tally: Tally, checker) -> list[Outcome]:
+def kill_chain(config, run_key: str, windows: list[str], rng: random.Random,
+               tally: Tally, checker, until_committed: bool = False) -> list[Outcome]:
     """Retry one run key, killing each attempt in the next window, then once more unharmed.
 
-    After every run the table is checked (``checker() -> Check``). The last window is
-    normally ``after_commit``, so the final rerun must find the batch committed without
-    starting Spark.
+    ``config``: an :class:`IngestConfig` run through spark-submit (:func:`run_once`), or any
+    ``run(run_key, window, rng) -> Outcome`` (another way a batch runs). After every run the table
+    is checked (``checker() -> Check``). The last window is normally ``after_commit``, so the
+    final rerun must find the batch committed without starting Spark. ``until_committed``: the
+    windows after a run that committed (a kill that came too late) are left for another run key —
+    they would only find the batch committed.
     """
-    outcomes = []
+    run = config if callable(config) else (lambda key, window, r: run_once(config, key, window, r))
+    outcomes: list[Outcome] = []
     for window in [*windows, None]:
-        outcome = run_once(config, run_key, window, rng)
+        if until_committed and window is not None and outcomes and outcomes[-1].result is not None \
+                and outcomes[-1].result.status in ("committed", "already_committed"):
+            continue
+        outcome = run(run_key, window, rng)
         tally.runs += 1
         if outcome.killed:
             tally.kills[window] += 1
