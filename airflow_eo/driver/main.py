@@ -211,7 +211,8 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                 tasks = len(read_slices(plan.data_ranges, attempt.spark.max_offsets_per_task))
                 use = TableUse.REPROCESS if attempt.kind is AttemptKind.REPROCESS else TableUse.MERGE
                 merged = merging.merge_into(out, attempt, location, storage_options, staging.attempt_path(plan),
-                                            stage, arrow_schema, tasks, engine=features.engine_for(use))
+                                            stage, arrow_schema, tasks, engine=features.engine_for(use),
+                                            names=features.names)
                 files = list(merged.files)
             else:  # under column mapping the files hold physical names and field ids
                 files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
