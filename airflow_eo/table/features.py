@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from airflow_eo.attempt import PinnedFeatures
 from airflow_eo.errors import TableFeatureError
 from airflow_eo.table.mapping import ColumnNames, without_metadata
 
@@ -239,6 +240,23 @@ class TableFeatures:
                    (*checks, *invariants, *not_null), tuple(generated) if "generatedColumns" in writer else (),
                    ColumnMapping(mapping), tuple(identity), tuple(defaults), tuple(variants), dv_files,
                    ColumnNames.of_schema(mapping, fields), json.dumps(fields))
+
+    def pinned(self) -> PinnedFeatures:
+        """What an attempt carries of them (:class:`airflow_eo.attempt.PinnedFeatures`).
+
+        >>> f = TableFeatures.of_parts(1, 3, (), (), {"delta.constraints.pos": "id > 0"}, [])
+        >>> TableFeatures.of_pinned(f.pinned()) == f
+        True
+        """
+        return PinnedFeatures(self.reader_version, self.writer_version, tuple(sorted(self.reader_features)),
+                              tuple(sorted(self.writer_features)), dict(self.properties), self.fields,
+                              self.files_with_deletion_vectors)
+
+    @classmethod
+    def of_pinned(cls, pinned: PinnedFeatures) -> "TableFeatures":
+        return cls.of_parts(pinned.reader_version, pinned.writer_version, pinned.reader_features,
+                            pinned.writer_features, dict(pinned.properties), json.loads(pinned.fields),
+                            pinned.files_with_deletion_vectors)
 
     # -- what is active ----------------------------------------------------------------------------
     def _on(self, prop: str, feature: str) -> bool:

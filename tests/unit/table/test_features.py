@@ -169,6 +169,26 @@ def test_not_null_fields_and_invariants_inside_structs_are_read_as_delta_spark_r
         ("NOT NULL column", "a b.e", "`a b`.`e` IS NOT NULL")]
 
 
+def test_the_features_an_attempt_carries_are_the_tables_as_read(tmp_path):
+    """Pinned at plan time, through the attempt's JSON (its marker), typed again in the driver."""
+    from airflow_eo.attempt import Attempt
+    from airflow_eo.planning import BatchPlan
+    from airflow_eo.spec import IngestSpec
+    from tests.delta_tables import enable_column_mapping
+
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    DeltaTable(uri).alter.add_constraint({"offset_small": "`offset` < 150"})
+    enable_column_mapping(uri, rename={"body": "payload"})
+    features = Ledger.open(uri).features
+    spec = IngestSpec.of(table_uri=uri, ingest_id=INGEST, topics="orders")
+    attempt = Attempt(BatchPlan(INGEST, 2, (), RunIdentity("r"), attempt_id="a" * 16), spec,
+                      features=features.pinned())
+    back = TableFeatures.of_pinned(Attempt.from_json(attempt.to_json()).features)
+    assert back == features and back.names.physical("payload") == "body"
+    assert [c.name for c in back.constraints] == ["offset_small"] and back.names.field("payload").id == 4
+
+
 def with_deletion_vectors(uri: str, rows: list[int]) -> str:
     """The table, upgraded to deletion vectors, with ``rows`` of its first file deleted by one (as a
     DELETE on Databricks writes it); returns that file's path."""
