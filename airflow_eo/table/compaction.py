@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TARGET_BYTES = 100 * 2**20  # deltalake's OPTIMIZE default (delta.targetFileSize when the table sets it)
 ROW_GROUP_BYTES = 64 * 2**20  # rows buffered into one row group of a compacted file
 COMMIT_ATTEMPTS = 5  # compare again on a moved table this many times before giving up
+# in the commit's commitInfo: an airflow-eo compaction (no batch; it changes no row: the audit counts it so)
+MAINTENANCE_KEY = "airflow_eo.maintenance"
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,9 @@ def _commit(ledger: Ledger, written: list[_Written], names: ColumnNames) -> int 
         assert ledger.table is not None
         try:
             ledger.table.create_write_transaction(actions, mode="append", schema=ledger.table.schema(),
-                                                  commit_properties=CommitProperties(max_commit_retries=0))
+                                                  commit_properties=CommitProperties(
+                                                      custom_metadata={MAINTENANCE_KEY: "compaction"},
+                                                      max_commit_retries=0))
             return Ledger.open(ledger.table_uri, ledger.storage_options).version
         except CommitFailedError as exc:
             ledger = Ledger.open(ledger.table_uri, ledger.storage_options)

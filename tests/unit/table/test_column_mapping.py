@@ -194,6 +194,11 @@ def test_compaction_of_a_mapped_table_leaves_files_with_deletion_vectors_and_ref
     assert duckdb_rows(uri, 'SELECT "offset", body FROM t ORDER BY 1') == rows_before
     log = [json.loads(line) for line in open(f"{uri}/_delta_log/{after.version:020d}.json")]
     assert all(not a[k]["dataChange"] for a in log for k in ("add", "remove") if k in a)
+    from airflow_eo.audit.run import other_engines_changed_rows
+
+    flagged = other_engines_changed_rows(after)  # what the audit names as other engines' row changes
+    assert f"version {after.version - 1} (DELETE)" in flagged and not any(f"version {after.version} " in f
+                                                                          for f in flagged)
 
 
 def test_a_compaction_that_races_a_delete_of_one_of_its_files_commits_nothing(tmp_path, monkeypatch):
