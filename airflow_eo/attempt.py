@@ -117,6 +117,27 @@ class Secrets:
                    json.loads(registry) if registry else None)
 
 
+@dataclass(frozen=True)
+class PinnedFeatures:
+    """The table's protocol and metadata as the run read them when it planned (raw; typed by
+    :meth:`airflow_eo.table.features.TableFeatures.of_pinned`): an attempt carries them like the
+    plan's reader schemas, so the driver checks and writes its rows by them without opening the
+    table again; the commit compares them with the snapshot it commits to."""
+
+    reader_version: int = 1
+    writer_version: int = 2
+    reader_features: tuple[str, ...] = ()
+    writer_features: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    fields: str = "[]"  # the schema's fields, JSON
+    files_with_deletion_vectors: int = 0
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "PinnedFeatures":
+        return cls(**{**raw, "reader_features": tuple(raw.get("reader_features", ())),
+                      "writer_features": tuple(raw.get("writer_features", ()))})
+
+
 class AttemptKind(str, enum.Enum):
     INGEST = "ingest"  # commit a new batch (compare-and-set on the offsets)
     REPROCESS = "reprocess"  # replace a committed batch's rows (compare-and-set on its counter)
@@ -131,6 +152,7 @@ class Attempt:
     kind: AttemptKind = AttemptKind.INGEST
     reprocess_from: int | None = None  # REPROCESS: the batch's reprocess counter it was planned at
     requested_by: RunIdentity | None = None  # REPROCESS: the run that asked for it
+    features: PinnedFeatures | None = None  # the table's, as planned (None: the driver reads them)
 
     def __post_init__(self):
         object.__setattr__(self, "kind", AttemptKind(self.kind))
@@ -159,14 +181,17 @@ class Attempt:
     def to_dict(self) -> dict[str, Any]:
         return {"plan": json.loads(self.plan.to_json()), "spec": self.spec.to_dict(), "kind": self.kind.value,
                 "reprocess_from": self.reprocess_from,
-                "requested_by": asdict(self.requested_by) if self.requested_by else None}
+                "requested_by": asdict(self.requested_by) if self.requested_by else None,
+                "features": {**asdict(self.features), "properties": dict(self.features.properties)}
+                if self.features else None}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "Attempt":
         plan = BatchPlan.from_json(json.dumps(raw["plan"]))
         return cls(plan=plan, spec=IngestSpec.from_dict(raw["spec"] if "spec" in raw else _spec_of_old(raw, plan)),
                    kind=AttemptKind(raw.get("kind", "ingest")), reprocess_from=raw.get("reprocess_from"),
-                   requested_by=RunIdentity(**raw["requested_by"]) if raw.get("requested_by") else None)
+                   requested_by=RunIdentity(**raw["requested_by"]) if raw.get("requested_by") else None,
+                   features=PinnedFeatures.from_dict(raw["features"]) if raw.get("features") else None)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -199,7 +199,12 @@ def cmd_maintain(args) -> int:
 def cmd_status(args) -> int:
     from airflow_eo.status import table_status
 
-    status = table_status(args.table, args.ingest_id, _kafka_config(args), storage_options=_storage_options(args))
+    from airflow_eo.spec import parse_option
+
+    status = table_status(args.table, args.ingest_id, _kafka_config(args), storage_options=_storage_options(args),
+                          topics=tuple(parse_option("topics", args.topics) if args.topics else ()),
+                          starting_offsets=parse_option("starting_offsets", args.starting_offsets),
+                          adopt_table=args.adopt_table)
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
         return 0
@@ -413,6 +418,14 @@ def parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="committed offsets, end offsets, lag and last batches of a table")
     st.add_argument("table")
     st.add_argument("--ingest-id", required=True)
+    st.add_argument("--topics", help="the ingest's topics (comma-separated): their partitions the table has no "
+                    "offsets for yet are listed too, with the lag from --starting-offsets (default: the last "
+                    "batch's topics)")
+    st.add_argument("--starting-offsets", help="the ingest's starting_offsets: where partitions without offsets "
+                    "count from (default: earliest)")
+    st.add_argument("--adopt-table", action="store_true", help="the ingest adopts the table (its adopt_table): "
+                    "a table created elsewhere that it has not written yet shows no offsets, instead of being "
+                    "refused as another ingest's")
     _kafka_args(st)
     _storage_args(st)
     st.add_argument("--json", action="store_true")

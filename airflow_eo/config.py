@@ -85,6 +85,7 @@ class IngestConfig:
         """The same ingest with some options changed (parsed and checked again)."""
         return IngestConfig(self.spec.replace(**options), self.credentials)
 
-    def attempt(self, plan: BatchPlan, kind: AttemptKind = AttemptKind.INGEST, **reprocess: Any) -> Attempt:
-        """The typed value an attempt of ``plan`` runs from (no secrets)."""
-        return Attempt(plan=plan, spec=self.spec, kind=kind, **reprocess)
+    def attempt(self, plan: BatchPlan, kind: AttemptKind = AttemptKind.INGEST, **details: Any) -> Attempt:
+        """The typed value an attempt of ``plan`` runs from (no secrets; ``details``: a reprocess's
+        counter and requester, the table's pinned features)."""
+        return Attempt(plan=plan, spec=self.spec, kind=kind, **details)

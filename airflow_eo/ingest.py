@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from airflow_eo.attempt import Attempt
+from airflow_eo.attempt import Attempt, PinnedFeatures
 from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
 from airflow_eo.decoding.reader_schemas import pin
 from airflow_eo.errors import AirflowEoError, ConfigError, TableFeatureError
@@ -193,7 +193,7 @@ class Ingestion:
             return self.mirror(step.result)
         if step.action is NextAction.PLAN:  # step 2: log the plan before any of it is read
             self.plans.record(step.plan)
-        return self.mirror(self.execute(step.plan))
+        return self.mirror(self.execute(step.plan, ledger.features.pinned()))
 
     def next_step(self, run: RunIdentity, ledger: Ledger | None = None,
                   interval: Interval | None = None) -> NextStep:
@@ -243,10 +243,11 @@ class Ingestion:
                  "planning anew", run.run_key, logged.batch)
         return None
 
-    def execute(self, plan: BatchPlan) -> IngestResult:
+    def execute(self, plan: BatchPlan, features: PinnedFeatures | None = None) -> IngestResult:
         """Run one attempt of a logged plan on Spark and verify the outcome in the log (an
-        interval without records in an existing table commits its boundaries without Spark)."""
-        attempt = self.config.attempt(plan.with_attempt(new_attempt_id()))
+        interval without records in an existing table commits its boundaries without Spark).
+        ``features``: the table's as planned, carried by the attempt (else its driver reads them)."""
+        attempt = self.config.attempt(plan.with_attempt(new_attempt_id()), features=features)
         log.info("batch %s attempt %s: plan %s (%d offsets)%s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges) or "offsets only",
                  sum(r.end - r.start for r in plan.data_ranges),

@@ -169,7 +169,7 @@ def _preview(ingestion: Ingestion, ledger: Ledger, run: RunIdentity, step: NextS
         new_partitions=tuple(str(tp) for tp in plan.new_partitions) if reads and plan is not None else (),
         skipped=tuple(f"{s.topic}[{s.partition}] {s.start}..{s.end}: {s.reason}" for s in plan.skipped)
         if reads and plan is not None else (),
-        dedup_key=config.spec.dedup.key, starts_spark=reads and _starts_spark(ingestion, plan),
+        dedup_key=config.spec.dedup.key, starts_spark=reads and _starts_spark(ingestion, ledger, plan),
         waiting=waiting, lag=lag,
     )
 
@@ -186,11 +186,13 @@ def sinks_of(ingestion: Ingestion, ledger: Ledger) -> tuple[SinkPreview, ...]:
     return tuple(sinks)
 
 
-def _starts_spark(ingestion: Ingestion, plan: BatchPlan | None) -> bool:
-    """Whether the attempt of ``plan`` would run a Spark job (not when the driver reads it itself)."""
+def _starts_spark(ingestion: Ingestion, ledger: Ledger, plan: BatchPlan | None) -> bool:
+    """Whether the attempt of ``plan`` would run a Spark job (not when the driver reads it itself; a
+    table with rules for new rows or column mapping takes the Spark path)."""
     from airflow_eo.driver.direct import DirectStage
 
-    return plan is not None and DirectStage.needs_spark(ingestion.config.attempt(plan.with_attempt("preview")))
+    return plan is not None and DirectStage.needs_spark(ingestion.config.attempt(plan.with_attempt("preview")),
+                                                        ledger.features)
 
 
 def _record_counts(kafka_config, ranges: tuple[OffsetRange, ...]) -> dict[OffsetRange, int]:

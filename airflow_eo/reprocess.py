@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from airflow_eo.attempt import AttemptKind
+from airflow_eo.attempt import AttemptKind, PinnedFeatures
 from airflow_eo.errors import ConfigError, DataLossError
 from airflow_eo.ingest import IngestResult, Ingestion
 from airflow_eo.offsets import OffsetRange
@@ -128,7 +128,7 @@ class Reprocessor:
         request = ReprocessRequest(requester.run_key, target, plan.batch, counter)
         self._check_kafka(plan)
         self.requests.record(request)
-        return self._execute(plan, request, requester)
+        return self._execute(plan, request, requester, ledger.features.pinned())
 
     def _committed_plan(self, target: str, ledger: Ledger) -> BatchPlan:
         ingest_id = self.ing.config.ingest_id
@@ -165,10 +165,11 @@ class Reprocessor:
                     "rows stay as they are; nothing was changed"
                 )
 
-    def _execute(self, plan: BatchPlan, request: ReprocessRequest, requester: RunIdentity) -> IngestResult:
+    def _execute(self, plan: BatchPlan, request: ReprocessRequest, requester: RunIdentity,
+                 features: PinnedFeatures | None = None) -> IngestResult:
         ing = self.ing
         attempt = ing.config.attempt(plan.with_attempt(new_attempt_id()), AttemptKind.REPROCESS,
-                                     reprocess_from=request.from_version, requested_by=requester)
+                                     reprocess_from=request.from_version, requested_by=requester, features=features)
         log.info("reprocessing batch %s (attempt %s): %s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges))
         error = ing.runner.submit(attempt)

@@ -160,10 +160,16 @@ def blocking_attempts(ledger: Ledger, grace_seconds: float = DEFAULT_GRACE_SECON
 
 def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, object] | None, limit: int = 5,
                  storage_options: dict | None = None,
-                 staging_grace_seconds: float = DEFAULT_GRACE_SECONDS) -> TableStatus:
+                 staging_grace_seconds: float = DEFAULT_GRACE_SECONDS, topics: tuple[str, ...] = (),
+                 starting_offsets: StartingPosition = FROM_EARLIEST, adopt_table: bool = False) -> TableStatus:
     """Per partition committed offset, Kafka end offset and lag; the last batches; the table's
     files and log (:class:`airflow_eo.table.maintenance.Layout`) and which maintenance is due;
-    the attempts that make a new run wait."""
+    the attempts that make a new run wait.
+
+    The partitions are those of the last batch's topics and of ``topics`` (the ingest's: a
+    partition the table has no offset for counts from ``starting_offsets``, as the next run
+    starts it). ``adopt_table`` (the ingest's option): a table created elsewhere that the ingest
+    has not written yet is shown as one without its offsets, not refused as another's."""
     from airflow_eo.table.audit_log import AuditLog
     from airflow_eo.table.maintenance import layout
 
@@ -171,17 +177,17 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
     if not ledger.exists:
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
                          "for object storage); a table is created by its first `airflow-eo ingest`")
-    ledger.check_owner(ingest_id)
+    ledger.check_owner(ingest_id, adopt=adopt_table)
     batches = ledger.batches(ingest_id, limit=50)[:limit]
     partitions = sorted({TopicPartition(r.topic, r.partition) for b in batches[:1] for r in b.meta.ranges})
     bounds: dict[TopicPartition, PartitionBounds] = {}
     lag: dict[TopicPartition, int] = {}
     if kafka_config and kafka_config.get("bootstrap.servers"):
-        topics = sorted({tp.topic for tp in partitions})
+        read = sorted({tp.topic for tp in partitions} | set(topics))
         try:
             kafka = KafkaOffsets(kafka_config, timeout=10)
-            bounds = kafka.bounds(kafka.partitions(topics)) if topics else {}
-            lag = lag_of(kafka, bounds, ledger, ingest_id)
+            bounds = kafka.bounds(kafka.partitions(read)) if read else {}
+            lag = lag_of(kafka, bounds, ledger, ingest_id, starting_offsets)
         except AirflowEoError as exc:
             log.warning("Kafka not reachable, lag unknown: %s", exc)
         partitions = sorted(set(partitions) | set(bounds))

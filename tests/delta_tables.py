@@ -71,6 +71,11 @@ def metadata_action(table: DeltaTable, configuration: dict | None = None, schema
                          "createdTime": meta.created_time}}
 
 
+# what writer versions before table features imply
+IMPLIED_WRITER_FEATURES = {2: ("appendOnly", "invariants"), 3: ("checkConstraints",),
+                           4: ("changeDataFeed", "generatedColumns"), 5: ("columnMapping",)}
+
+
 def add_features(uri: str, reader: tuple[str, ...] = (), writer: tuple[str, ...] = (),
                  configuration: dict | None = None, schema: dict | None = None) -> int:
     """Upgrade the table to table features (reader 3 when ``reader``, writer 7) and add these, with
@@ -78,8 +83,9 @@ def add_features(uri: str, reader: tuple[str, ...] = (), writer: tuple[str, ...]
     table = DeltaTable(uri)
     protocol = table.protocol()
     old_writer = set(protocol.writer_features or ())
-    if protocol.min_writer_version < 7:  # the features the old version implied (appendOnly, invariants)
-        old_writer |= {"appendOnly", "invariants"}
+    if protocol.min_writer_version < 7:  # the features the old version implied (PROTOCOL.md, "Table Features")
+        old_writer |= {name for version, names in IMPLIED_WRITER_FEATURES.items()
+                       if protocol.min_writer_version >= version for name in names}
     writers = sorted(old_writer | set(writer) | set(reader))
     readers = sorted(set(protocol.reader_features or ()) | set(reader))
     action: dict = {"minReaderVersion": 3 if readers else 1, "minWriterVersion": 7, "writerFeatures": writers}
@@ -155,3 +161,37 @@ def enable_column_mapping(uri: str, mode: str = "name", rename: dict[str, str] |
     config = {"delta.columnMapping.mode": mode, "delta.columnMapping.maxColumnId": str(len(schema["fields"]))}
     return add_features(uri, reader=("columnMapping",), writer=("columnMapping",), configuration=config,
                         schema=schema)
+
+
+def create_mapped_table(uri: str, schema: pa.Schema, mode: str = "id", partition_by: list[str] | None = None) -> int:
+    """An empty table created with column mapping as delta-spark creates one (PROTOCOL.md "Column
+    Mapping"): every field, nested ones too (in structs, list elements, map keys and values), a physical
+    name ``col-<uuid>`` and an id, ``delta.columnMapping.maxColumnId`` the highest. Returns the version."""
+    import uuid
+
+    from deltalake import write_deltalake
+
+    write_deltalake(uri, schema.empty_table(), partition_by=partition_by)
+    ids = iter(range(1, 10_000))
+
+    def mapped_type(kind):
+        if isinstance(kind, dict) and kind.get("type") == "struct":
+            return {**kind, "fields": [mapped(f) for f in kind["fields"]]}
+        if isinstance(kind, dict) and kind.get("type") == "array":
+            return {**kind, "elementType": mapped_type(kind["elementType"])}
+        if isinstance(kind, dict) and kind.get("type") == "map":
+            return {**kind, "keyType": mapped_type(kind["keyType"]), "valueType": mapped_type(kind["valueType"])}
+        return kind
+
+    def mapped(field: dict) -> dict:
+        meta = {"delta.columnMapping.id": next(ids), "delta.columnMapping.physicalName": f"col-{uuid.uuid4()}"}
+        return {**field, "metadata": {**(field.get("metadata") or {}), **meta}, "type": mapped_type(field["type"])}
+
+    table = DeltaTable(uri)
+    fields = json.loads(table.schema().to_json())
+    fields["fields"] = [mapped(f) for f in fields["fields"]]
+    config = {"delta.columnMapping.mode": mode, "delta.columnMapping.maxColumnId": str(next(ids) - 1)}
+    return write_commit(uri, [{"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                                            "readerFeatures": ["columnMapping"],
+                                            "writerFeatures": ["columnMapping", "appendOnly", "invariants"]}},
+                              metadata_action(table, config, fields)], "CREATE TABLE")

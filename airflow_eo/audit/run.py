@@ -43,6 +43,7 @@ from airflow_eo.audit.slices import InProcessSlices, SliceRunner, SliceTask
 from airflow_eo.errors import ConfigError, KafkaUnavailableError, TableError
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
+from airflow_eo.table.compaction import MAINTENANCE_KEY
 from airflow_eo.table.audit_log import AuditLog
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.ledger import Ledger, partition_app_id
@@ -110,7 +111,7 @@ def other_engines_changed_rows(ledger: Ledger) -> list[str]:
     """The commits the log holds that changed rows and are not airflow-eo's ("version V (OPERATION)")."""
     assert ledger.table is not None
     return [f"version {c.get('version')} ({c.get('operation')})" for c in reversed(ledger.table.history())
-            if METADATA_KEY not in c and c.get("operation") in _ROW_CHANGES]
+            if METADATA_KEY not in c and MAINTENANCE_KEY not in c and c.get("operation") in _ROW_CHANGES]
 
 
 def table_rows(ledger: Ledger) -> int:

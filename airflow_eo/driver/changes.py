@@ -37,6 +37,7 @@ TS_COLUMN = "_airflow_eo_ts"  # the record's Kafka timestamp, epoch ms (the cros
 CHANGES_COLUMN = "_airflow_eo_changes"  # on a winner: how many records of the batch its key had
 # the cross-partition order, greatest first: what the docs call (timestamp, partition, offset)
 ORDER = (TS_COLUMN, "partition", "offset", "topic")
+_ROW = "_airflow_eo_winner"
 
 
 def _starts(table: pa.Table, columns: list[str]) -> pa.Array:
@@ -70,6 +71,9 @@ def select_winners(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
     ranked = lasts.sort_by([*((c, "ascending") for c in key), *((c, "descending") for c in ORDER)])
     winners = ranked.filter(_starts(ranked, list(key)))
     counts = table.group_by(list(key)).aggregate([([], "count_all")]).rename_columns([*key, CHANGES_COLUMN])
-    winners = winners.join(counts, keys=list(key), join_type="inner").select([*columns, CHANGES_COLUMN])
+    # joined by the key and a row number only: Arrow's join carries no list or map column along
+    rows = pa.table({**{c: winners[c] for c in key}, _ROW: pa.array(range(winners.num_rows), pa.int64())})
+    joined = rows.join(counts, keys=list(key), join_type="inner")
+    winners = winners.take(joined[_ROW]).select(columns).append_column(CHANGES_COLUMN, joined[CHANGES_COLUMN])
     keyless = keyless.append_column(CHANGES_COLUMN, pa.array([1] * keyless.num_rows, pa.int64()))
     return pa.concat_tables([winners, keyless.cast(winners.schema)])

@@ -3,8 +3,8 @@ generated columns (:class:`airflow_eo.table.features.TableFeatures`), evaluated 
 
 The expressions are Spark SQL (the language other engines wrote them in), so they run where the
 rows are: in the same pass that writes them. A generated column the transform leaves out is
-computed (``expr`` of its generation expression); one it gives must equal it (``<=>``, as the
-protocol says). Each row gets the reason of the first rule it breaks, or null:
+computed (``expr`` of its generation expression, cast to the column's type as delta-spark's write
+stores it); one it gives must equal it (``<=>``, as the protocol says). Each row gets the reason of the first rule it breaks, or null:
 
 * the protocol's NULL semantics: a CHECK constraint passes only when it is **true** ("must return
   true"; delta-spark fails a null too), an invariant fails on false or null, a NOT NULL column on
@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -94,8 +95,9 @@ def enforce(out, features: TableFeatures, attempt: Attempt, dead=None, deleted=N
             if column.name in out.columns:  # given: it must be what the expression computes
                 rules.append(Constraint(ConstraintKind.GENERATED, column.name,
                                         f"`{column.name}` <=> ({column.expression})"))
-            else:
-                out = out.withColumn(column.name, _expression(F, column.expression, column.name, "generated column"))
+            else:  # stored in the column's type, as delta-spark's write casts it (e.g. a BIGINT expression, INT column)
+                out = out.withColumn(column.name, _expression(F, column.expression, column.name, "generated column")
+                                     .cast(_spark_type(column.type)))
         reason = None
         for rule in reversed(rules):  # the first rule broken names the row's reason
             passes = F.coalesce(_expression(F, rule.expression, rule.name, rule.kind.value), F.lit(False))
@@ -126,6 +128,13 @@ def enforce(out, features: TableFeatures, attempt: Attempt, dead=None, deleted=N
         return observed.drop(VIOLATION_COLUMN), Enforced(
             tuple(rules), observation, checked.where(violation.isNotNull()).select(*KEY_COLUMNS, violation),
             attempt.plan.batch, attempt.plan.ingest_id)
+
+
+def _spark_type(delta_type: str):
+    """A Delta type (its schema JSON) as Spark's: Delta's schema serialisation is Spark's."""
+    from pyspark.sql.types import StructField
+
+    return StructField.fromJson({"name": "c", "type": json.loads(delta_type), "nullable": True, "metadata": {}}).dataType
 
 
 def _expression(F, text: str, name: str, kind: str):

@@ -104,8 +104,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     plan, storage_options = attempt.plan, secrets.storage_options
     failpoint("before_read")
     planned_offsets = sum(r.size for r in plan.data_ranges)
-    # the table's rules on new rows (constraints, generated columns), from the snapshot the batch starts on
-    features = Ledger.open(attempt.table_uri, storage_options).features
+    features = features_of(attempt, storage_options)
     direct = DirectStage.of(attempt, features)  # identity or a projection of the Kafka columns: the read tasks write
     if spark is None and (direct is None or not direct.in_driver):
         raise ValueError(f"batch {plan.batch} needs Spark ({planned_offsets} offsets; the driver reads a direct "
@@ -155,6 +154,16 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     if outcome.status == ALREADY_COMMITTED:
         log.info("batch %s was already committed by an earlier attempt", plan.batch)
     return outcome
+
+
+def features_of(attempt: Attempt, storage_options) -> TableFeatures:
+    """The table's features the batch's rows are checked and written by (constraints, generated
+    columns, column mapping): as the run planned them (carried by the attempt: no second open of
+    the table here; the commit compares them with its own snapshot), or, for an attempt that
+    carries none, from the table now."""
+    if attempt.features is not None:
+        return TableFeatures.of_pinned(attempt.features)
+    return Ledger.open(attempt.table_uri, storage_options).features
 
 
 def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea,
@@ -211,7 +220,8 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
                 tasks = len(read_slices(plan.data_ranges, attempt.spark.max_offsets_per_task))
                 use = TableUse.REPROCESS if attempt.kind is AttemptKind.REPROCESS else TableUse.MERGE
                 merged = merging.merge_into(out, attempt, location, storage_options, staging.attempt_path(plan),
-                                            stage, arrow_schema, tasks, engine=features.engine_for(use))
+                                            stage, arrow_schema, tasks, engine=features.engine_for(use),
+                                            names=features.names)
                 files = list(merged.files)
             else:  # under column mapping the files hold physical names and field ids
                 files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
@@ -320,8 +330,8 @@ def main(argv: list[str]) -> int:
         if args.attempt_id:
             attempt = StagingArea(TableLocation.of(args.table_uri, secrets.storage_options)).read_attempt(args.attempt_id)
             # a batch the driver reads itself needs no SparkContext: its start and stop are most of a small job
-            features = Ledger.open(attempt.table_uri, secrets.storage_options).features
-            spark = job.session() if DirectStage.needs_spark(attempt, features) else None
+            spark = job.session() if DirectStage.needs_spark(attempt, features_of(attempt, secrets.storage_options)) \
+                else None
             outcome = run_attempt(spark, attempt, secrets)
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0

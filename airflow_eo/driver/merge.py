@@ -50,7 +50,7 @@ from airflow_eo.table.files import StagedFile, TableFile
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files, rewrite_file, with_key_stats
 from airflow_eo.table.metadata import MergeInfo
-from airflow_eo.table.partitioning import partition_values_of
+from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.staging import KEPT_SUFFIX
 from airflow_eo.table.storage import TableLocation
 
@@ -170,9 +170,9 @@ def winners(out, key: tuple[str, ...], tasks: int):
 
 # -- 4. the table's side -------------------------------------------------------------------------------
 def _rewriter(table_uri: str, storage_options: dict | None, files: list[TableFile], keys: bytes,
-              key: tuple[str, ...], target: str, ranges: tuple):
+              key: tuple[str, ...], target: str, ranges: tuple, names: ColumnNames):
     """What each rewrite task runs: its share of the candidate files (pickled to the workers; the
-    keys travel as Arrow IPC bytes, once per task)."""
+    keys travel as Arrow IPC bytes, once per task; ``names``: the table's column mapping)."""
 
     def rewrite(batches):
         changed = pa.ipc.open_stream(keys).read_all()
@@ -180,7 +180,7 @@ def _rewriter(table_uri: str, storage_options: dict | None, files: list[TableFil
         for batch in batches:
             done = []
             for i in batch.column(0).to_pylist():
-                found = rewrite_file(location, files[i], changed, key, target, ranges)
+                found = rewrite_file(location, files[i], changed, key, target, ranges, names)
                 if found is not None:
                     done.append(found.to_json())
             if done:
@@ -190,16 +190,19 @@ def _rewriter(table_uri: str, storage_options: dict | None, files: list[TableFil
 
 
 def rewrite_in_tasks(spark, location: TableLocation, storage_options, files: list[TableFile], keys: pa.Table,
-                     key: tuple[str, ...], target: str, ranges: tuple = ()) -> list[Rewrite]:
+                     key: tuple[str, ...], target: str, ranges: tuple = (),
+                     names: ColumnNames | None = None) -> list[Rewrite]:
     """Read ``files`` in Spark tasks; those holding one of ``keys`` (or a row of ``ranges``) are
-    rewritten into ``target`` without those rows. Returns what was rewritten."""
+    rewritten into ``target`` without those rows (under column mapping, ``names``, the files hold
+    physical names: the copies keep them and their field ids). Returns what was rewritten."""
     if not files:
         return []
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, keys.schema) as stream:
         stream.write_table(keys)
     plan = over_files(spark, files, _rewriter(location.uri, dict(storage_options) if storage_options else None, files,
-                                              sink.getvalue(), key, target, tuple(ranges)), REWRITE_SCHEMA)
+                                              sink.getvalue(), key, target, tuple(ranges), names or ColumnNames()),
+                      REWRITE_SCHEMA)
     return [Rewrite.from_json(row["rewrite"]) for row in plan.collect()]
 
 
@@ -213,14 +216,16 @@ def _null_keys(changed: pa.Table, key: tuple[str, ...]):
 
 
 def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, target: str, stage, arrow_schema,
-               tasks: int, engine: bool = False) -> MergedBatch:
+               tasks: int, engine: bool = False, names: ColumnNames | None = None) -> MergedBatch:
     """Steps 3-4 (module doc) for the transform's output ``out`` (with :data:`CHANGE_COLUMN`):
     ``stage(df, location, target, storage_options, arrow_schema, partition_by)`` writes the
     winners that upsert (:func:`airflow_eo.driver.writer.stage`); the rewritten copies go
     beside ``target`` (its ``-kept`` directory: they hold other batches' rows). ``engine``
     (a table with a change data feed or deletion vectors): every winner is staged with its
     delete flag and deltalake's MERGE applies them at the commit
-    (:mod:`airflow_eo.table.engine_merge`); no table file is read here."""
+    (:mod:`airflow_eo.table.engine_merge`); no table file is read here. ``names``: the table's
+    column mapping (the upserts and the rewritten copies are written with its physical names and
+    ids; the winners staged for deltalake's MERGE are its source, read back by logical name)."""
     key, plan = attempt.merge.key, attempt.plan
     started = time.monotonic()
     chosen = winners(out, key, tasks)
@@ -256,18 +261,19 @@ def merge_into(out, attempt: Attempt, location: TableLocation, storage_options, 
             ranges = tuple(plan.data_ranges)
             whole, mixed = ledger.files_of_batch(plan.batch, ranges)
             named = {f.path for f in files}
-            files += [TableFile(p, s, partition_values_of(p)) for p, s in {**whole, **mixed}.items() if p not in named]
+            stored = ledger.table_files()  # partition values from the log
+            files += [stored[p] for p in {**whole, **mixed} if p not in named]
             in_range = keys
         log.info("batch %s: %d changed key(s) in %.2fs; %d of %d table file(s) may hold them", plan.batch,
                  keys.num_rows, time.monotonic() - started, len(files), len(snapshot))
         started = time.monotonic()
         rewrites = rewrite_in_tasks(chosen.sparkSession, location, storage_options, files,
-                                    in_range, key, location.relative(target) + KEPT_SUFFIX, ranges)
+                                    in_range, key, location.relative(target) + KEPT_SUFFIX, ranges, names)
         log.info("batch %s: %d file(s) rewritten in %.2fs", plan.batch, len(rewrites), time.monotonic() - started)
         with functions_for(chosen) as F:
             upserts = chosen.where(~F.col(DELETE_COLUMN)).drop(*[c for c in INTERNAL if c in chosen.columns])
         staged = with_key_stats(location, stage(upserts, location, target, storage_options, arrow_schema,
-                                                attempt.partition_by), key)
+                                                attempt.partition_by, names), key, names)
     finally:
         chosen.unpersist()
     return MergedBatch(tuple(staged), tuple(rewrites), keys, frozenset(snapshot),

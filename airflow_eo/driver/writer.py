@@ -32,7 +32,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_eo.errors import TableFeatureError
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.mapping import SPARK_FIELD_ID, ColumnNames, physical_batch
 from airflow_eo.table.partitioning import format_value, partition_dir, partition_values_of
@@ -231,11 +230,6 @@ def stage(df, location: TableLocation, target: str, storage_options: dict | None
         writer = df.write.mode("error")
         (writer.partitionBy(*partition_by) if partition_by else writer).parquet(f"file://{target}")
         return StagingArea(location).staged_files(target, names=names)
-    if names.active and any(pa.types.is_list(f.type) or pa.types.is_large_list(f.type) or pa.types.is_map(f.type)
-                            for f in arrow_schema):
-        raise TableFeatureError(
-            f"{location.uri} uses column mapping and the transform's output has list or map columns, whose nested "
-            "physical names airflow-eo writes only through Spark's writer (local tables); nothing was committed")
     return stage_with_arrow(df, location, target, storage_options, arrow_schema, partition_by, names)
 
 

@@ -343,7 +343,7 @@ class KafkaToDeltaOperator(BaseOperator):
             table_uri=config.table_uri, ingest_id=config.ingest_id, topics=list(config.topics),
             interval_start_ms=interval.start_ms, interval_end_ms=interval.end_ms, close_after=config.close_after,
             kafka_conn_id=self.kafka_conn_id, storage_conn_id=self.storage_conn_id,
-            storage_options=self.storage_options, poll_interval=self.poll_interval,
+            storage_options=self.storage_options, poll_interval=self.poll_interval, adopt_table=config.adopt_table,
         ), method_name="execute_complete")
 
     def execute_complete(self, context, event: dict) -> dict:

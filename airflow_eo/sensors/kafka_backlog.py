@@ -35,6 +35,9 @@ class KafkaBacklogSensor(BaseSensorOperator):
     :param starting_offsets: the operator's ``starting_offsets``: where partitions the table
         never read start counting (``latest`` waits for records produced from now on).
     :param storage_conn_id: the ``aws`` connection of an ``s3://`` table (as the operator's).
+    :param adopt_table: the operator's ``adopt_table``: a table created elsewhere that this ingest has
+        not written yet counts as one without offsets (its backlog from ``starting_offsets``), not
+        as another ingest's table.
     :param deferrable: wait in the triggerer (default) instead of poking from a worker.
     """
 
@@ -42,13 +45,15 @@ class KafkaBacklogSensor(BaseSensorOperator):
 
     def __init__(self, *, topics: list[str] | str, table_uri: str, ingest_id: str | None = None,
                  kafka_conn_id: str = "kafka_default", min_records: int = 1, deferrable: bool = True,
-                 starting_offsets: object = "earliest", storage_conn_id: str | None = None, **kwargs):
+                 starting_offsets: object = "earliest", storage_conn_id: str | None = None,
+                 adopt_table: bool = False, **kwargs):
         super().__init__(**kwargs)
         # the ingest whose backlog counts (templated, as the operator's options), its connections, the wait
         self.topics, self.table_uri, self.ingest_id = topics, table_uri, ingest_id
         self.starting_offsets = starting_offsets
         self.kafka_conn_id, self.storage_conn_id = kafka_conn_id, storage_conn_id
         self.min_records, self.deferrable = min_records, deferrable
+        self.adopt_table = adopt_table
 
     def _topics(self) -> list[str]:
         return list(parse_option("topics", self.topics))
@@ -69,7 +74,8 @@ class KafkaBacklogSensor(BaseSensorOperator):
 
     def _measure(self) -> dict[str, int]:
         return measure_backlog(kafka_config_of(self.kafka_conn_id), self._topics(), self.table_uri,
-                               self._ingest_id(), storage_options_of(self.storage_conn_id), self.starting_offsets)
+                               self._ingest_id(), storage_options_of(self.storage_conn_id), self.starting_offsets,
+                               self.adopt_table)
 
     def poke(self, context) -> bool:
         per_partition = self.backlog()
@@ -89,6 +95,7 @@ class KafkaBacklogSensor(BaseSensorOperator):
                 kafka_conn_id=self.kafka_conn_id, min_records=self.min_records,
                 poll_interval=self.poke_interval, timeout=self.timeout,
                 starting_offsets=self.starting_offsets, storage_conn_id=self.storage_conn_id,
+                adopt_table=self.adopt_table,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,

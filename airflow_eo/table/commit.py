@@ -72,11 +72,12 @@ from airflow_eo.table.ledger import (
     Ledger, batch_app_id, dlq_app_id, merge_app_id, merge_mark, partition_app_id, reprocess_app_id,
 )
 from airflow_eo.table.engine_merge import OFFSET_KEY, EngineMerge
-from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files
+from airflow_eo.table.files import TableFile
+from airflow_eo.table.mapping import ColumnNames
+from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files, rewrite_file
 from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, MergeInfo, ReprocessInfo
-from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
-from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of, rewrite_without
+from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,12 @@ def add_actions(files) -> list[AddAction]:
     return [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files]
 
 
+def remove_action(file: TableFile, now_ms: int, names: ColumnNames | None = None) -> RemoveAction:
+    """The remove of a snapshot's data file, its partition values keyed as the log keys them."""
+    values = (names or ColumnNames()).physical_values(file.partition_values)
+    return RemoveAction(file.path, True, now_ms, file.size, values)
+
+
 def _open_writable(table_uri: str, storage_options, ingest_id: str, adopt: bool = False) -> Ledger:
     ledger = Ledger.open(table_uri, storage_options)
     ledger.check_writable(ingest_id, adopt=adopt)
@@ -138,11 +145,12 @@ def _check_features(staged: StagedBatch, ledger: Ledger, use: TableUse) -> None:
     if staged.features is None or ledger.table is None:
         return
     now, then = ledger.features, staged.features
-    if (now.constraints, now.generated, now.engine_for(use)) != (then.constraints, then.generated, then.engine_for(use)):
+    if (now.constraints, now.generated, now.engine_for(use), now.names) != \
+            (then.constraints, then.generated, then.engine_for(use), then.names):
         raise CommitConflictError(
-            f"the constraints, generated columns or change feed/deletion vectors of {ledger.table_uri} changed while "
-            f"batch {staged.plan.batch} ran (another engine altered the table); nothing was committed. Run again: "
-            "the retry checks the records against the table as it is now")
+            f"the constraints, generated columns, change feed/deletion vectors or column mapping of {ledger.table_uri} "
+            f"changed while batch {staged.plan.batch} ran (another engine altered the table); nothing was committed. "
+            "Run again: the retry checks and writes the records for the table as it is now")
 
 
 # What deltalake's commit refuses for a reason a retry cannot fix (a protocol or feature error, an
@@ -216,9 +224,11 @@ def _evolve_schema(rule: "BatchCommit | MergeCommit", ledger: Ledger, table_uri:
         return ledger
     if ledger.features.names.active:
         raise TableFeatureError(
-            f"schema evolution cannot add {new_columns} to {ledger.table_uri}: it uses column mapping, and deltalake "
-            "cannot add columns to such a table (each needs a physical name and id); add them with the engine that "
-            "manages the table, then run again; nothing was committed")
+            f"schema evolution cannot add {new_columns} to {ledger.table_uri}: it uses column mapping, where each new "
+            "column needs a physical name and id, and deltalake 1.6 (airflow-eo's commit engine) adds none to such a "
+            "table ('Column mapping is not supported for write operation ADD COLUMN yet', delta-io/delta-rs#930); "
+            "add them with the engine that manages the table (Spark: ALTER TABLE … ADD COLUMNS), then run again; "
+            "nothing was committed")
     add_columns(ledger, schema, new_columns, rule.plan)
     ledger = rule.open(table_uri, storage_options)
     rule.check(ledger)
@@ -368,16 +378,17 @@ class ReprocessCommit:
         now_ms = int(time.time() * 1000)
         whole, mixed = ledger.files_of_batch(self.plan.batch, self.plan.ranges)
         whole = {path: size for path, size in whole.items() if attempt_dir_of(path) != new_dir}
+        files, names = ledger.table_files(), ledger.features.names  # partition values from the log
         # Not in the attempt's own directory: these copies hold other batches' rows, so they must
         # stay "shared" files for later reprocesses (found by their stats, never removed whole).
         # Uncommitted, they are orphans like any attempt's files (the collector's "b…-…" rule).
-        kept = [rewrite_without(ledger.location(), path, self.plan.ranges, new_dir + KEPT_SUFFIX) for path in mixed]
-        removes = [RemoveAction(path, True, now_ms, size, partition_values_of(path))
-                   for path, size in {**whole, **mixed}.items()]
+        kept = [rewrite_file(ledger.location(), files[path], None, (), new_dir + KEPT_SUFFIX, tuple(self.plan.ranges),
+                             names) for path in mixed]
+        removes = [remove_action(files[path], now_ms, names) for path in {**whole, **mixed}]
         self.removed, self.rewritten = len(removes), len(mixed)
         # the other batches' rows, copied out of shared files: not a change of data
-        unchanged = [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, False, f.stats)
-                     for f in kept if f]
+        unchanged = [AddAction(r.copy.path, r.copy.size, dict(r.copy.partition_values), r.copy.modification_time,
+                               False, r.copy.stats) for r in kept if r is not None and r.copy is not None]
         return [*removes, *add_actions(self.staged.files), *unchanged]
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
@@ -485,10 +496,9 @@ class FileSwap:
                     f"may hold keys it changes (e.g. {suspects[0].path}: a compaction or a reprocess committed "
                     "meanwhile); nothing was committed. Run again: the retry reads the table as it is now")
 
-    def actions(self, files) -> list:
+    def actions(self, files, names: ColumnNames | None = None) -> list:
         now_ms = int(time.time() * 1000)
-        removes = [RemoveAction(r.removed.path, True, now_ms, r.removed.size, dict(r.removed.partition_values))
-                   for r in self.rewrites]
+        removes = [remove_action(r.removed, now_ms, names) for r in self.rewrites]
         return [*removes, *add_actions(files), *add_actions(r.copy for r in self.rewrites if r.copy)]
 
     @property
@@ -531,7 +541,7 @@ class MergeCommit:
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
-        return [] if self.engine is not None else self.swap.actions(self.staged.files)
+        return [] if self.engine is not None else self.swap.actions(self.staged.files, ledger.features.names)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [*_offset_transactions(self.plan, ledger),
@@ -585,7 +595,7 @@ class MergeReprocessCommit:
         return ledger
 
     def actions(self, ledger: Ledger) -> list:
-        return [] if self.engine is not None else self.swap.actions(self.staged.files)
+        return [] if self.engine is not None else self.swap.actions(self.staged.files, ledger.features.names)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
         return [Transaction(reprocess_app_id(self.plan.ingest_id, self.plan.batch), self.reprocess_from + 1)]

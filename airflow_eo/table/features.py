@@ -31,8 +31,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from airflow_eo.attempt import PinnedFeatures
 from airflow_eo.errors import TableFeatureError
-from airflow_eo.table.mapping import ColumnNames
+from airflow_eo.table.mapping import ColumnNames, without_metadata
 
 
 class TableUse(enum.Enum):
@@ -43,7 +44,8 @@ class TableUse(enum.Enum):
     MERGE = "merge"  # adds, rewrites and removes rows (write_mode=merge)
     REPROCESS = "reprocess"  # replaces a committed batch's rows
     MAINTAIN = "maintain"  # vacuum, checkpoints, log cleanup
-    COMPACT = "compaction"  # maintenance that rewrites files (dataChange=false): deltalake's OPTIMIZE
+    COMPACT = "compaction"  # maintenance that rewrites files (dataChange=false): deltalake's OPTIMIZE, or
+    # airflow-eo's own bin-packing under column mapping (airflow_eo.table.compaction)
     AUDIT = "audit"  # reads the table's rows
 
     @property
@@ -82,23 +84,28 @@ SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
                    "with delta.appendOnly=true appends proceed; merge and reprocess (they remove rows) are refused "
                    "before Spark starts; compaction (dataChange=false) is allowed"),
     FeatureSupport("invariants", Support.SUPPORTED,
-                   "each column's delta.invariants expression is checked on the Spark path (false or null violates)"),
+                   "each column's (and struct field's) delta.invariants expression is checked on the Spark path (false "
+                   "or null violates)"),
     FeatureSupport("checkConstraints", Support.SUPPORTED,
                    "every delta.constraints.<name> expression is checked on the Spark path (only true passes); a "
                    "violating record goes to the dead-letter table, else the batch fails"),
     FeatureSupport("generatedColumns", Support.SUPPORTED,
                    "a generated column the transform leaves out is computed by Spark (expr of its generation "
-                   "expression); one it gives is checked like a constraint"),
+                   "expression, cast to the column's type as delta-spark stores it); one it gives is checked like a "
+                   "constraint"),
     FeatureSupport("changeDataFeed", Support.SUPPORTED,
                    "appends need no change files (readers take inserts from the added files); with "
                    "delta.enableChangeDataFeed=true merge and reprocess commit through deltalake's MERGE, which "
                    "writes the change files of their inserts, update pre/post images and deletes"),
     FeatureSupport("columnMapping", Support.SUPPORTED,
-                   "modes name and id: appends (and dedup) write each column's physical name and id (Parquet field "
-                   "id, nested columns too), statistics and partition values by physical name; every read of the "
-                   "table's files and add actions maps them back (dedup, the audit). Refused there: merge, reprocess "
-                   "and compaction (deltalake's MERGE and OPTIMIZE write logical names into such tables), schema "
-                   "evolution (deltalake cannot add columns to them)"),
+                   "modes name and id: every write (append, dedup, merge, reprocess) gives each column its physical "
+                   "name and id (Parquet field id; nested fields, lists and maps too), statistics and partition "
+                   "values by physical name; a merge's or reprocess's copies of table files keep their names and "
+                   "ids; on change-feed or deletion-vector tables deltalake's MERGE writes them so; every read of the "
+                   "table's files and add actions maps them back (dedup, merge, reprocess, the audit). Compaction is "
+                   "airflow-eo's own bin-packing (deltalake's OPTIMIZE refuses such tables; no Z-order; files with "
+                   "deletion vectors stay as they are). Refused: schema evolution (deltalake 1.6 adds no column to "
+                   "such a table: add it with the engine that manages the table)"),
     FeatureSupport("deletionVectors", Support.SUPPORTED,
                    "appends proceed; while files carry deletion vectors, merge and reprocess commit through "
                    "deltalake's MERGE (its removes name each file's vector: deleted rows stay deleted); dedup and the "
@@ -149,6 +156,7 @@ class Constraint:
 class GeneratedColumn:
     name: str
     expression: str  # Spark SQL over the other columns
+    type: str = "string"  # the column's Delta type as JSON: the computed value is cast to it, as delta-spark stores it
 
 
 class ColumnMapping(enum.Enum):
@@ -174,6 +182,7 @@ class TableFeatures:
     variant_columns: tuple[str, ...] = ()
     files_with_deletion_vectors: int = 0
     names: ColumnNames = field(default_factory=ColumnNames)  # logical ↔ physical (column mapping)
+    fields: str = field(default="[]", compare=False, repr=False)  # the schema's fields, JSON (what was read)
 
     @classmethod
     def of(cls, table) -> "TableFeatures":
@@ -206,18 +215,22 @@ class TableFeatures:
         for f in fields:
             meta, name = f.get("metadata") or {}, f["name"]
             if "delta.generationExpression" in meta:
-                generated.append(GeneratedColumn(name, meta["delta.generationExpression"]))
-            if "delta.invariants" in meta:
-                expression = json.loads(meta["delta.invariants"])["expression"]["expression"]
-                invariants.append(Constraint(ConstraintKind.INVARIANT, name, expression))
-            if not f.get("nullable", True):
-                not_null.append(Constraint(ConstraintKind.NOT_NULL, name, f"{_quote(name)} IS NOT NULL"))
+                generated.append(GeneratedColumn(name, meta["delta.generationExpression"],
+                                                 json.dumps(without_metadata(f["type"]))))
             if any(k.startswith("delta.identity.") for k in meta):
                 identity.append(name)
             if "CURRENT_DEFAULT" in meta:
                 defaults.append(name)
             if _has_variant(f["type"]):
                 variants.append(name)
+        for path, f in _struct_fields(fields):  # top-level columns and the fields of their structs
+            meta, name = f.get("metadata") or {}, ".".join(path)
+            if "delta.invariants" in meta:
+                expression = json.loads(meta["delta.invariants"])["expression"]["expression"]
+                invariants.append(Constraint(ConstraintKind.INVARIANT, name, expression))
+            if not f.get("nullable", True):  # a nested field is null too where its struct is (delta-spark's rule)
+                not_null.append(Constraint(ConstraintKind.NOT_NULL, name,
+                                           f"{'.'.join(_quote(p) for p in path)} IS NOT NULL"))
         if "checkConstraints" not in writer:
             checks = []  # the property is honoured only where the protocol supports it
         if "invariants" not in writer:
@@ -226,7 +239,24 @@ class TableFeatures:
         return cls(reader_version, writer_version, reader, writer, dict(properties),
                    (*checks, *invariants, *not_null), tuple(generated) if "generatedColumns" in writer else (),
                    ColumnMapping(mapping), tuple(identity), tuple(defaults), tuple(variants), dv_files,
-                   ColumnNames.of_schema(mapping, fields))
+                   ColumnNames.of_schema(mapping, fields), json.dumps(fields))
+
+    def pinned(self) -> PinnedFeatures:
+        """What an attempt carries of them (:class:`airflow_eo.attempt.PinnedFeatures`).
+
+        >>> f = TableFeatures.of_parts(1, 3, (), (), {"delta.constraints.pos": "id > 0"}, [])
+        >>> TableFeatures.of_pinned(f.pinned()) == f
+        True
+        """
+        return PinnedFeatures(self.reader_version, self.writer_version, tuple(sorted(self.reader_features)),
+                              tuple(sorted(self.writer_features)), dict(self.properties), self.fields,
+                              self.files_with_deletion_vectors)
+
+    @classmethod
+    def of_pinned(cls, pinned: PinnedFeatures) -> "TableFeatures":
+        return cls.of_parts(pinned.reader_version, pinned.writer_version, pinned.reader_features,
+                            pinned.writer_features, dict(pinned.properties), json.loads(pinned.fields),
+                            pinned.files_with_deletion_vectors)
 
     # -- what is active ----------------------------------------------------------------------------
     def _on(self, prop: str, feature: str) -> bool:
@@ -279,14 +309,6 @@ class TableFeatures:
         if self.variant_columns:
             return (f"variant column(s) {', '.join(self.variant_columns)}: airflow-eo does not write variant data; "
                     f"{_COPY}")
-        if self.column_mapping is not ColumnMapping.NONE and use in (TableUse.MERGE, TableUse.REPROCESS,
-                                                                      TableUse.COMPACT):
-            fix = ("maintain it without compaction (airflow-eo maintain --vacuum --checkpoint --cleanup-log --prune; "
-                   "DeltaMaintenanceOperator compact=False)"
-                   if use is TableUse.COMPACT else "append into it, or merge into a table without column mapping")
-            return (f"column mapping mode {self.column_mapping.value!r}: a {use.value} would rewrite its files through "
-                    "deltalake, which writes logical column names into such a table (other readers would read them "
-                    f"as null); {fix}")
         if use.removes_rows and self.append_only:
             return (f"delta.appendOnly=true: a {use.value} removes or rewrites rows, which an append-only table "
                     "forbids; append instead (write_mode='append'), or unset delta.appendOnly if the table may change")
@@ -321,6 +343,16 @@ def column_names_of(table) -> ColumnNames:
     if mode == "none":
         return ColumnNames()
     return ColumnNames.of_schema(mode, json.loads(table.schema().to_json())["fields"])
+
+
+def _struct_fields(fields: list[dict], parents: tuple[str, ...] = ()):
+    """``(path, field)`` of every field reachable through structs only, as delta-spark reads a table's
+    NOT NULL columns and invariants (a field inside an array or a map is no column it checks)."""
+    for f in fields:
+        path = (*parents, f["name"])
+        yield path, f
+        if isinstance(f["type"], dict) and f["type"].get("type") == "struct":
+            yield from _struct_fields(f["type"]["fields"], path)
 
 
 def _quote(name: str) -> str:

@@ -43,7 +43,8 @@ class StagedFile:
     modification_time: int  # epoch ms
     num_records: int
     stats: str  # Delta stats JSON
-    partition_values: dict = field(default_factory=dict)  # column -> value, from its directory (partitioning)
+    # column -> value as its add action keeps them (by physical name under column mapping)
+    partition_values: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class TableFile:
 
     path: str  # relative to the table root
     size: int
-    partition_values: dict = field(default_factory=dict)  # column -> value as Delta writes it (text), or None
+    # logical column -> value as Delta writes it (text), or None; the log keys them by physical name
+    # under column mapping (:meth:`airflow_eo.table.mapping.ColumnNames.physical_values`)
+    partition_values: dict = field(default_factory=dict)
     deleted: tuple[int, ...] = ()  # the row indexes its deletion vector removes (read as absent)
 
     def __post_init__(self):  # from JSON (a rewrite's record) the rows arrive as a list
@@ -125,13 +128,27 @@ def snapshot_files(actions: pa.Table, deleted: dict[str, tuple[int, ...]] | None
     deletion vectors remove (:func:`deleted_rows_of`).
     """
     deleted = deleted or {}
-    parted = [c for c in actions.column_names if c.startswith("partition.")]
+    parted = partition_columns_of(actions)
     files = []
     for row in actions.select(["path", "size_bytes", *parted]).to_pylist():
         path = row["path"]
-        values = {c.split(".", 1)[1]: format_value(row[c]) for c in parted} if parted else partition_values_of(path)
-        files.append(TableFile(path, row["size_bytes"], values, deleted.get(path, ())))
+        files.append(TableFile(path, row["size_bytes"], logged_partition_values(row, parted), deleted.get(path, ())))
     return files
+
+
+def partition_columns_of(actions: pa.Table) -> list[str]:
+    """The ``partition.<column>`` columns of a snapshot's add actions (:func:`add_actions_of`)."""
+    return [c for c in actions.column_names if c.startswith("partition.")]
+
+
+def logged_partition_values(row: dict, parted: list[str]) -> dict[str, str | None]:
+    """One add action's partition values (``row``: its ``path`` and ``parted`` columns) as text, by the
+    logical column names: from the log, the truth (another writer may name directories differently,
+    or not by value at all, as deltalake and delta-spark do under column mapping); from the path only
+    when the log has none."""
+    if not parted:
+        return partition_values_of(row["path"])
+    return {c.split(".", 1)[1]: format_value(row[c]) for c in parted}
 
 
 def read_file(location: TableLocation, path: str) -> pa.Table:

@@ -46,6 +46,8 @@ from airflow_eo.table.storage import TableLocation, is_local, normalize_table_ur
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_eo.table.files import TableFile
+
 APP_PREFIX = "airflow-eo"
 
 
@@ -334,6 +336,13 @@ class Ledger:
 
         assert self.table is not None, "add actions of a table that does not exist"
         return add_actions_of(self.table)
+
+    def table_files(self) -> "dict[str, TableFile]":
+        """This snapshot's data files by path, with their partition values from the log (by logical
+        name; :func:`airflow_eo.table.files.snapshot_files`)."""
+        from airflow_eo.table.files import snapshot_files
+
+        return {f.path: f for f in snapshot_files(self.add_actions())} if self.table is not None else {}
 
     def files_of_batch(self, batch: int, ranges: Iterable[OffsetRange]) -> tuple[dict[str, int], dict[str, int]]:
         """The files holding ``batch``'s rows, as (paths → sizes of files that hold only this

@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 
 from deltalake.exceptions import CommitFailedError
 
-from airflow_eo.errors import CommitConflictError, TableError
+from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.table.compaction import compact_mapped
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, KEPT_SUFFIX, collect_orphans
@@ -148,6 +149,10 @@ def maintain(table_uri: str, storage_options: dict | None = None,
                          "options for object storage); nothing was changed")
     ledger.check_txn_retention()
     ledger.check_features(TableUse.COMPACT if plan.compact else TableUse.MAINTAIN)
+    if plan.z_order and ledger.features.names.active:  # airflow-eo's own compaction packs, it does not sort
+        raise TableFeatureError(f"the Delta table at {ledger.table_uri} uses column mapping, whose files deltalake's "
+                                "OPTIMIZE refuses to rewrite: it is compacted by airflow-eo's own bin-packing, which "
+                                "does not Z-order; compact without --z-order (z_order=()); nothing was changed")
     try:
         return _maintain(ledger, table_uri, storage_options, plan)
     except CommitFailedError as exc:
@@ -159,7 +164,9 @@ def _maintain(ledger: Ledger, table_uri: str, storage_options: dict | None, plan
     table = ledger.table
     assert table is not None  # maintain() refused a path without a table
     done: dict = {"table_uri": ledger.table_uri, "version_before": ledger.version}
-    if plan.compact:
+    if plan.compact and ledger.features.names.active:  # deltalake's OPTIMIZE refuses column-mapped tables
+        done["compaction"] = compact_mapped(ledger, plan.target_file_bytes)
+    elif plan.compact:
         optimizer = table.optimize
         metrics = (optimizer.z_order(list(plan.z_order), target_size=plan.target_file_bytes) if plan.z_order
                    else optimizer.compact(target_size=plan.target_file_bytes))

@@ -99,6 +99,13 @@ class ColumnNames:
     def field(self, logical: str) -> MappedField | None:
         return self._by_logical.get(logical)
 
+    def physical_names(self, logical) -> tuple[str, ...]:
+        return tuple(self.physical(n) for n in logical)
+
+    def physical_values(self, values: Mapping[str, str | None]) -> dict[str, str | None]:
+        """Partition values keyed by logical column names as the log keeps them (by physical name)."""
+        return {self.physical(k): v for k, v in values.items()}
+
     def as_dict(self) -> dict[str, str]:
         """logical → physical of the top-level columns (what travels to Spark tasks)."""
         return {f.name: f.physical for f in self.fields}
@@ -136,6 +143,15 @@ def _physical_type(kind: pa.DataType, mapped: MappedField) -> pa.DataType:
     return kind
 
 
+def without_metadata(kind):
+    """A Delta type's JSON without its nested fields' metadata (column mapping's physical names and ids)."""
+    if isinstance(kind, dict):
+        return {k: without_metadata(v) for k, v in kind.items() if k != "metadata"}
+    if isinstance(kind, list):
+        return [without_metadata(v) for v in kind]
+    return kind
+
+
 def rename_columns(data, mapping: Mapping[str, str]):
     """``data`` (an Arrow table or record batch) with its columns renamed by ``mapping`` (others kept)."""
     if not mapping or not any(n in mapping for n in data.schema.names):
@@ -145,14 +161,7 @@ def rename_columns(data, mapping: Mapping[str, str]):
 
 def physical_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """``batch`` (logical columns, in ``schema``'s order) under ``schema``'s physical names and field
-    ids; struct columns are rebuilt with their fields' physical names (lists and maps: refused by the
-    caller)."""
-    return pa.RecordBatch.from_arrays([_physical_array(c, f.type) for c, f in zip(batch.columns, schema)],
+    ids, nested fields too (structs, lists, maps): a zero-copy view, since the physical types differ
+    from the logical ones only in their fields' names and metadata."""
+    return pa.RecordBatch.from_arrays([c if c.type == f.type else c.view(f.type) for c, f in zip(batch.columns, schema)],
                                       schema=schema)
-
-
-def _physical_array(array, kind: pa.DataType):
-    if not pa.types.is_struct(kind):
-        return array
-    children = [_physical_array(array.field(i), kind.field(i).type) for i in range(kind.num_fields)]
-    return pa.StructArray.from_arrays(children, fields=list(kind), mask=array.is_null())

@@ -42,8 +42,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_eo.offsets import OffsetRange
-from airflow_eo.table.files import StagedFile, TableFile, conform, read_file
-from airflow_eo.table.partitioning import partition_segments, partition_values_of
+from airflow_eo.table.files import (
+    StagedFile, TableFile, conform, logged_partition_values, partition_columns_of, read_file,
+)
+from airflow_eo.table.mapping import ColumnNames, rename_columns
+from airflow_eo.table.partitioning import partition_dir
 from airflow_eo.table.staging import column_bounds, staged_file
 from airflow_eo.table.storage import TableLocation
 
@@ -116,8 +119,9 @@ def candidate_files(actions: pa.Table, keys: pa.Table, key_columns: tuple[str, .
     first_typed = typed[ranged[0]] if ranged else None
     first = ranged[0] if first_typed is not None else None
     ordered = first_typed.to_pylist() if first_typed is not None else []
+    logged = partition_columns_of(actions)
     wanted = ["path", "size_bytes", *(f"{s}.{c}" for c in ranged if typed[c] is not None for s in ("min", "max")),
-              *(f"partition.{c}" for c in parted if f"partition.{c}" in actions.column_names)]
+              *logged]
     selected = [False] * keys.num_rows
     found = []
     for row in actions.select(wanted).to_pylist():
@@ -140,7 +144,7 @@ def candidate_files(actions: pa.Table, keys: pa.Table, key_columns: tuple[str, .
         hits = mask.to_pylist()
         if not any(hits):
             continue
-        found.append(TableFile(row["path"], row["size_bytes"], partition_values_of(row["path"])))
+        found.append(TableFile(row["path"], row["size_bytes"], logged_partition_values(row, logged)))
         for i, hit in enumerate(hits, start=lo):
             selected[i] = selected[i] or bool(hit)
     return found, keys.filter(pa.array(selected))
@@ -162,15 +166,20 @@ def _key_probe(table: pa.Table, file: TableFile, keys: pa.Table, key_columns: tu
     return probe.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
 
 
-def rewrite_file(location: TableLocation, file: TableFile, keys: pa.Table, key_columns: tuple[str, ...],
-                 target_dir: str, ranges: tuple[OffsetRange, ...] = ()) -> Rewrite | None:
-    """Read ``file`` and, if it holds one of ``keys`` (key columns and :data:`DELETE_COLUMN`) or,
-    for a reprocess, a row of ``ranges``, write its other rows into ``target_dir`` (under the
-    file's own partition directories). None when the file holds none of them (left alone)."""
-    table = read_file(location, file.path)
+def rewrite_file(location: TableLocation, file: TableFile, keys: pa.Table | None, key_columns: tuple[str, ...],
+                 target_dir: str, ranges: tuple[OffsetRange, ...] = (), names: ColumnNames | None = None) -> Rewrite | None:
+    """Read ``file`` and, if it holds one of ``keys`` (key columns and :data:`DELETE_COLUMN`; None:
+    none) or, for a reprocess, a row of ``ranges``, write its other rows into ``target_dir`` (under
+    the directory of the file's own partition values). None when the file holds none of them (left
+    alone). ``names``: the table's column mapping: the file holds physical names, which the keys and
+    ranges are compared by; the copy keeps the file's own columns, names and field ids, and its
+    statistics and partition values are kept by physical name."""
+    names = names or ColumnNames()
+    stored = read_file(location, file.path)
+    table = rename_columns(stored, {f.physical: f.name for f in names.fields}) if names.active else stored
     drop = [False] * table.num_rows
     updated = deleted = replaced = 0
-    if table.num_rows and keys.num_rows:
+    if table.num_rows and keys is not None and keys.num_rows:
         hits = _key_probe(table, file, keys, key_columns).join(keys.select([*key_columns, DELETE_COLUMN]), keys=list(key_columns), join_type="inner")
         for row, deletes in zip(hits[_ROW].to_pylist(), hits[DELETE_COLUMN].to_pylist()):
             drop[row] = True
@@ -183,14 +192,16 @@ def rewrite_file(location: TableLocation, file: TableFile, keys: pa.Table, key_c
                 replaced += 1
     if not any(drop):
         return None
-    kept = table.filter(pc.invert(pa.array(drop)))
+    kept = stored.filter(pc.invert(pa.array(drop)))
     copy = None
     if kept.num_rows:
-        directory = "/".join([target_dir, *partition_segments(file.path)])
+        values = names.physical_values(file.partition_values)
+        directory = "/".join(p for p in (target_dir, partition_dir(values)) if p)
         full = location.join(f"{directory}/part-{uuid.uuid4().hex}.parquet")
         location.fs.create_dir(location.join(directory), recursive=True)
         pq.write_table(kept, full, filesystem=location.fs)
-        copy = with_key_stats(location, [staged_file(location, location.fs.get_file_info(full))], key_columns)[0]
+        written = replace(staged_file(location, location.fs.get_file_info(full), names), partition_values=values)
+        copy = with_key_stats(location, [written], key_columns, names)[0]
     return Rewrite(file, copy, updated, deleted, replaced, kept.num_rows)
 
 
@@ -220,13 +231,14 @@ def _stat_kind(arrow_type: pa.DataType) -> str | None:
     return None  # no exact order in Delta statistics (decimals, binaries, floats): never pruned by
 
 
-def key_stats(meta: pq.FileMetaData, key_columns: tuple[str, ...]) -> dict:
+def key_stats(meta: pq.FileMetaData, key_columns: tuple[str, ...], mapping: ColumnNames | None = None) -> dict:
     """``minValues`` / ``maxValues`` / ``nullCount`` entries of the key columns a Parquet footer
-    bounds exactly (inexact bounds, e.g. truncated strings, are left out)."""
+    bounds exactly (inexact bounds, e.g. truncated strings, are left out); under column mapping
+    (``mapping``) by the physical names the file and the log keep."""
     out: dict = {"minValues": {}, "maxValues": {}, "nullCount": {}}
     arrow = meta.schema.to_arrow_schema()
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-    for column in key_columns:
+    for column in (mapping or ColumnNames()).physical_names(key_columns):
         if column not in names or column not in arrow.names:
             continue
         kind = _stat_kind(arrow.field(column).type)
@@ -244,15 +256,17 @@ def key_stats(meta: pq.FileMetaData, key_columns: tuple[str, ...]) -> dict:
     return out
 
 
-def with_key_stats(location: TableLocation, files: list[StagedFile], key_columns: tuple[str, ...]) -> list[StagedFile]:
-    """``files`` whose Delta statistics also bound the key columns (read from their footers)."""
+def with_key_stats(location: TableLocation, files: list[StagedFile], key_columns: tuple[str, ...],
+                   names: ColumnNames | None = None) -> list[StagedFile]:
+    """``files`` whose Delta statistics also bound the key columns (read from their footers; by
+    physical name under column mapping)."""
     out = []
     for f in files:
         stats = json.loads(f.stats or "{}")
         if "minValues" not in stats:  # no bounds of the offsets either: nothing is pruned by this file
             out.append(f)
             continue
-        extra = key_stats(pq.read_metadata(location.join(f.path), filesystem=location.fs), key_columns)
+        extra = key_stats(pq.read_metadata(location.join(f.path), filesystem=location.fs), key_columns, names)
         for part in ("minValues", "maxValues", "nullCount"):
             stats[part] = {**stats.get(part, {}), **extra[part]}
         out.append(replace(f, stats=json.dumps(stats)))

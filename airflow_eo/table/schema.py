@@ -31,17 +31,19 @@ def delta_schema_of(arrow_schema: pa.Schema) -> Schema:
 
 
 def _field_types(schema: Schema) -> dict[str, str]:
-    return {f["name"]: json.dumps(_without_metadata(f["type"]), sort_keys=True)
+    return {f["name"]: json.dumps(_shape(f["type"]), sort_keys=True)
             for f in json.loads(schema.to_json())["fields"]}
 
 
-def _without_metadata(kind):
-    """A type's JSON without its nested fields' metadata (column mapping's physical names and ids:
-    the table's, which the transform's output has no part in)."""
+def _shape(kind):
+    """A type's JSON as batches must match it: not its nested fields' metadata (column mapping's physical
+    names and ids are the table's, which the transform's output has no part in), nor their nullability (a
+    NOT NULL field is a rule on the rows, checked as the table's constraints are, as at the top level)."""
     if isinstance(kind, dict):
-        return {k: _without_metadata(v) for k, v in kind.items() if k != "metadata"}
+        return {k: _shape(v) for k, v in kind.items()
+                if k not in ("metadata", "nullable", "containsNull", "valueContainsNull")}
     if isinstance(kind, list):
-        return [_without_metadata(v) for v in kind]
+        return [_shape(v) for v in kind]
     return kind
 
 

@@ -33,7 +33,7 @@ from airflow_eo.spec import DEFAULT_GRACE_SECONDS  # the default of the staging_
 from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch, scratch_attempt_ids
 from airflow_eo.table.files import StagedFile  # noqa: F401 - re-exported: what an attempt staged
-from airflow_eo.table.partitioning import partition_segments, partition_values_of
+from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
@@ -302,31 +302,6 @@ def collect_orphans(table_uri: str, storage_options: dict | None, grace_seconds:
         return []
     referenced = Ledger.open(table_uri, storage_options).file_paths()
     return StagingArea(location).collect_orphans(referenced, grace_seconds)
-
-
-def rewrite_without(location: TableLocation, path: str, ranges, target_dir: str) -> StagedFile | None:
-    """Copy the table file ``path`` into ``target_dir`` without the rows of ``ranges`` (offset
-    ranges: their topic, partition and offsets); the copy, or None when no row remains. For a
-    reprocess of a compacted table: its one commit removes ``path`` and adds the copy."""
-    import uuid
-
-    import pyarrow.compute as pc
-
-    table = pq.read_table(location.join(path), filesystem=location.fs)
-    inside = None
-    for r in ranges:
-        match = pc.and_(pc.and_(pc.equal(table["topic"], r.topic), pc.equal(table["partition"], r.partition)),
-                        pc.and_(pc.greater_equal(table["offset"], r.start), pc.less(table["offset"], r.end)))
-        inside = match if inside is None else pc.or_(inside, match)
-    kept = table if inside is None else table.filter(pc.invert(pc.fill_null(inside, False)))
-    if kept.num_rows == 0:
-        return None
-    # the copy stays in the partition the original is in: its directory says which
-    directory = "/".join([target_dir, *partition_segments(path)])
-    full = location.join(f"{directory}/kept-{uuid.uuid4().hex}.parquet")
-    location.fs.create_dir(location.join(directory), recursive=True)
-    pq.write_table(kept, full, filesystem=location.fs)
-    return staged_file(location, location.fs.get_file_info(full))
 
 
 def staged_file(location: TableLocation, info, names: ColumnNames | None = None) -> StagedFile:

@@ -42,12 +42,14 @@ _CLOSING_MARGIN_SECONDS = 0.05
 
 
 def interval_closing(kafka_config: Mapping[str, object], storage_options: Mapping[str, str] | None, table_uri: str,
-                     ingest_id: str, topics: list[str], close_after: float, interval: Interval) -> IntervalClosing:
-    """Whether ``interval`` may be planned now for ``ingest_id`` in the table, as the planner decides it."""
+                     ingest_id: str, topics: list[str], close_after: float, interval: Interval,
+                     adopt_table: bool = False) -> IntervalClosing:
+    """Whether ``interval`` may be planned now for ``ingest_id`` in the table, as the planner decides it
+    (``adopt_table``: a table created elsewhere is one without this ingest's intervals yet)."""
     config = IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=topics, mode="interval",
                           close_after=close_after, kafka_config=kafka_config, storage_options=storage_options)
     ledger = Ledger.open(config.table_uri, dict(storage_options) if storage_options else None)
-    ledger.check_owner(ingest_id)  # never wait on (or report closed for) another ingest's table
+    ledger.check_owner(ingest_id, adopt=adopt_table)  # never wait on (or report closed for) another ingest's table
     return IntervalPlanner(config, interval).closing(ledger, KafkaOffsets(config.kafka_config))
 
 
@@ -71,7 +73,8 @@ class IntervalClosedTrigger(BaseTrigger):
     def __init__(self, *, table_uri: str, ingest_id: str, topics: list[str], interval_start_ms: int,
                  interval_end_ms: int, close_after: float, kafka_conn_id: str = "kafka_default",
                  storage_conn_id: str | None = None, storage_options: dict[str, str] | None = None,
-                 poll_interval: float = 60.0, started_at: float | None = None, max_failures: int = 5):
+                 poll_interval: float = 60.0, started_at: float | None = None, max_failures: int = 5,
+                 adopt_table: bool = False):
         super().__init__()
         self.table_uri, self.ingest_id, self.topics = table_uri, ingest_id, list(topics)
         self.interval = Interval(int(interval_start_ms), int(interval_end_ms))
@@ -80,6 +83,7 @@ class IntervalClosedTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.started_at = started_at if started_at is not None else time.time()
         self.max_failures = int(max_failures)
+        self.adopt_table = bool(adopt_table)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -88,7 +92,8 @@ class IntervalClosedTrigger(BaseTrigger):
              "interval_start_ms": self.interval.start_ms, "interval_end_ms": self.interval.end_ms,
              "close_after": self.close_after, "kafka_conn_id": self.kafka_conn_id,
              "storage_conn_id": self.storage_conn_id, "storage_options": self.storage_options,
-             "poll_interval": self.poll_interval, "started_at": self.started_at, "max_failures": self.max_failures},
+             "poll_interval": self.poll_interval, "started_at": self.started_at, "max_failures": self.max_failures,
+             "adopt_table": self.adopt_table},
         )
 
     async def closing(self) -> IntervalClosing:
@@ -97,7 +102,7 @@ class IntervalClosedTrigger(BaseTrigger):
         kafka_config = await sync_to_async(kafka_config_of)(self.kafka_conn_id)  # the connection API is sync
         storage = await sync_to_async(storage_options_of)(self.storage_conn_id, self.storage_options)
         return await asyncio.to_thread(interval_closing, kafka_config, storage, self.table_uri, self.ingest_id,
-                                       self.topics, self.close_after, self.interval)
+                                       self.topics, self.close_after, self.interval, self.adopt_table)
 
     def decide(self, found: IntervalClosing) -> TriggerEvent | float:
         """The event a closed interval fires, else the seconds until the next check: the poll

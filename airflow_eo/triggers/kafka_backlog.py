@@ -28,13 +28,16 @@ from airflow_eo.triggers.polling import poll_until
 
 
 def measure_backlog(kafka_config: dict, topics: list[str] | str, table_uri: str, ingest_id: str,
-                    storage_options: dict | None = None, starting_offsets: object = "earliest") -> dict[str, int]:
+                    storage_options: dict | None = None, starting_offsets: object = "earliest",
+                    adopt_table: bool = False) -> dict[str, int]:
     """Offsets waiting per partition (``"topic[p]" -> n``) for ``ingest_id`` in the table: the
     lag as the planner sees it (:func:`airflow_eo.status.measure_lag`). ``topics`` and
     ``starting_offsets`` are the operator's options, raw (as templated or serialised): the spec
-    parses them as it does the operator's."""
+    parses them as it does the operator's. ``adopt_table`` (the operator's): a table created
+    elsewhere is one with no offsets of this ingest yet, its backlog counted from ``starting_offsets``."""
     ledger = Ledger.open(table_uri, storage_options)
-    ledger.check_owner(ingest_id)  # the operator's check: never report "no backlog" for another's table
+    # the operator's check: never report "no backlog" for another's table (unless the ingest adopts it)
+    ledger.check_owner(ingest_id, adopt=adopt_table)
     return measure_lag(kafka_config, list(parse_option("topics", topics)), ledger, ingest_id,
                        parse_option("starting_offsets", starting_offsets))
 
@@ -54,9 +57,10 @@ class KafkaBacklogTrigger(BaseTrigger):
     def __init__(self, *, topics: list[str], table_uri: str, ingest_id: str, kafka_conn_id: str = "kafka_default",
                  min_records: int = 1, poll_interval: float = 30.0, timeout: float | None = None,
                  started_at: float | None = None, starting_offsets: object = "earliest",
-                 storage_conn_id: str | None = None, max_failures: int = 5):
+                 storage_conn_id: str | None = None, max_failures: int = 5, adopt_table: bool = False):
         super().__init__()
         self.max_failures = int(max_failures)
+        self.adopt_table = bool(adopt_table)
         self.topics = list(topics)
         self.table_uri = table_uri
         self.ingest_id = ingest_id
@@ -75,7 +79,7 @@ class KafkaBacklogTrigger(BaseTrigger):
              "kafka_conn_id": self.kafka_conn_id, "min_records": self.min_records,
              "poll_interval": self.poll_interval, "timeout": self.timeout, "started_at": self.started_at,
              "starting_offsets": self.starting_offsets, "storage_conn_id": self.storage_conn_id,
-             "max_failures": self.max_failures},
+             "max_failures": self.max_failures, "adopt_table": self.adopt_table},
         )
 
     async def backlog(self) -> dict[str, int]:
@@ -84,7 +88,7 @@ class KafkaBacklogTrigger(BaseTrigger):
         config = await sync_to_async(kafka_config_of)(self.kafka_conn_id)  # connection API is sync
         storage = await sync_to_async(storage_options_of)(self.storage_conn_id)
         return await asyncio.to_thread(measure_backlog, config, self.topics, self.table_uri, self.ingest_id,
-                                       storage, self.starting_offsets)
+                                       storage, self.starting_offsets, self.adopt_table)
 
     def decide(self, per_partition: dict[str, int]) -> TriggerEvent | float:
         """The event a measured backlog fires (ready, or timed out), else the seconds until the next check."""

@@ -364,3 +364,80 @@ def test_an_adopted_table_in_column_mapping_id_mode_with_nested_and_partition_co
     log = [json.loads(line) for line in open(f"{uri}/_delta_log/{DeltaTable(uri).version():020d}.json")]
     day = next(f for f in schema["fields"] if f["name"] == "day")["metadata"]["delta.columnMapping.physicalName"]
     assert all(set(a["add"]["partitionValues"]) == {day} for a in log if "add" in a)
+
+
+def test_generated_columns_are_cast_to_their_type_and_nested_not_null_fields_are_checked(kafka_config, tmp_path,
+                                                                                          path, ingestion):
+    """Another engine adds a generated INT column from a BIGINT expression (delta-spark stores the value
+    cast) and makes a field of a struct NOT NULL: the next batch computes the column in its type, and the
+    record whose struct field is null goes to the dead letters naming the field."""
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 0, 4)
+    uri, dead_uri = str(tmp_path / "t"), str(tmp_path / "dead")
+    sql = ("SELECT topic, partition, offset, named_struct('k', CAST(key AS STRING), 'v', CAST(value AS STRING)) "
+           "AS meta FROM source")
+    ing = ingestion(uri, [topic], kafka_config, path.submitter(), transform_sql=sql, dead_letter_table_uri=dead_uri)
+    assert ing.run(RunIdentity("first")).status is RunStatus.COMMITTED
+    schema = json.loads(DeltaTable(uri).schema().to_json())
+    meta = next(f for f in schema["fields"] if f["name"] == "meta")
+    next(f for f in meta["type"]["fields"] if f["name"] == "k")["nullable"] = False
+    schema["fields"].append({"name": "o2", "type": "integer", "nullable": True,
+                             "metadata": {"delta.generationExpression": "`offset` * 2"}})
+    add_features(uri, writer=("generatedColumns",), schema=schema)
+    produce(kafka_config, topic, 4, 6, null_key_at=(7,))  # record 7: partition 1, offset 3
+    before = log_digest(uri)
+    assert ing.run(RunIdentity("second")).status is RunStatus.COMMITTED
+    assert log_digest(uri) != before
+    got = duckdb_rows(uri, 'SELECT "partition", "offset", o2, typeof(o2), meta.k FROM t WHERE "offset" >= 2 ORDER BY 1, 2')
+    assert got == [(p, o, o * 2, "INTEGER", str(2 * o + p)) for p, o in ((0, 2), (0, 3), (0, 4), (1, 2), (1, 4))]
+    dead = duckdb_rows(dead_uri, 'SELECT "partition", "offset", reason FROM t')
+    assert dead == [(1, 3, "violates NOT NULL column meta.k")]
+
+
+def test_a_merge_and_its_reprocess_on_a_table_with_a_renamed_column(kafka_config, tmp_path, path, ingestion):
+    """Another engine turns column mapping on and renames ``v`` to ``payload``; the next merge batch (its
+    Spark tasks rewrite the files holding changed keys) and the reprocess of that batch keep the files'
+    physical name ``v`` and its field id: every key once, with the value the Kafka model says, as DuckDB
+    reads the table."""
+    import pyarrow.parquet as pq
+
+    from airflow_eo.reprocess import Reprocessor
+    from airflow_eo.table.ledger import Ledger
+    from tests.changes import SQL, ChangeProducer, expected_rows
+    from tests.delta_tables import enable_column_mapping
+
+    topic = new_topic(kafka_config, 3)
+    changes = ChangeProducer(kafka_config, topic)
+    uri = str(tmp_path / "t")
+    options = dict(write_mode="merge", merge_key="id")
+    changes.write(range(20))
+    changes.flush()
+    first = ingestion(uri, [topic], kafka_config, path.submitter(), transform_sql=SQL, **options)
+    assert first.run(RunIdentity("b1")).status is RunStatus.COMMITTED
+    enable_column_mapping(uri, "name", rename={"v": "payload"})
+    before = set(Ledger.open(uri).file_paths())
+    ing = ingestion(uri, [topic], kafka_config, path.submitter(), transform_sql=SQL.replace(" AS v,", " AS payload,"),
+                    **options)
+    changes.write(range(5))
+    changes.delete([10, 11])
+    changes.write([30])
+    changes.flush()
+    result = ing.run(RunIdentity("b2"))
+    assert (result.status, result.inserted, result.updated, result.deleted) == (RunStatus.COMMITTED, 1, 5, 2)
+    assert result.files_rewritten >= 1
+
+    def table() -> dict:
+        got = duckdb_rows(uri, 'SELECT id, payload, topic, "partition", "offset" FROM t')
+        assert len({r[0] for r in got}) == len(got), "a key held twice"
+        return {r[0]: tuple(r[1:]) for r in got}
+
+    expected = expected_rows(uri, "test", kafka_config["bootstrap.servers"], topic)
+    assert table() == expected and len(expected) == 19
+    new = sorted(set(Ledger.open(uri).file_paths()) - before)  # the upserts (field ids) and the copies (as were)
+    assert new and all("v" in pq.read_schema(f"{uri}/{p}").names and "payload" not in pq.read_schema(f"{uri}/{p}").names
+                       for p in new)
+    upserts = [p for p in new if "-kept/" not in p]
+    assert upserts and all(pq.read_schema(f"{uri}/{p}").field("v").metadata[b"PARQUET:field_id"] == b"2"
+                           for p in upserts)
+    assert Reprocessor(ing).run(RunIdentity("again"), target_run_key="b2").status == "reprocessed"
+    assert table() == expected

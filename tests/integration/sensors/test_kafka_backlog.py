@@ -120,6 +120,45 @@ def test_sensor_refuses_a_table_another_ingest_owns(conn, kafka_config, table_ur
         sensor(topic, table_uri, conn).execute_complete({}, event)
 
 
+def test_an_adopted_table_before_its_first_batch_has_no_offsets_yet(conn, kafka_config, table_uri, capsys):
+    """With the operator's adopt_table, the sensor, its trigger and ``airflow-eo status`` treat a table created
+    elsewhere as one without this ingest's offsets: the backlog counts from starting_offsets."""
+    import pyarrow as pa
+    from airflow.providers.common.compat.sdk import TaskDeferred
+    from deltalake import write_deltalake
+
+    from airflow_eo.cli import main
+    from tests.delta_tables import log_digest
+
+    write_deltalake(table_uri, pa.table({"id": [1, 2]}))  # a table created elsewhere
+    before = log_digest(table_uri)
+    topic = new_topic(kafka_config, partitions=2)
+    produce(kafka_config, topic, 5, partitions=2)
+    assert sensor(topic, table_uri, conn, min_records=5, deferrable=False, adopt_table=True).poke(SimpleNamespace())
+    latest = sensor(topic, table_uri, conn, min_records=1, deferrable=False, adopt_table=True, starting_offsets="latest")
+    assert latest.poke(SimpleNamespace()) is False
+    trigger = KafkaBacklogTrigger(topics=[topic], table_uri=table_uri, ingest_id="sensor_dag.ingest",
+                                  kafka_conn_id=conn, min_records=5, poll_interval=0.01, adopt_table=True)
+    assert first_event(trigger) == {"status": "ready", "backlog": 5, "per_partition": {f"{topic}[0]": 3,
+                                    f"{topic}[1]": 2}, "min_records": 5}
+    path, kwargs = trigger.serialize()
+    assert kwargs["adopt_table"] is True and KafkaBacklogTrigger(**kwargs).serialize() == (path, kwargs)
+    with pytest.raises(TaskDeferred) as deferred:  # the deferring sensor hands the option on
+        sensor(topic, table_uri, conn, min_records=99, adopt_table=True).execute({})
+    assert deferred.value.trigger.adopt_table is True
+    common = ["--ingest-id", "sensor_dag.ingest", "--bootstrap-servers", kafka_config["bootstrap.servers"], "--json"]
+    assert main(["status", table_uri, *common]) == 2  # without the option: another's table, as before
+    assert "not written by ingest_id" in capsys.readouterr().err
+    assert main(["status", table_uri, *common, "--adopt-table", "--topics", topic]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["last_batch"] == 0 and status["partitions"] == [
+        {"topic": topic, "partition": 0, "committed": None, "end": 3, "lag": 3},
+        {"topic": topic, "partition": 1, "committed": None, "end": 2, "lag": 2}]
+    assert main(["status", table_uri, *common, "--adopt-table", "--topics", topic, "--starting-offsets", "latest"]) == 0
+    assert [p["lag"] for p in json.loads(capsys.readouterr().out)["partitions"]] == [0, 0]
+    assert log_digest(table_uri) == before
+
+
 def test_trigger_retries_transient_failures_with_backoff(conn, kafka_config, table_uri, monkeypatch):
     from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 

@@ -30,3 +30,46 @@ def test_a_merge_into_s3_rewrites_the_files_that_held_its_keys(s3, kafka_config,
     assert second.status == "committed" and second.files_rewritten > 0
     assert (second.updated, second.deleted) == (125, 50)
     assert assert_model_holds(uri, "s3_merge", bootstrap, topic, options) == 450
+
+
+def test_a_column_mapped_s3_table_with_lists_and_maps_in_a_struct_takes_merges(s3, kafka_config, spark, tmp_path):
+    """A table created with column mapping (id mode: physical names col-…, every nested field mapped) on
+    S3, adopted by a merge ingest whose rows hold a struct of a list and a map: the executors' pyarrow
+    writer (Spark writes no s3://) gives every field its physical name and id, the rewrites in Spark tasks
+    keep them; DuckDB, reading a copy of the table, and deltalake on S3 read every key once."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    from airflow_eo.table.storage import TableLocation
+    from tests.delta_tables import create_mapped_table, duckdb_rows
+
+    bootstrap = kafka_config["bootstrap.servers"]
+    topic = new_topic(kafka_config, 3)
+    options = options_of(s3)
+    uri = f"s3://{s3.bucket}/mapped-{topic}"
+    meta = pa.struct([("tags", pa.list_(pa.string())), ("attrs", pa.map_(pa.string(), pa.string()))])
+    local = str(tmp_path / "created")
+    create_mapped_table(local, pa.schema([("id", pa.string()), ("v", pa.int64()), ("topic", pa.string()),
+                                          ("partition", pa.int32()), ("offset", pa.int64()), ("meta", meta)]), "id")
+    remote = TableLocation.of(uri, options)
+    pafs.copy_files(local, remote.root, destination_filesystem=remote.fs)
+    sql = SQL.replace(" FROM source", ", named_struct('tags', array(CAST(key AS STRING)), 'attrs', "
+                      "map('v', CAST(value AS STRING))) AS meta FROM source")
+    config = IngestConfig(table_uri=uri, ingest_id="s3_mapped", topics=[topic], kafka_config=kafka_config,
+                          storage_options=options, write_mode="merge", merge_key="id", transform_sql=sql,
+                          adopt_table=True)
+    ingestion = Ingestion(config, InProcessSubmitter(spark))
+    changes = ChangeProducer(kafka_config, topic)
+    changes.write(range(60))
+    changes.flush()
+    assert ingestion.run(RunIdentity("m1")).inserted == 60
+    changes.write(range(0, 60, 3))
+    changes.delete([1, 2])
+    changes.flush()
+    second = ingestion.run(RunIdentity("m2"))
+    assert (second.status, second.updated, second.deleted) == ("committed", 20, 2) and second.files_rewritten > 0
+    assert assert_model_holds(uri, "s3_mapped", bootstrap, topic, options) == 58
+    copy = str(tmp_path / "copy")
+    pafs.copy_files(remote.root, copy, source_filesystem=remote.fs)
+    got = duckdb_rows(copy, "SELECT id, meta.tags, meta.attrs['v'] IS NOT NULL FROM t ORDER BY CAST(id AS INT)")
+    assert got == [(str(i), [str(i)], True) for i in range(60) if i not in (1, 2)]

@@ -51,6 +51,17 @@ def test_a_key_of_several_columns_and_an_empty_batch():
     assert select_winners(batch([]), ("id",)).num_rows == 0
 
 
+def test_rows_with_list_and_map_columns_in_structs_keep_them():
+    """Arrow's join takes no list or map column along: the winners carry them (a merge table's rows may)."""
+    kind = pa.struct([("tags", pa.list_(pa.string())), ("attrs", pa.map_(pa.string(), pa.string()))])
+    table = pa.table({"id": [1, 1, 2], "topic": ["t"] * 3, "partition": [0, 0, 0], "offset": [1, 2, 3],
+                      TS_COLUMN: [1, 1, 1], "meta": pa.array([{"tags": ["a"], "attrs": [("k", "1")]},
+                                                              {"tags": ["b"], "attrs": [("k", "2")]}, None], kind)})
+    out = select_winners(table, ("id",)).sort_by("id").to_pylist()
+    assert [(r["id"], r["meta"], r[CHANGES_COLUMN]) for r in out] == [
+        (1, {"tags": ["b"], "attrs": [("k", "2")]}, 2), (2, None, 1)]
+
+
 def reference(rows: list[tuple]) -> dict:
     """The rule as the docs state it, one key at a time."""
     by_key: dict = {}

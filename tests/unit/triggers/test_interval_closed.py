@@ -140,6 +140,10 @@ def test_errors_become_events_the_operator_raises_as_their_own_type(tmp_path, co
     event = first_event(trigger(foreign, conn))
     assert event["status"] == "error" and not event["retryable"] and event["error"].startswith("TableError:")
     assert isinstance(error_of_event(event), TableError) and not error_of_event(event).retryable
+    adopted = trigger(foreign, conn, adopt_table=True)  # the operator's adopt_table: no intervals of its own yet
+    monkeypatch.setattr(interval_closed, "KafkaOffsets", Clients(in_the_interval(), then={
+        2: lambda k: [k.produce(tp, BASE + HOUR + 1) for tp in (T0, T1)]}))
+    assert first_event(adopted)["status"] == "closed" and adopted.serialize()[1]["adopt_table"] is True
 
     def away(config, timeout=30.0):
         raise KafkaUnavailableError("cannot reach Kafka at fake:9092")
