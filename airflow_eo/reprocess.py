@@ -51,6 +51,7 @@ from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
 from airflow_eo.runner import verdict
 from airflow_eo.table.commit import newest_only
+from airflow_eo.table.lease import LeasePurpose
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
@@ -89,7 +90,8 @@ class Reprocessor:
     def run(self, requester: RunIdentity, target_run_key: str | None = None) -> IngestResult:
         """Reprocess the batch of ``target_run_key`` (default: the requester's own run)."""
         started = time.monotonic()
-        return self._run(requester, target_run_key or requester.run_key).timed(started)
+        with self.ing.turn(requester.run_key, LeasePurpose.REPROCESS):  # it queues with the table's other runs
+            return self._run(requester, target_run_key or requester.run_key).timed(started)
 
     def run_key_of_ranges(self, ranges: Iterable[OffsetRange]) -> str:
         """The run key of the committed batch whose offset ranges are exactly ``ranges`` (all its
@@ -142,6 +144,7 @@ class Reprocessor:
                 f"run {target!r} planned batch {plan.batch} but it never committed: clear the run "
                 "without reprocess to replay it; nothing was changed"
             )
+        plan = ledger.committed_plan(plan)  # an interval: the batch (and ranges) the table holds it under
         last = ledger.last_batch(ingest_id)
         if ledger.is_merge_table(ingest_id) and plan.batch != last:
             raise ConfigError(newest_only(plan.batch, last, ledger.table_uri))

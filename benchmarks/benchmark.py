@@ -27,7 +27,9 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   Airflow's API app, its first view and the views after it;
 * merge by key (``bench_merge``): 100,000 changes (10 % deletes) merged into a 10M-row table
   against the same batch appended, recent-heavy and uniform keys, files rewritten after
-  ``maintain --z-order``.
+  ``maintain --z-order``;
+* racing runs (``bench_racing``): a backfill of 6 hourly intervals of one table started at once
+  against the same 6 ``airflow-eo ingest`` commands one after another (spark-submit).
 
 Prints the paths' table (raw time beside each ratio, warnings when the machine was busy), then
 medians and min-max of everything, and writes the same as JSON (``--out``)::
@@ -37,6 +39,7 @@ medians and min-max of everything, and writes the same as JSON (``--out``)::
         --planning-commits 200 --memory-multiplier 0                # smoke run
     .venv/bin/python benchmarks/benchmark.py --only warm            # the warm-path part alone (./dev bench --only warm)
     .venv/bin/python benchmarks/benchmark.py --only cold            # spark-submit and the unreachable broker
+    .venv/bin/python benchmarks/benchmark.py --only racing --racing-records 6000 --repetitions 1  # racing, small
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ import bench_maintenance  # noqa: E402
 import bench_audit  # noqa: E402
 import bench_merge  # noqa: E402
 import bench_paths  # noqa: E402
+import bench_racing  # noqa: E402
 import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
@@ -75,7 +79,8 @@ from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"
 # The parts, in the order a full run takes them: each a method of Bench (a new part is a method and a name here)
-PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge"]
+PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge",
+         "racing"]
 
 
 def say(message: str) -> None:
@@ -124,6 +129,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--merge-delete-share", type=float, default=0.1)
     p.add_argument("--merge-files", type=int, default=100, help="files of the merge table after z-ordering")
     p.add_argument("--merge-spread-files", type=int, default=20, help="files the merge table is built in")
+    p.add_argument("--racing-intervals", type=int, default=6, help="hourly intervals of the racing part's backfill")
+    p.add_argument("--racing-records", type=int, default=600_000, help="records of all the racing part's intervals")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -533,6 +540,10 @@ class Bench:
         with self.classic_spark("merge") as spark:
             found = bench_merge.run(self.args, self.work, self.kafka_config, spark, say, self.record, interleaved)
             self.results["merge"] = {**found, **bench_merge.ratios_and_targets(found, self.times)}
+
+    # -- racing runs of one table: 6 intervals at once against one after another (bench_racing) --------
+    def racing(self) -> None:
+        self.results["racing"] = bench_racing.run(self, say)
 
 
 def machine() -> dict:
