@@ -106,8 +106,10 @@ class Ingestion:
         return replace(plan, reader_schemas=pinned)
 
     def lease(self) -> TableLease:
-        """The table's lease (:mod:`airflow_eo.table.lease`)."""
-        return TableLease(self.location, self.storage_options, self.config.staging_grace_seconds)
+        """The table's lease (:mod:`airflow_eo.table.lease`); a path that is not this ingest's table is
+        refused before its first lease is written there (the ledger's checks)."""
+        return TableLease(self.location, self.storage_options, self.config.staging_grace_seconds,
+                          check_first=self.ledger)
 
     @contextmanager
     def turn(self, run_key: str, purpose: LeasePurpose = LeasePurpose.INGEST,
@@ -256,11 +258,11 @@ class Ingestion:
         """The result of a run whose batch the table already holds: an offset batch's commit by the
         run's own key; an interval's commit whoever made it, under its committed number (a rebase
         renumbers a batch; the loser of a race of two runs of one interval reports the winner's)."""
-        held = ledger.committed_plan(plan)
+        committed = ledger.committed_plan(plan)
         by_interval = plan.interval is not None
-        record = ledger.find_batch(plan.ingest_id, run_key=None if by_interval else plan.run.run_key, batch=held.batch,
-                                   operation=CommitKind.BATCH if by_interval else None)
-        return self.result(RunStatus.ALREADY_COMMITTED, held, record, ledger)
+        record = ledger.find_batch(plan.ingest_id, run_key=None if by_interval else plan.run.run_key,
+                                   batch=committed.batch, operation=CommitKind.BATCH if by_interval else None)
+        return self.result(RunStatus.ALREADY_COMMITTED, committed, record, ledger)
 
     def result(self, status: RunStatus, plan: BatchPlan, record: BatchRecord | None, ledger: Ledger,
                spark_started: bool = False) -> IngestResult:

@@ -9,8 +9,9 @@ or duplicate a record; the lease only keeps runs from doing work that would lose
 
 Where it lives: a small Delta log of its own beside the table (``<table>/_airflow_eo/lease``, no
 data files), one commit per change: taken, renewed, released. deltalake writes each version
-*if absent* (an atomic rename on local and HDFS paths, a conditional put on S3, which
-:func:`airflow_eo.table.storage.check_commit_safety` already requires), and every lease commit
+*if absent*, as it writes a table's commits (an atomic rename-if-absent on local paths, a
+conditional put on S3, which :func:`airflow_eo.table.storage.check_commit_safety` already
+requires; the other stores deltalake supports have their own put-if-absent), and every lease commit
 is made on the version it read (``max_commit_retries=0``): of two runs that take a free lease
 from the same version one lands, the other's commit fails and it reads the lease again. The
 newest commit's metadata (:data:`LEASE_KEY`) names the holder (:class:`LeaseHolder`); a
@@ -44,7 +45,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -150,8 +151,11 @@ class TableLease:
     """The lease of one table (see the module doc)."""
 
     def __init__(self, location: TableLocation, storage_options: dict | None = None,
-                 grace_seconds: float = DEFAULT_GRACE_SECONDS):
+                 grace_seconds: float = DEFAULT_GRACE_SECONDS, check_first: Callable[[], object] | None = None):
+        """``check_first``: called before the lease's log is created (a table's first lease), to
+        refuse a path that is not this ingest's table before anything is written there."""
         self.location, self.storage_options, self.grace_seconds = location, storage_options, grace_seconds
+        self.check_first = check_first
         self.uri = f"{location.uri.rstrip('/')}/{LEASE_DIR}"
 
     # -- reading ------------------------------------------------------------------------------
@@ -196,6 +200,8 @@ class TableLease:
             if current is not None and current.released_at is None:
                 log.info("lease of %s: taking it over from %s (%s)", self.location.uri, current.describe(),
                          "an earlier try of this run" if current.run_key == claim.run_key else "its holder is dead")
+            if version is None and self.check_first is not None:
+                self.check_first()
             mine = LeaseHolder.of(claim)
             if self._commit(version, mine):
                 return HeldLease(self, mine)

@@ -117,11 +117,17 @@ def test_a_killed_attempt_stalls_neither_its_retry_nor_the_next_run(kafka_config
     assert os.listdir(scratch) == []  # the killed job's scratch went with the next run; the others' at their end
 
 
-def test_an_attempt_of_another_host_still_makes_a_run_wait_and_status_shows_it(kafka_config, table_uri, scratch):
+def one_committed_batch(kafka_config, table_uri, scratch) -> str:
+    """A one-partition topic of 5 records, committed by run-1 (the table exists); the topic's name."""
     topic = new_topic(kafka_config, 1)
     produce(kafka_config, topic, 5, partitions=1)
     first = cli_ingest(kafka_config, table_uri, topic, "run-1", scratch)
     assert first.returncode == 0, first.stderr[-3000:]
+    return topic
+
+
+def test_an_attempt_of_another_host_still_makes_a_run_wait_and_status_shows_it(kafka_config, table_uri, scratch):
+    topic = one_committed_batch(kafka_config, table_uri, scratch)
     staging = StagingArea(TableLocation.of(table_uri))
     foreign = AttemptMarker("f" * 16, 2, "other/run/ingest/-1", time.time() - 60, host="worker-elsewhere",
                             pid=4242, pid_started=1.0, ingest_id=INGEST_ID, kind="ingest")
@@ -170,10 +176,7 @@ def test_a_lease_holder_killed_is_taken_over_within_seconds(kafka_config, table_
 
 
 def test_a_lease_holder_on_another_host_is_waited_for_until_the_grace_period(kafka_config, table_uri, scratch):
-    topic = new_topic(kafka_config, 1)
-    produce(kafka_config, topic, 5, partitions=1)
-    first = cli_ingest(kafka_config, table_uri, topic, "run-1", scratch)
-    assert first.returncode == 0, first.stderr[-3000:]
+    topic = one_committed_batch(kafka_config, table_uri, scratch)
     lease = TableLease(TableLocation.of(table_uri))
     version, _ = lease.newest()
     now = time.time()  # a worker elsewhere took the lease, then stopped renewing it (its host was lost)
