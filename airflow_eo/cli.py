@@ -183,15 +183,20 @@ def cmd_maintain(args) -> int:
         chosen = dict.fromkeys(chosen, True)
     if args.keep_days is not None:
         chosen["keep_days"] = args.keep_days
+    if args.table_wait_timeout is not None:
+        from airflow_eo.spec.options import duration
+
+        chosen["table_wait_timeout"] = duration(args.table_wait_timeout)
     if args.retain_hours is not None and args.retain_hours < 0:
         raise ConfigError(f"--retain-hours {args.retain_hours} is negative: give hours >= 0")
     plan = MaintenancePlan(z_order=tuple(c.strip() for c in (args.z_order or "").split(",") if c.strip()),
                            target_file_bytes=args.target_file_bytes,
                            retain_hours=DEFAULT_RETAIN_HOURS if args.retain_hours is None else args.retain_hours,
                            **chosen)
-    done = {"table": maintain(args.table, _storage_options(args), plan)}
+    run_key = f"cli-maintain-{uuid.uuid4().hex}"  # the lease holder status shows while it runs
+    done = {"table": maintain(args.table, _storage_options(args), plan, run_key)}
     if args.dead_letter_table:
-        done["dead_letter_table"] = maintain(args.dead_letter_table, _storage_options(args), plan)
+        done["dead_letter_table"] = maintain(args.dead_letter_table, _storage_options(args), plan, run_key)
     _print(done, False)
     return 0
 
@@ -223,6 +228,7 @@ def cmd_status(args) -> int:
             print(f"  batch {c.batch:>5}  {c.interval}")
         for g in gaps[:10]:
             print(f"  gap          {g}")
+    print(f"lease: held by {status.lease.describe()}" if status.lease else "lease: free")
     for a in status.attempts:
         print(f"waiting for: attempt {a.attempt_id} ({a.kind}, batch {a.batch}, run {a.run_key}) on "
               f"{a.host} pid {a.pid}, {a.age_seconds:.0f} s old: {a.why}")
@@ -444,6 +450,8 @@ def parser() -> argparse.ArgumentParser:
                     "attempt records older than --keep-days that nothing needs")
     mt.add_argument("--keep-days", type=float, help="age of plan logs and attempt records --prune deletes (default 30)")
     mt.add_argument("--dead-letter-table", help="maintain this dead-letter table the same way")
+    mt.add_argument("--table-wait-timeout", metavar="DURATION", help="how long to wait for the table's lease while a "
+                    "run of the table holds it (default 15m; then it maintains anyway: every action is safe beside a run)")
     _storage_args(mt)
     mt.set_defaults(func=cmd_maintain)
     _audit_parser(sub)

@@ -16,9 +16,12 @@ from airflow_eo.attempt import Env
 
 ENV = Env.FAILPOINTS
 ONCE = Env.FAILPOINTS_ONCE
-# before_submit: in the submitting process (task, CLI) once the attempt's marker is written and
-# before Spark starts; the others in the attempt's driver
-POINTS = ("before_submit", "before_read", "after_stage", "before_commit", "during_commit", "after_commit")
+# while_planning: in the submitting process (task, CLI) holding the table's lease, its plan made and
+# not logged yet; before_submit: there too, once the attempt's marker is written and before Spark
+# starts; the others in the attempt's driver
+POINTS = ("while_planning", "before_submit", "before_read", "after_stage", "before_commit", "during_commit",
+          "after_commit")
+SUBMITTER_POINTS = ("while_planning", "before_submit")  # the points outside the Spark driver
 
 
 def failpoint(name: str) -> None:

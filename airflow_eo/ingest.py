@@ -11,6 +11,10 @@ Replays are decided from the table, never from the caller's memory
 * the table moved elsewhere (another run committed first) → the logged plan never
   became visible, so planning anew is safe.
 
+Runs of one table take turns *before* they plan: a run holds the table's lease
+(:mod:`airflow_eo.table.lease`) from planning to the end of its verify step, waiting up to
+``table_wait_timeout`` while another run holds it (:meth:`Ingestion.turn`).
+
 Example::
 
     >>> config = IngestConfig(table_uri="/data/orders", ingest_id="orders_raw",
@@ -25,13 +29,15 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, PinnedFeatures
 from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
 from airflow_eo.decoding.reader_schemas import pin
 from airflow_eo.errors import AirflowEoError, ConfigError, TableFeatureError
+from airflow_eo.faults import failpoint
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planner import INTERVAL, IntervalPlanner, OffsetPlanner
@@ -43,6 +49,7 @@ from airflow_eo.status import lag_of
 from airflow_eo.table.commit import BatchCommit, StagedBatch, commit, commit_dead_letters_of
 from airflow_eo.table.features import ConstraintKind, TableUse
 from airflow_eo.table.intervals import IntervalLedger
+from airflow_eo.table.lease import Claim, HeldLease, LeasePurpose, TableLease, turn
 from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.metadata import BatchFindings, CommitKind
 from airflow_eo.table.plan_log import PlanLog
@@ -143,12 +150,31 @@ class Ingestion:
                      schema.requested)
         return replace(plan, reader_schemas=pinned)
 
+    def lease(self) -> TableLease:
+        """The table's lease (:mod:`airflow_eo.table.lease`); a path that is not this ingest's table is
+        refused before its first lease is written there (the ledger's checks)."""
+        return TableLease(self.location, self.storage_options, self.config.staging_grace_seconds,
+                          check_first=self.ledger)
+
+    @contextmanager
+    def turn(self, run_key: str, purpose: LeasePurpose = LeasePurpose.INGEST,
+             poll: float = 1.0) -> Iterator[HeldLease | None]:
+        """Hold the table's lease for the block: runs of one table take turns before they plan.
+        Waits (in all up to ``table_wait_timeout``) while another run holds it, then while an attempt
+        of a run that holds no lease is running (:meth:`wait_for_turn`: one of an earlier version, or
+        one that stopped waiting). Yields None when the wait timed out: the run goes on without the
+        lease, its compare-and-set commit still guards the table."""
+        timeout, started = self.config.table_wait_timeout, time.monotonic()
+        with turn(self.lease(), Claim(purpose, run_key, self.config.ingest_id), timeout, poll) as held:
+            self.wait_for_turn(max(0.0, timeout - (time.monotonic() - started)), run_key, poll=min(poll * 2, 2.0))
+            yield held
+
     def wait_for_turn(self, timeout: float, run_key: str | None = None, poll: float = 2.0) -> float:
-        """Wait (up to ``timeout`` s) while another attempt on this table is running: runs of one
-        table take turns, runs of different tables do not wait for each other. Not a lock: a
-        run that still races loses cleanly at the compare-and-set commit. A run never waits for
-        its own run key's earlier attempts, for a dead attempt, or for an ingest attempt whose
-        batch is committed (:meth:`StagingArea.blocking_attempts`). Returns the wait."""
+        """Wait (up to ``timeout`` s) while another attempt on this table is running (the attempt
+        markers: runs that hold no lease). Not a lock: a run that still races loses cleanly at the
+        compare-and-set commit. A run never waits for its own run key's earlier attempts, for a dead
+        attempt, or for an ingest attempt whose batch is committed
+        (:meth:`StagingArea.blocking_attempts`). Returns the wait."""
         started, next_log = time.monotonic(), 0.0
         while True:
             waited = time.monotonic() - started
@@ -174,7 +200,8 @@ class Ingestion:
         """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key
         (and, in interval mode, per interval: a committed interval is not read again)."""
         started = time.monotonic()
-        result = self._run(run, interval).timed(started)
+        with self.turn(run.run_key) as held:
+            result = self._run(run, interval, held).timed(started)
         if result.spark_started:
             log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s%s",
                      result.batch, result.status, result.rows, result.files, result.seconds,
@@ -183,7 +210,7 @@ class Ingestion:
                      f"{result.files_rewritten} file(s) rewritten" if result.write_mode == "merge" else "")
         return result
 
-    def _run(self, run: RunIdentity, interval: Interval | None) -> IngestResult:
+    def _run(self, run: RunIdentity, interval: Interval | None, held: HeldLease | None = None) -> IngestResult:
         ledger = self.ledger()
         self.check_dead_letter_table()
         self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
@@ -191,15 +218,18 @@ class Ingestion:
         step = self.next_step(run, ledger, interval)
         if step.result is not None:
             return self.mirror(step.result)
-        if step.action is NextAction.PLAN:  # step 2: log the plan before any of it is read
-            self.plans.record(step.plan)
-        return self.mirror(self.execute(step.plan, ledger.features.pinned()))
+        if step.action is NextAction.PLAN:
+            # under the lease (a preview's next_step never reaches it): a kill here leaves only the lease behind
+            failpoint("while_planning")
+            self.plans.record(step.plan)  # step 2: log the plan before any of it is read
+        return self.mirror(self.execute(step.plan, held, ledger.features.pinned()))
 
     def next_step(self, run: RunIdentity, ledger: Ledger | None = None,
                   interval: Interval | None = None) -> NextStep:
         """What this run does next, decided from the table, the plan log and Kafka, writing nothing:
         report its committed batch, replay its logged plan, or plan a new batch (or find nothing new).
-        The loop acts on it; the plan preview (:mod:`airflow_eo.preview`) only shows it."""
+        The loop acts on it (holding the table's lease, :meth:`turn`); the plan preview
+        (:mod:`airflow_eo.preview`) only shows it, and takes no lease."""
         ledger = ledger or self.ledger()
         replay = self._replayable_plan(run, ledger, interval)
         if replay is not None:
@@ -208,14 +238,19 @@ class Ingestion:
         if isinstance(planned, CommittedInterval):
             log.info("interval %s is already in the table (batch %s); starting nothing", interval, planned.batch)
             plan = BatchPlan(self.config.ingest_id, planned.batch, (), run, interval=interval)
-            result = self.committed_result(plan, ledger, by_batch=True)
-            return NextStep(NextAction.ALREADY_COMMITTED, plan, result)
+            return self._already_committed(plan, ledger)
         if planned.is_empty:
             log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
             return NextStep(NextAction.NOTHING_NEW, planned, self.result(RunStatus.NOTHING_NEW, planned, None, ledger))
         if planned.interval is not None and self.config.spec.merge.enabled:  # changes apply in time order
             IntervalLedger(ledger, self.config.ingest_id).check_merge_order(planned.interval)
         return NextStep(NextAction.PLAN, planned)
+
+    def _already_committed(self, plan: BatchPlan, ledger: Ledger) -> NextStep:
+        """The step of a run whose batch the table holds: its plan as committed (an interval's batch
+        may have been rebased to another number) and its result."""
+        return NextStep(NextAction.ALREADY_COMMITTED, ledger.committed_plan(plan),
+                        self.committed_result(plan, ledger))
 
     def mirror(self, result: IngestResult) -> IngestResult:
         """Copy the table's offsets to the configured consumer group (best effort; after
@@ -235,7 +270,7 @@ class Ingestion:
         state = ledger.state_of(logged)
         if state is CommitCheck.ALREADY_COMMITTED:
             log.info("run %s: its batch %s is already in the table; starting nothing", run.run_key, logged.batch)
-            return NextStep(NextAction.ALREADY_COMMITTED, logged, self.committed_result(logged, ledger))
+            return self._already_committed(logged, ledger)
         if state is CommitCheck.READY:
             log.info("run %s: its logged plan of batch %s is replayed", run.run_key, logged.batch)
             return NextStep(NextAction.REPLAY, replace(logged, run=run))
@@ -243,11 +278,14 @@ class Ingestion:
                  "planning anew", run.run_key, logged.batch)
         return None
 
-    def execute(self, plan: BatchPlan, features: PinnedFeatures | None = None) -> IngestResult:
+    def execute(self, plan: BatchPlan, held: HeldLease | None = None,
+                features: PinnedFeatures | None = None) -> IngestResult:
         """Run one attempt of a logged plan on Spark and verify the outcome in the log (an
         interval without records in an existing table commits its boundaries without Spark).
         ``features``: the table's as planned, carried by the attempt (else its driver reads them)."""
         attempt = self.config.attempt(plan.with_attempt(new_attempt_id()), features=features)
+        if held is not None:
+            held.attempt(attempt.attempt_id)  # the lease names it: status and the UI show who holds the table
         log.info("batch %s attempt %s: plan %s (%d offsets)%s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges) or "offsets only",
                  sum(r.end - r.start for r in plan.data_ranges),
@@ -281,12 +319,15 @@ class Ingestion:
             self.complete_dead_letters(ledger)
         return self.result(found.status, attempt.plan, found.record, ledger, spark_started=spark_started)
 
-    def committed_result(self, plan: BatchPlan, ledger: Ledger, by_batch: bool = False) -> IngestResult:
-        record = ledger.find_batch(plan.ingest_id, run_key=None if by_batch else plan.run.run_key, batch=plan.batch,
-                                   operation=CommitKind.BATCH if by_batch else None)
-        if by_batch and record is not None:  # report the interval's recorded ranges
-            plan = replace(plan, ranges=record.meta.ranges)
-        return self.result(RunStatus.ALREADY_COMMITTED, plan, record, ledger)
+    def committed_result(self, plan: BatchPlan, ledger: Ledger) -> IngestResult:
+        """The result of a run whose batch the table already holds: an offset batch's commit by the
+        run's own key; an interval's commit whoever made it, under its committed number (a rebase
+        renumbers a batch; the loser of a race of two runs of one interval reports the winner's)."""
+        committed = ledger.committed_plan(plan)
+        by_interval = plan.interval is not None
+        record = ledger.find_batch(plan.ingest_id, run_key=None if by_interval else plan.run.run_key,
+                                   batch=committed.batch, operation=CommitKind.BATCH if by_interval else None)
+        return self.result(RunStatus.ALREADY_COMMITTED, committed, record, ledger)
 
     def result(self, status: RunStatus, plan: BatchPlan, record: BatchRecord | None, ledger: Ledger,
                spark_started: bool = False) -> IngestResult:

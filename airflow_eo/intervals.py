@@ -39,7 +39,7 @@ from typing import Mapping
 from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError, OffsetsAheadError
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, Interval, OffsetRange, OnDataLoss, PartitionBounds, RunIdentity, SkippedRange,
-    TopicPartition, recorded_as,
+    TopicPartition,
 )
 
 DEFAULT_CLOSE_AFTER_SECONDS = 15 * 60
@@ -235,24 +235,62 @@ def start_boundaries(plan: BatchPlan) -> dict[TopicPartition, int]:
     return starts
 
 
-def interval_state(plan: BatchPlan, last_batch: int, batch_at_start: int | None, end_of_that: int | None,
-                   recorded_ranges: "tuple[OffsetRange, ...] | None" = None,
-                   recorded_run_key: str | None = None) -> CommitCheck:
-    """Is the interval plan committable, committed, or overtaken? The table's batch counter is
-    the compare: a plan is READY only on the snapshot it was planned from (no batch since), so
-    every boundary it read is still the table's. ``batch_at_start`` / ``end_of_that``: the
-    batch that committed an interval starting at T0, and that interval's end; the recorded
-    ranges and run key as in :func:`airflow_eo.planning.batch_state`.
+@dataclass(frozen=True)
+class Recorded:
+    """What the table records of one partition around an interval being committed: the offsets
+    ``B(T0)`` / ``B(T1)`` a committed neighbour fixed (None: not recorded), and the nearest
+    recorded boundary before T0 (``floor``) and after T1 (``ceiling``)."""
+
+    start: int | None = None
+    end: int | None = None
+    floor: int | None = None
+    ceiling: int | None = None
+
+
+def fits(plan: BatchPlan, recorded: Mapping[TopicPartition, Recorded]) -> bool:
+    """Whether the plan's boundaries agree with what the table records now: every boundary a
+    neighbour committed since the plan was made is the plan's own, and the recorded boundaries
+    around it still bound it (``B`` grows with time). Then the plan reads exactly the offsets it
+    would read if it were planned now, and may commit on this table state under the next batch
+    number (a rebase), whatever intervals landed meanwhile.
+
+        >>> tp = TopicPartition("t", 0)
+        >>> plan = BatchPlan("i", 3, (OffsetRange("t", 0, 10, 20),), RunIdentity("r"), interval=Interval(0, 10))
+        >>> fits(plan, {tp: Recorded(end=20, floor=4)}), fits(plan, {tp: Recorded(start=12)})
+        (True, False)
+    """
+    starts = start_boundaries(plan)
+    for r in plan.ranges:
+        f, start = recorded.get(r.tp) or Recorded(), starts[r.tp]
+        if (f.start is not None and f.start != start) or (f.end is not None and f.end != r.end) or \
+                (f.floor is not None and f.floor > start) or (f.ceiling is not None and f.ceiling < r.end):
+            return False
+    return True
+
+
+def interval_state(plan: BatchPlan, committed: CommittedInterval | None, overlaps: bool = False,
+                   recorded: Mapping[TopicPartition, Recorded] | None = None) -> CommitCheck:
+    """Is the interval plan committable, committed, or overtaken? An interval is keyed by its
+    time, not by the batch number it was planned with: ``committed`` is the interval starting at
+    T0 the table holds (None: none), ``overlaps`` whether a committed interval overlaps it.
+
+    ALREADY_COMMITTED: the table holds exactly this interval, committed by this run's batch (a
+    retry, possibly under a rebased batch number) or by another run (the loser of a race of two
+    runs of one interval reports the winner's batch); CONFLICT: an interval starting at T0 with
+    another end, an overlapping one, or boundaries that no longer fit (:func:`fits`); READY:
+    the interval is free and the plan fits, whether or not other intervals landed since.
 
         >>> plan = BatchPlan("i", 3, (), RunIdentity("r"), interval=Interval(0, 10))
-        >>> interval_state(plan, 2, None, None).value, interval_state(plan, 3, 3, 10).value
+        >>> interval_state(plan, None).value, interval_state(plan, CommittedInterval(5, Interval(0, 10))).value
         ('ready', 'already_committed')
+        >>> interval_state(plan, CommittedInterval(5, Interval(0, 20))).value, interval_state(plan, None, True).value
+        ('conflict', 'conflict')
     """
-    if batch_at_start is not None:
-        same = batch_at_start == plan.batch and plan.interval is not None and end_of_that == plan.interval.end_ms and \
-            recorded_as(plan, recorded_ranges, recorded_run_key)
-        return CommitCheck.ALREADY_COMMITTED if same else CommitCheck.CONFLICT
-    return CommitCheck.READY if last_batch == plan.batch - 1 else CommitCheck.CONFLICT
+    if committed is not None:
+        return CommitCheck.ALREADY_COMMITTED if committed.interval == plan.interval else CommitCheck.CONFLICT
+    if overlaps or not fits(plan, recorded or {}):
+        return CommitCheck.CONFLICT
+    return CommitCheck.READY
 
 
 def gaps(committed: list[CommittedInterval]) -> list[Interval]:

@@ -52,6 +52,7 @@ from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
 from airflow_eo.runner import verdict
 from airflow_eo.table.commit import newest_only
 from airflow_eo.table.features import TableUse
+from airflow_eo.table.lease import HeldLease, LeasePurpose
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
@@ -90,7 +91,8 @@ class Reprocessor:
     def run(self, requester: RunIdentity, target_run_key: str | None = None) -> IngestResult:
         """Reprocess the batch of ``target_run_key`` (default: the requester's own run)."""
         started = time.monotonic()
-        return self._run(requester, target_run_key or requester.run_key).timed(started)
+        with self.ing.turn(requester.run_key, LeasePurpose.REPROCESS) as held:  # it queues with the table's other runs
+            return self._run(requester, target_run_key or requester.run_key, held).timed(started)
 
     def run_key_of_ranges(self, ranges: Iterable[OffsetRange]) -> str:
         """The run key of the committed batch whose offset ranges are exactly ``ranges`` (all its
@@ -107,7 +109,7 @@ class Reprocessor:
             "the ranges of one batch as `airflow-eo status` lists them; nothing was changed"
         )
 
-    def _run(self, requester: RunIdentity, target: str) -> IngestResult:
+    def _run(self, requester: RunIdentity, target: str, held: HeldLease | None = None) -> IngestResult:
         ing, ingest_id = self.ing, self.ing.config.ingest_id
         ledger = ing.ledger(TableUse.REPROCESS)
         ing.check_dead_letter_table()
@@ -128,7 +130,7 @@ class Reprocessor:
         request = ReprocessRequest(requester.run_key, target, plan.batch, counter)
         self._check_kafka(plan)
         self.requests.record(request)
-        return self._execute(plan, request, requester, ledger.features.pinned())
+        return self._execute(plan, request, requester, held, ledger.features.pinned())
 
     def _committed_plan(self, target: str, ledger: Ledger) -> BatchPlan:
         ingest_id = self.ing.config.ingest_id
@@ -144,6 +146,7 @@ class Reprocessor:
                 f"run {target!r} planned batch {plan.batch} but it never committed: clear the run "
                 "without reprocess to replay it; nothing was changed"
             )
+        plan = ledger.committed_plan(plan)  # an interval: the batch (and ranges) the table holds it under
         last = ledger.last_batch(ingest_id)
         if ledger.is_merge_table(ingest_id) and plan.batch != last:
             raise ConfigError(newest_only(plan.batch, last, ledger.table_uri))
@@ -166,10 +169,12 @@ class Reprocessor:
                 )
 
     def _execute(self, plan: BatchPlan, request: ReprocessRequest, requester: RunIdentity,
-                 features: PinnedFeatures | None = None) -> IngestResult:
+                 held: HeldLease | None = None, features: PinnedFeatures | None = None) -> IngestResult:
         ing = self.ing
         attempt = ing.config.attempt(plan.with_attempt(new_attempt_id()), AttemptKind.REPROCESS,
                                      reprocess_from=request.from_version, requested_by=requester, features=features)
+        if held is not None:
+            held.attempt(attempt.attempt_id)  # status and the UI show it as the table's holder
         log.info("reprocessing batch %s (attempt %s): %s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges))
         error = ing.runner.submit(attempt)

@@ -51,15 +51,16 @@ class IngestResult:
 def build_result(status: RunStatus, plan: BatchPlan, record: BatchRecord | None, *, table_uri: str,
                  lag: dict[str, int], spark_started: bool = False, version: int | None = None) -> IngestResult:
     """The result of every kind of run, from the plan it ran and the commit that holds its batch
-    (``record``; None when nothing was committed or the log no longer holds its details).
-    ``version``: the table version to report when there is no record."""
+    (``record``; None when nothing was committed or the log no longer holds its details): its
+    batch number and ranges are the commit's (an interval batch may be rebased at commit, or
+    committed by another run). ``version``: the table version to report when there is no record."""
     meta = record.meta if record is not None else None
     return IngestResult(
         status=RunStatus(status), ingest_id=plan.ingest_id, table_uri=table_uri, run_key=plan.run.run_key,
-        batch=plan.batch if status is not RunStatus.NOTHING_NEW else None,
+        batch=(meta.batch if meta else plan.batch) if status is not RunStatus.NOTHING_NEW else None,
         version=record.version if record is not None else version,
         attempt_id=meta.attempt_id if meta else (plan.attempt_id or None),
-        ranges=[asdict(r) for r in plan.data_ranges],
+        ranges=[asdict(r) for r in (meta.ranges if meta and meta.ranges else plan.ranges) if r.size],
         rows=meta.rows if meta else 0,
         rows_per_partition=dict(meta.rows_per_partition) if meta else {},
         lag=dict(lag),  # every kind of result says how far behind the table is

@@ -105,7 +105,8 @@ def verdict(attempt: Attempt, ledger: Ledger, error: BaseException | None) -> Ve
     Raises the job's typed error, or a :class:`SparkJobError`, when its batch did not land."""
     plan = attempt.plan
     if landed(attempt, ledger):
-        record = ledger.find_batch(plan.ingest_id, batch=plan.batch)  # the newest commit of the batch
+        # the newest commit of the batch, under the number it was committed with (an interval may be rebased)
+        record = ledger.find_batch(plan.ingest_id, batch=ledger.committed_plan(plan).batch)
         mine, theirs = _STATUSES[attempt.kind]
         if record is None or record.meta.attempt_id == plan.attempt_id:
             if error is not None:

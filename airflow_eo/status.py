@@ -30,6 +30,7 @@ from airflow_eo.spec import FROM_EARLIEST
 from airflow_eo.intervals import CommittedInterval, gaps
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.intervals import IntervalLedger
+from airflow_eo.table.lease import LEASE_ERRORS, LeaseHolder, TableLease, iso_time
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, StagingArea
 
@@ -123,6 +124,7 @@ class TableStatus:
     batches: tuple[BatchStatus, ...]
     intervals: tuple[CommittedInterval, ...] = ()  # interval mode: the committed intervals, oldest first
     last_audit: AuditRecord | None = None
+    lease: LeaseHolder | None = None  # the run holding the table's lease now (None: free)
 
     @property
     def interval_gaps(self) -> list[Interval]:
@@ -141,7 +143,26 @@ class TableStatus:
                            "drift": self.last_audit.drift, "summary": self.last_audit.summary}
             if self.last_audit else None,
             "write_mode": self.write_mode.value, "batches": [b.to_dict() for b in self.batches],
+            "lease": lease_dict(self.lease),
         }
+
+
+def lease_dict(holder: LeaseHolder | None) -> dict | None:
+    """The lease holder as ``status --json`` shows it (None: the lease is free)."""
+    if holder is None:
+        return None
+    return {"purpose": holder.purpose.value, "run_key": holder.run_key, "attempt_id": holder.attempt_id or None,
+            "host": holder.host, "pid": holder.pid, "since": iso_time(holder.since), "renewed": iso_time(holder.renewed_at)}
+
+
+def lease_holder(ledger: Ledger, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> LeaseHolder | None:
+    """Who holds the table's lease now (:mod:`airflow_eo.table.lease`); None when it is free or
+    cannot be read (said at WARNING: status shows the rest)."""
+    try:
+        return TableLease(ledger.location(), ledger.storage_options, grace_seconds).holder()
+    except LEASE_ERRORS as exc:  # the table's status first: a lease that cannot be read is not fatal here
+        log.warning("the lease of %s could not be read: %s", ledger.table_uri, exc)
+        return None
 
 
 def blocking_attempts(ledger: Ledger, grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -212,4 +233,5 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
         intervals=tuple(sorted(intervals.committed(), key=lambda c: c.interval)) if intervals.is_interval_table()
         else (),
         last_audit=AuditLog(ledger.location()).last(ingest_id),
+        lease=lease_holder(ledger, staging_grace_seconds),
     )

@@ -30,7 +30,9 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   ``maintain --z-order``;
 * shared tables (``bench_shared``): the 1x batch into a table with CHECK constraints and a NOT NULL
   column against the same batch without them, and a merge batch into a table with the change data
-  feed on against the same batch without it.
+  feed on against the same batch without it;
+* racing runs (``bench_racing``): a backfill of 6 hourly intervals of one table started at once
+  against the same 6 ``airflow-eo ingest`` commands one after another (spark-submit).
 
 Prints the paths' table (raw time beside each ratio, warnings when the machine was busy), then
 medians and min-max of everything, and writes the same as JSON (``--out``)::
@@ -40,6 +42,7 @@ medians and min-max of everything, and writes the same as JSON (``--out``)::
         --planning-commits 200 --memory-multiplier 0                # smoke run
     .venv/bin/python benchmarks/benchmark.py --only warm            # the warm-path part alone (./dev bench --only warm)
     .venv/bin/python benchmarks/benchmark.py --only cold            # spark-submit and the unreachable broker
+    .venv/bin/python benchmarks/benchmark.py --only racing --racing-records 6000 --repetitions 1  # racing, small
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ import bench_audit  # noqa: E402
 import bench_merge  # noqa: E402
 import bench_shared  # noqa: E402
 import bench_paths  # noqa: E402
+import bench_racing  # noqa: E402
 import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
@@ -80,7 +84,7 @@ from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 DATA_TOPIC = "bench-data"
 # The parts, in the order a full run takes them: each a method of Bench (a new part is a method and a name here)
 PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge",
-         "shared"]
+         "shared", "racing"]
 
 
 def say(message: str) -> None:
@@ -131,6 +135,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--merge-spread-files", type=int, default=20, help="files the merge table is built in")
     p.add_argument("--shared-merge-rows", type=int, default=1_000_000, help="rows of the change-data-feed merge table")
     p.add_argument("--shared-merge-changes", type=int, default=100_000, help="records of its merge batch")
+    p.add_argument("--racing-intervals", type=int, default=6, help="hourly intervals of the racing part's backfill")
+    p.add_argument("--racing-records", type=int, default=600_000, help="records of all the racing part's intervals")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -547,7 +553,6 @@ class Bench:
             found = bench_merge.run(self.args, self.work, self.kafka_config, spark, say, self.record, interleaved)
             self.results["merge"] = {**found, **bench_merge.ratios_and_targets(found, self.times)}
 
-
     # -- shared tables: constraints checked, a merge on a table with the change data feed ----------
     def shared(self) -> None:
         a = self.args
@@ -558,6 +563,10 @@ class Bench:
             found = bench_shared.run(a, self.work, self.kafka_config, "shared-data", spark, say, self.record,
                                      interleaved)
             self.results["shared"] = {**found, **bench_shared.ratios_and_targets(self.times)}
+
+    # -- racing runs of one table: 6 intervals at once against one after another (bench_racing) --------
+    def racing(self) -> None:
+        self.results["racing"] = bench_racing.run(self, say)
 
 
 def machine() -> dict:

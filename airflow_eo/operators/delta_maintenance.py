@@ -26,6 +26,8 @@ from airflow_eo.errors import AirflowEoError
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.task_end import released_at_end
+from airflow_eo.operators.kafka_to_delta import run_key_of
+from airflow_eo.spec import DEFAULT_TABLE_WAIT_SECONDS
 from airflow_eo.table.maintenance import DEFAULT_KEEP_DAYS, DEFAULT_RETAIN_HOURS, MaintenancePlan, maintain
 
 
@@ -44,6 +46,8 @@ class DeltaMaintenanceOperator(BaseOperator):
         and attempt records older than ``keep_days`` (default 30) that nothing needs.
     :param storage_conn_id: the ``aws`` connection of the ingest, for object storage;
         ``storage_options`` override it.
+    :param table_wait_timeout: seconds to wait for the table's lease while a run of the table holds it
+        (maintenance queues behind a running batch; then it goes on: every action is safe beside one).
     """
 
     template_fields: Sequence[str] = ("table_uri", "dead_letter_table_uri", "z_order", "retain_hours",
@@ -54,13 +58,15 @@ class DeltaMaintenanceOperator(BaseOperator):
                  z_order: Sequence[str] = (), target_file_bytes: int | None = None, vacuum: bool = True,
                  retain_hours: int = DEFAULT_RETAIN_HOURS, checkpoint: bool = True, cleanup_log: bool = True,
                  prune: bool = True, keep_days: float = DEFAULT_KEEP_DAYS, storage_conn_id: str | None = None,
-                 storage_options: dict[str, str] | None = None, **kwargs: Any):
+                 storage_options: dict[str, str] | None = None,
+                 table_wait_timeout: float = DEFAULT_TABLE_WAIT_SECONDS, **kwargs: Any):
         super().__init__(**kwargs)
         self.table_uri, self.dead_letter_table_uri = table_uri, dead_letter_table_uri
         self.compact, self.z_order, self.target_file_bytes = compact, z_order, target_file_bytes
         self.vacuum, self.retain_hours = vacuum, retain_hours
         self.checkpoint, self.cleanup_log, self.prune, self.keep_days = checkpoint, cleanup_log, prune, keep_days
         self.storage_conn_id, self.storage_options = storage_conn_id, storage_options
+        self.table_wait_timeout = table_wait_timeout
 
     def plan(self) -> MaintenancePlan:
         return MaintenancePlan(
@@ -68,17 +74,19 @@ class DeltaMaintenanceOperator(BaseOperator):
             target_file_bytes=int(self.target_file_bytes) if self.target_file_bytes else None,
             vacuum=self.vacuum, retain_hours=int(self.retain_hours), checkpoint=self.checkpoint,
             cleanup_log=self.cleanup_log, prune_orphans=self.prune, prune_records=self.prune,
-            keep_days=float(self.keep_days),
+            keep_days=float(self.keep_days), table_wait_timeout=float(self.table_wait_timeout),
         )
 
     def execute(self, context) -> dict:
         options = storage_options_of(self.storage_conn_id, self.storage_options)
         plan, done = self.plan(), {}
+        ti = context.get("ti")  # the lease holder status shows while it runs
+        run_key = run_key_of(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1)) if ti else ""
         try:
             with released_at_end():  # before the listeners fork this process (see task_end)
                 for name, uri in (("table", self.table_uri), ("dead_letter_table", self.dead_letter_table_uri)):
                     if uri:
-                        done[name] = maintain(uri, options, plan)
+                        done[name] = maintain(uri, options, plan, run_key)
                         self.log.info("maintained %s: %s", uri, {k: v for k, v in done[name].items() if k != "layout"})
         except AirflowEoError as exc:  # a lost race is a retryable CommitConflictError
             raise_for_airflow(self.log, exc)

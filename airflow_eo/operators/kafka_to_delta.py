@@ -13,10 +13,11 @@ replays the run's logged plan, or reports its committed batch without starting S
 With ``reprocess`` (operator argument or DAG param ``reprocess``) the run's batch (or the
 one of ``reprocess_run_id``) is re-read and its rows are replaced in one commit.
 
-Concurrency is per table, not per DAG: a run waits (``table_wait_timeout``) while another
-attempt on its table is running, so mapped ingests of different tables run in parallel and
-runs of one table take turns; a run that still races loses at the compare-and-set commit
-with a (retryable) conflict and plans anew on retry.
+Concurrency is per table, not per DAG: a run holds its table's lease from planning to the end of
+its verify step and waits (``table_wait_timeout``) while another run of the table holds it, so
+mapped ingests of different tables run in parallel and runs of one table take turns before they
+plan (:mod:`airflow_eo.table.lease`); interval runs of disjoint intervals never conflict, and an
+offset run that still races loses at the compare-and-set commit with a (retryable) conflict.
 
 Interval mode waits for its interval to close: a deferrable operator (``deferrable``, default
 Airflow's ``[operators] default_deferrable``, which a deployment with a triggerer turns on)
@@ -171,8 +172,6 @@ class KafkaToDeltaOperator(BaseOperator):
         the Confluent wire format); see :mod:`airflow_eo.hooks.schema_registry`.
     :param asset: the Asset the table's events are emitted on (default ``file://<path>`` or the
         ``s3://`` URI); an event is emitted only by a run that committed or reprocessed.
-    :param table_wait_timeout: seconds to wait while another attempt on the same table is
-        running before planning (runs of one table take turns; of different tables, not).
     :param deferrable: interval mode: while the run's interval is not closed, wait in the
         triggerer (:class:`~airflow_eo.triggers.interval_closed.IntervalClosedTrigger`) instead of
         failing for a retry; default Airflow's ``[operators] default_deferrable``.
@@ -199,7 +198,6 @@ class KafkaToDeltaOperator(BaseOperator):
         storage_options: dict[str, str] | None = None,
         schema_registry_conn_id: str | None = None,
         asset: Asset | None = None,
-        table_wait_timeout: float = 900.0,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 60.0,
         **kwargs,
@@ -227,7 +225,6 @@ class KafkaToDeltaOperator(BaseOperator):
         self.storage_options = storage_options
         self.schema_registry_conn_id = schema_registry_conn_id
         self.asset = asset if asset is not None or "{{" in self.table_uri else table_asset(self.table_uri)
-        self.table_wait_timeout = table_wait_timeout
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.submitter = None
@@ -305,7 +302,6 @@ class KafkaToDeltaOperator(BaseOperator):
             ingestion = Ingestion(config, self.submitter)
             target = self.reprocess_target(context, run)
             if target is None:
-                ingestion.wait_for_turn(self.table_wait_timeout, run.run_key)  # runs of one table take turns
                 interval = self.data_interval(context)
                 try:
                     result = ingestion.run(run, interval)

@@ -26,8 +26,8 @@ from airflow_eo.spec.ingest import (
     templated_options,
 )
 from airflow_eo.spec.options import (
-    DEFAULT_DRIVER_READ_MAX_OFFSETS, DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST,
-    INTERNAL_PREFIX, KEY_COLUMNS, TXN_RETENTION, CdcFormat, Cli, Mode, Option, WriteMode, check_partition_by, check_table_properties, normalize_table_uri,
+    DEFAULT_DRIVER_READ_MAX_OFFSETS, DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, DEFAULT_TABLE_WAIT_SECONDS,
+    FROM_EARLIEST, INTERNAL_PREFIX, KEY_COLUMNS, TXN_RETENTION, CdcFormat, Cli, Mode, Option, WriteMode, check_partition_by, check_table_properties, normalize_table_uri,
     validate_ingest_id,
 )
 from airflow_eo.spec.parts import (
@@ -41,7 +41,7 @@ from airflow_eo.spec.surfaces import (
 __all__ = [
     "GROUPS", "OPTIONS", "SETTINGS", "IngestSpec", "all_options", "default_of", "dump_option", "option_of",
     "parse_option", "required", "templated_options", "DEFAULT_DRIVER_READ_MAX_OFFSETS", "DEFAULT_GRACE_SECONDS",
-    "DEFAULT_MAX_OFFSETS_PER_TASK", "FROM_EARLIEST",
+    "DEFAULT_TABLE_WAIT_SECONDS", "DEFAULT_MAX_OFFSETS_PER_TASK", "FROM_EARLIEST",
     "KEY_COLUMNS", "INTERNAL_PREFIX", "TXN_RETENTION", "CdcFormat", "Cli", "Mode", "Option", "WriteMode",
     "check_partition_by", "check_table_properties", "normalize_table_uri", "validate_ingest_id", "FORMATS",
     "DeadLetterSpec", "DecodeSpec", "DedupSpec", "MergeSpec",

@@ -28,6 +28,8 @@ DEFAULT_MAX_OFFSETS_PER_TASK = 1_000_000
 DEFAULT_DRIVER_READ_MAX_OFFSETS = 100_000
 # Staged files of an attempt whose marker is older than this (and whose process is gone) are orphans
 DEFAULT_GRACE_SECONDS = 24 * 3600
+# How long a run waits for its table's lease (another run of the table planning or committing)
+DEFAULT_TABLE_WAIT_SECONDS = 15 * 60
 # Expires Delta txn actions, i.e. a table's committed offsets: refused at creation and later.
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
 FROM_EARLIEST = StartingPosition("earliest")  # starting_offsets' default

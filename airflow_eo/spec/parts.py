@@ -13,7 +13,8 @@ from airflow_eo.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
 from airflow_eo.planning import OnDataLoss, StartingPosition
 from airflow_eo.spec.columns import FORMATS, LATEST, ColumnSpec, Format, Source, column_of, format_of, version_of
 from airflow_eo.spec.options import (
-    DEFAULT_DRIVER_READ_MAX_OFFSETS, DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, FROM_EARLIEST, TXN_RETENTION, CdcFormat, Cli, Mode, WriteMode,
+    DEFAULT_DRIVER_READ_MAX_OFFSETS, DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, DEFAULT_TABLE_WAIT_SECONDS,
+    FROM_EARLIEST, TXN_RETENTION, CdcFormat, Cli, Mode, WriteMode,
     check_partition_by, check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer,
     key_format_of, merge_key_of, normalize_table_uri, number, option, optional_enum_value, optional_table_uri,
     schema_version_of, starting_position, switch, table_properties_of, text, topic_list, validate_ingest_id,
@@ -46,6 +47,10 @@ class TableSpec:
     staging_grace_seconds: float = option(
         "staging_grace_seconds", "how long an attempt whose processes cannot be checked (another host) counts as "
         "running: runs wait for it and keep its staged files until then (seconds)", DEFAULT_GRACE_SECONDS, parse=float)
+    table_wait_timeout: float = option(
+        "table_wait_timeout", "how long a run waits for the table's lease while another run of the table plans, runs "
+        "or commits (then it plans from the table as it is; seconds, or 90s/15m/1h)", DEFAULT_TABLE_WAIT_SECONDS,
+        metavar="DURATION", parse=duration)
 
     def __post_init__(self):
         check_table_properties(self.table_properties)

@@ -30,6 +30,25 @@ batch counter, so two batches of one ingest always conflict. delta-rs does not r
 ``txn`` version that is already committed (delta-rs #2580, #3821): the compare is ours,
 made on the snapshot the commit is made from.
 
+An interval batch (``BATCH`` with a data interval) is keyed by its interval, not by the batch
+number it was planned with: when other intervals landed since it was planned and its own is still
+free, with every boundary it read unchanged (:func:`airflow_eo.intervals.fits`), it is **rebased**
+(:func:`_rebase`): it commits as the table's next batch, its staged directory renamed to that
+number, its interval ledger and high-water offsets set on the snapshot it commits on, and the
+number it was planned with kept in its metadata (``planned_batch``); a commit that loses a race
+to another interval is compared and rebased again on the new snapshot, without Spark. Only two
+runs of the same interval conflict: the loser finds it committed (``already_committed``). A
+batch that staged dead letters or dropped duplicates against the table is not rebased (its
+dead-letter rows carry its planned number, and its duplicates were judged on the snapshot it
+read): it conflicts, retryably, when the table moved. A rebased batch is prepared like any other on
+the snapshot it commits on (the table's features checked again, its schema evolved), and only an
+append through ``create_write_transaction`` is rebased: a commit through deltalake's MERGE
+(:mod:`airflow_eo.table.engine_merge`) never is.
+
+A table's first commit creates it, also made with ``max_commit_retries=0``: deltalake 1.6 would
+otherwise land a second create of the same table as its next version, ``txn`` conflict or not
+(two racing first batches both landed; see ``tests/unit/table/test_commit.py``).
+
 A rule that removes files by what it read (``exact_snapshot``: the merge commits and the
 reprocess) cannot be rebased: deltalake 1.6 rebases a commit over a compaction that removed the same file
 without a conflict (its removes are ``dataChange=false``) and accepts a remove of a file
@@ -52,7 +71,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import pyarrow as pa
@@ -77,7 +96,9 @@ from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files, rewrite_file
 from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, MergeInfo, ReprocessInfo
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
-from airflow_eo.table.staging import KEPT_SUFFIX, StagedFile, attempt_dir_name, attempt_dir_of
+from airflow_eo.table.staging import (
+    KEPT_SUFFIX, StagedFile, StagingArea, attempt_dir_name, attempt_dir_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +110,8 @@ __all__ = ["ALREADY_COMMITTED", "COMMITTED", "BatchCommit", "CommitKind", "Commi
            "commit_dead_letters_of", "ensure_table"]
 # An exact-snapshot rule compares again on a moved table this many times before it gives up.
 EXACT_COMMIT_ATTEMPTS = 5
+# A rebasing interval batch loses a race only to another interval's commit: at most once per run racing it.
+REBASE_COMMIT_ATTEMPTS = 32
 
 
 @dataclass(frozen=True)
@@ -194,20 +217,29 @@ class CommitRule(Protocol):
     def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome: ...
 
 
-def _compare_offsets(plan: BatchPlan, ledger: Ledger) -> CommitCheck:
-    """``BATCH``'s compare: the table's offsets are at the plan's starts (or it is committed)."""
+def _compare_offsets(plan: BatchPlan, ledger: Ledger, rebases: bool = False) -> CommitCheck:
+    """``BATCH``'s compare: the table's offsets are at the plan's starts (or it is committed); an
+    interval plan: its interval is free and its boundaries fit (``rebases``: on any later table
+    state; else only on the one it was planned from)."""
     state = ledger.state_of(plan)
+    last = ledger.last_batch(plan.ingest_id)
     if state is CommitCheck.CONFLICT and plan.interval is not None:
         raise CommitConflictError(
+            f"batch {plan.batch} (interval {plan.interval}) of {plan.ingest_id} no longer fits the table: a "
+            "committed interval overlaps it or fixed one of its boundaries at another offset (another run committed "
+            f"meanwhile; last batch now {last}). Nothing was committed; run again to plan from the table")
+    if state is CommitCheck.READY and plan.interval is not None and not rebases and last != plan.batch - 1:
+        raise CommitConflictError(
             f"batch {plan.batch} (interval {plan.interval}) of {plan.ingest_id} was planned "
-            f"from a table state that changed (last batch now {ledger.last_batch(plan.ingest_id)}): "
-            "another run committed in between. Nothing was committed; run again to plan from the table")
+            f"from a table state that changed (last batch now {last}): another run committed in between, and "
+            "this batch is not rebased (it staged dead letters, judged duplicates on the table it read, or merges by "
+            "key). Nothing was committed; run again to plan from the table")
     if state is CommitCheck.CONFLICT:
         committed = ledger.committed_offsets(plan.ingest_id, plan.starts)
         raise CommitConflictError(
             f"batch {plan.batch} of {plan.ingest_id} was planned from offsets the table no longer "
             f"has ({describe_mismatch(plan, committed)}; last batch in table "
-            f"{ledger.last_batch(plan.ingest_id)}): another run committed in between. Nothing was "
+            f"{last}): another run committed in between. Nothing was "
             "committed; run again to plan from the table's current offsets"
         )
     return state
@@ -233,6 +265,22 @@ def _evolve_schema(rule: "BatchCommit | MergeCommit", ledger: Ledger, table_uri:
     ledger = rule.open(table_uri, storage_options)
     rule.check(ledger)
     return ledger
+
+
+def _rebase(rule: "BatchCommit", ledger: Ledger) -> None:
+    """The rebase step of an interval batch (see the module doc): when other batches landed since it
+    was planned (its compare found its interval free and its boundaries unchanged), it becomes the
+    table's next batch. Its staged files move to that batch's directory first, so the directory
+    still names the batch (reprocess, dedup and orphan collection read it from there)."""
+    plan = rule.plan
+    batch = ledger.last_batch(plan.ingest_id) + 1
+    if batch == plan.batch:
+        return
+    files = StagingArea(ledger.location()).renumber(plan, batch, rule.staged.files)
+    log.info("batch %s (interval %s): batches up to %s were committed since it was planned and its interval is still "
+             "free: it commits as batch %s", plan.batch, plan.interval, batch - 1, batch)
+    rule.staged = replace(rule.staged, plan=replace(plan, batch=batch), files=files)
+    rule.plan = rule.staged.plan
 
 
 def _offset_transactions(plan: BatchPlan, ledger: Ledger) -> list[Transaction]:
@@ -268,7 +316,7 @@ def _verify_batch(staged: StagedBatch, table_uri: str, storage_options, read_ver
 
 
 class BatchCommit:
-    """``BATCH``: compare the offsets, set them to the plan's ends."""
+    """``BATCH``: compare the offsets, set them to the plan's ends (an interval batch may be rebased)."""
 
     kind = CommitKind.BATCH
     creates_table = True
@@ -281,18 +329,28 @@ class BatchCommit:
         self.findings = findings or BatchFindings()
         self.schema_evolution, self.table_properties = schema_evolution, table_properties or None
         self.adopt_table = adopt_table
+        self.planned_batch = staged.plan.batch
+        dead = self.findings.dead_letters
+        # rebased on a moved table: an interval batch whose rows depend on nothing the other batches wrote
+        # (never a commit through deltalake's MERGE, which reads the snapshot it commits on itself)
+        self.rebases = staged.plan.interval is not None and (dead is None or not dead.files) and \
+            self.findings.duplicates is None and self.engine is None
 
     def open(self, table_uri: str, storage_options) -> Ledger:
         return _open_writable(table_uri, storage_options, self.plan.ingest_id, self.adopt_table)
 
     def check(self, ledger: Ledger) -> CommitCheck:
-        return _compare_offsets(self.plan, ledger)
+        return _compare_offsets(self.plan, ledger, self.rebases)
 
     def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
         # a table made since planning
         ledger.check_writable(self.plan.ingest_id, self.staged.partition_by, adopt=self.adopt_table)
+        # the features of the snapshot it commits on (a rebased batch's too: rebasing keeps the rows' checks)
         _check_features(self.staged, ledger, TableUse.APPEND)
-        return _evolve_schema(self, ledger, table_uri, storage_options)
+        ledger = _evolve_schema(self, ledger, table_uri, storage_options)
+        if self.rebases:
+            _rebase(self, ledger)
+        return ledger
 
     def actions(self, ledger: Ledger) -> list:
         return add_actions(self.staged.files)
@@ -301,7 +359,8 @@ class BatchCommit:
         return _offset_transactions(self.plan, ledger)
 
     def metadata(self) -> BatchMetadata:
-        return BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings)
+        meta = BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings)
+        return meta if self.plan.batch == self.planned_batch else replace(meta, planned_batch=self.planned_batch)
 
     def lost_race(self, exc: Exception) -> CommitConflictError:
         return _batch_lost_race(self.plan, exc)
@@ -626,18 +685,23 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
     Returns ``committed`` or ``already_committed`` (an earlier attempt landed it); raises
     :class:`CommitConflictError` when another run moved the table.
     """
-    staged = rule.staged
-    attempts = EXACT_COMMIT_ATTEMPTS if rule.exact_snapshot else 1
+    attempts = EXACT_COMMIT_ATTEMPTS if rule.exact_snapshot else \
+        REBASE_COMMIT_ATTEMPTS if getattr(rule, "rebases", False) else 1
     for attempt in range(1, attempts + 1):
+        staged = rule.staged
         ledger = rule.open(table_uri, storage_options)
         if rule.check(ledger) is CommitCheck.ALREADY_COMMITTED:
             log.info("batch %s was committed before (%s): committing nothing", staged.plan.batch, rule.kind.value)
             return _outcome(staged, ALREADY_COMMITTED, ledger.version)
         ledger = rule.prepare(ledger, table_uri, storage_options)
+        staged = rule.staged  # a rebase renumbers it
         actions = rule.actions(ledger)  # before the metadata, which counts what they remove
+        # only on the compared snapshot: an exact-snapshot rule, deltalake's MERGE, a table's creation
+        # (it lands only as its version 0; see the module doc)
+        once = rule.exact_snapshot or rule.engine is not None or ledger.table is None
         properties = CommitProperties(custom_metadata={METADATA_KEY: rule.metadata().to_json()},
                                       app_transactions=rule.transactions(ledger),
-                                      max_commit_retries=0 if rule.exact_snapshot else None)
+                                      max_commit_retries=0 if once else None)
         read_version = ledger.version
         failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
         try:
@@ -666,6 +730,8 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
                                  "was committed; fix the cause and retry the run") from exc
             # Lost a race (or the table appeared meanwhile): decide from the table, not the error.
             if rule.check(rule.open(table_uri, storage_options)) is CommitCheck.ALREADY_COMMITTED:
+                log.info("batch %s: another commit holds it now (%s): committing nothing", staged.plan.batch,
+                         exc.__class__.__name__)
                 return _outcome(staged, ALREADY_COMMITTED, Ledger.open(table_uri, storage_options).version)
             if attempt < attempts:
                 log.info("batch %s: the table moved while it committed (%s); comparing again on the new snapshot",

@@ -25,18 +25,36 @@ from __future__ import annotations
 
 from deltalake.transaction import Transaction
 
+from dataclasses import replace
+from typing import Any, Iterable, Protocol
+
 from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import CommittedInterval, neighbour_times, overlapping, start_boundaries
-from airflow_eo.planning import BatchPlan, Interval, TopicPartition
-from airflow_eo.table.ledger import (
-    Ledger, boundary_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id,
+from airflow_eo.intervals import (
+    CommittedInterval, Recorded, interval_state, neighbour_times, overlapping, start_boundaries,
 )
+from airflow_eo.planning import BatchPlan, CommitCheck, Interval, OffsetRange, TopicPartition
+from airflow_eo.table.app_ids import boundary_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id
+from airflow_eo.table.metadata import CommitKind
+
+
+class Snapshot(Protocol):
+    """What the interval ledger reads of a :class:`airflow_eo.table.ledger.Ledger` (one snapshot of
+    the table's log); the ledger answers for interval plans through this module, so it is named here
+    by what it offers, not imported."""
+
+    table: Any  # the DeltaTable, None before the table exists
+    table_uri: str
+
+    def last_batch(self, ingest_id: str) -> int: ...
+    def committed_offsets(self, ingest_id: str, partitions: Iterable[TopicPartition]) -> dict: ...
+    def find_batch(self, ingest_id: str, *, attempt_id: str | None = None, run_key: str | None = None,
+                   batch: int | None = None, since_version: int = 0, operation: CommitKind | None = None) -> Any: ...
 
 
 class IntervalLedger:
     """The interval side of one ledger snapshot (see the module doc)."""
 
-    def __init__(self, ledger: Ledger, ingest_id: str):
+    def __init__(self, ledger: Snapshot, ingest_id: str):
         self.ledger, self.ingest_id = ledger, ingest_id
         self._committed: list[CommittedInterval] | None = None
 
@@ -102,6 +120,43 @@ class IntervalLedger:
             return None, span[0], None
         committed = self.committed()
         return (*neighbour_times(interval, committed), overlapping(interval, committed))
+
+    def state_of(self, plan: BatchPlan) -> CommitCheck:
+        """Is the interval plan committable, committed, or overtaken on this snapshot
+        (:func:`airflow_eo.intervals.interval_state`; what :meth:`airflow_eo.table.ledger.Ledger.state_of` answers for it)."""
+        iv = plan.interval
+        assert iv is not None, "the state of an interval plan"
+        held = self.holding(iv)
+        if held is not None:
+            return interval_state(plan, held)
+        before, after, clash = self.around(iv)
+        recorded = {r.tp: Recorded(self.boundary(iv.start_ms, r.tp), self.boundary(iv.end_ms, r.tp),
+                                   self.boundary(before, r.tp), self.boundary(after, r.tp)) for r in plan.ranges}
+        return interval_state(plan, None, clash is not None, recorded)
+
+    def holding(self, interval: Interval) -> CommittedInterval | None:
+        """The committed interval that starts where ``interval`` does (its end may differ), or None."""
+        batch = self.batch_at(interval.start_ms)
+        end = self.end_of(batch) if batch is not None else None
+        return CommittedInterval(batch, Interval(interval.start_ms, end)) if batch is not None and end is not None \
+            else None
+
+    def committed_plan(self, plan: BatchPlan) -> BatchPlan:
+        """``plan`` as the table holds its interval: under the batch number it was committed with (a
+        rebase may have renumbered it; another run may have committed the interval) and with the
+        ranges that commit recorded (from its boundaries when the log no longer holds it)."""
+        iv = plan.interval
+        held = self.holding(iv) if iv is not None else None
+        if held is None or held.interval != iv:
+            return plan
+        record = self.ledger.find_batch(self.ingest_id, batch=held.batch, operation=CommitKind.BATCH)
+        if record is not None:
+            return replace(plan, batch=held.batch, ranges=record.meta.ranges, skipped=record.meta.skipped)
+        if held.batch == plan.batch:
+            return plan
+        ranges = self.ranges_of(held, [r.tp for r in plan.ranges])
+        return replace(plan, batch=held.batch, skipped=(),
+                       ranges=tuple(OffsetRange(tp.topic, tp.partition, *r) for tp, r in sorted(ranges.items())))
 
     def batch_at(self, start_ms: int) -> int | None:
         """The batch that committed the interval starting at ``start_ms`` (None: none)."""

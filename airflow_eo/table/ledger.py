@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import zlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
@@ -32,13 +31,17 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from airflow_eo.attempt import TXN_RETENTION
 from airflow_eo.spec import MergeSpec
 from airflow_eo.errors import ConfigError, TableError, TableFeatureError
-from airflow_eo.intervals import interval_state
 from airflow_eo.planning import (
     BatchPlan, CommitCheck, OffsetRange, TopicPartition, batch_state,
 )
 # METADATA_KEY: re-exported, the commitInfo key is named from here too
 from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind  # noqa: F401
+from airflow_eo.table.app_ids import (  # noqa: F401 - the ledger's app ids, re-exported: callers name them from here
+    APP_PREFIX, batch_app_id, boundary_app_id, dlq_app_id, interval_app_id, interval_at_app_id, merge_app_id,
+    merge_mark, partition_app_id, reprocess_app_id, span_app_id,
+)
 from airflow_eo.table.features import TableFeatures, TableUse
+from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.partitioning import check_table_partitioning
 from airflow_eo.spec import validate_ingest_id  # noqa: F401 - parsed with the spec; re-exported here
 from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
@@ -47,58 +50,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_eo.table.files import TableFile
-
-APP_PREFIX = "airflow-eo"
-
-
-def partition_app_id(ingest_id: str, tp: TopicPartition) -> str:
-    return f"{APP_PREFIX}:{ingest_id}:{tp.topic}:{tp.partition}"
-
-
-def batch_app_id(ingest_id: str) -> str:
-    return f"{APP_PREFIX}:{ingest_id}:batch"
-
-
-def reprocess_app_id(ingest_id: str, batch: int) -> str:
-    return f"{APP_PREFIX}:{ingest_id}:reprocess:{batch}"
-
-
-def dlq_app_id(ingest_id: str) -> str:
-    return f"{APP_PREFIX}:{ingest_id}:dlq"
-
-
-def merge_app_id(ingest_id: str) -> str:
-    """write_mode=merge: marks the table as merged by key; its version is :func:`merge_mark` of the key."""
-    return f"{APP_PREFIX}:{ingest_id}:merge"
-
-
-def merge_mark(key: tuple[str, ...]) -> int:
-    """The ``txn`` version that marks a merge table and names its key (a fingerprint, never 0).
-
-    >>> merge_mark(("id",)) == merge_mark(("id",)) != merge_mark(("id", "tenant"))
-    True
-    """
-    return zlib.crc32("\x1f".join(key).encode()) + 1
-
-
-def interval_app_id(ingest_id: str, batch: int, side: str) -> str:
-    """Interval mode (:mod:`airflow_eo.table.intervals`): batch → its interval's start / end."""
-    return f"{APP_PREFIX}:{ingest_id}:interval:{batch}:{side}"
-
-
-def interval_at_app_id(ingest_id: str, start_ms: int) -> str:
-    """Interval mode: interval start → the batch that committed it."""
-    return f"{APP_PREFIX}:{ingest_id}:interval-at:{start_ms}"
-
-
-def span_app_id(ingest_id: str, side: str) -> str:
-    """Interval mode: the committed span's ``min-start`` / ``max-end``."""
-    return f"{APP_PREFIX}:{ingest_id}:intervals:{side}"
-
-
-def boundary_app_id(ingest_id: str, at_ms: int, tp: TopicPartition) -> str:
-    """Interval mode: the offset ``B(at_ms)`` of ``tp`` a committed interval used."""
-    return f"{APP_PREFIX}:{ingest_id}:boundary:{at_ms}:{tp.topic}:{tp.partition}"
 
 
 @dataclass(frozen=True)
@@ -370,10 +321,11 @@ class Ledger:
 
     def state_of(self, plan: BatchPlan) -> CommitCheck:
         """Is ``plan`` committable (READY), in the table (ALREADY_COMMITTED), or overtaken
-        (CONFLICT)? Read from this snapshot (:func:`airflow_eo.planning.batch_state`)."""
+        (CONFLICT)? Read from this snapshot (:func:`airflow_eo.planning.batch_state`; an interval
+        plan is keyed by its interval: :meth:`airflow_eo.table.intervals.IntervalLedger.state_of`)."""
+        if plan.interval is not None:
+            return IntervalLedger(self, plan.ingest_id).state_of(plan)
         last = self.last_batch(plan.ingest_id)
-        if plan.interval is not None:  # interval mode: keyed by the interval's start
-            return self._interval_state(plan, last)
         committed = self.committed_offsets(plan.ingest_id, plan.starts)
         state = batch_state(plan, committed, last)
         if state is CommitCheck.ALREADY_COMMITTED:  # only then is the history worth reading
@@ -382,19 +334,13 @@ class Ledger:
                                 record.meta.run_key if record else None)
         return state
 
-    def _interval_state(self, plan: BatchPlan, last: int) -> CommitCheck:
-        assert plan.interval is not None  # state_of asks only for interval plans
-        table = self.table
-        batch = table.transaction_version(interval_at_app_id(plan.ingest_id, plan.interval.start_ms)) \
-            if table is not None else None
-        end = table.transaction_version(interval_app_id(plan.ingest_id, batch, "end")) \
-            if table is not None and batch is not None else None
-        state = interval_state(plan, last, batch, end)
-        if state is CommitCheck.ALREADY_COMMITTED:  # as for offset batches: the run that committed it
-            record = self.find_batch(plan.ingest_id, batch=plan.batch, operation=CommitKind.BATCH)
-            state = interval_state(plan, last, batch, end, record.meta.ranges if record else None,
-                                   record.meta.run_key if record else None)
-        return state
+    def committed_plan(self, plan: BatchPlan) -> BatchPlan:
+        """``plan`` as the table holds it, once :meth:`state_of` says ALREADY_COMMITTED: an offset
+        batch keeps its number; an interval's batch is the one the table committed it under (a
+        rebased number, or another run's batch)."""
+        if plan.interval is None:
+            return plan
+        return IntervalLedger(self, plan.ingest_id).committed_plan(plan)
 
     def batches(self, ingest_id: str, limit: int | None = 20) -> list[BatchRecord]:
         """Recent data commits of ``ingest_id``, newest first (as far as the log still holds)."""

@@ -21,6 +21,10 @@ and the one table property that would lose offsets.
   running ingests. Reprocess after compaction replaces a batch's rows by its offset ranges
   (:mod:`airflow_eo.table.commit`), not by its original files.
 
+Maintenance takes the table's lease (:mod:`airflow_eo.table.lease`) like an ingest or a reprocess:
+it queues behind a running batch instead of racing its commit (waiting up to
+``MaintenancePlan.table_wait_timeout``, then going on: every step above is safe beside an ingest).
+
 Example::
 
     >>> maintain("/data/orders", plan=MaintenancePlan(vacuum=False))  # doctest: +SKIP
@@ -36,8 +40,10 @@ from dataclasses import asdict, dataclass
 from deltalake.exceptions import CommitFailedError
 
 from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.spec import DEFAULT_TABLE_WAIT_SECONDS
 from airflow_eo.table.compaction import compact_mapped
 from airflow_eo.table.features import TableUse
+from airflow_eo.table.lease import Claim, LeasePurpose, TableLease, turn
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, KEPT_SUFFIX, collect_orphans
 
@@ -127,6 +133,7 @@ class MaintenancePlan:
     staging_grace_seconds: float = DEFAULT_GRACE_SECONDS
     prune_records: bool = True
     keep_days: float = DEFAULT_KEEP_DAYS
+    table_wait_timeout: float = DEFAULT_TABLE_WAIT_SECONDS  # for the table's lease, while a run holds it
 
     def __post_init__(self):
         if self.z_order:  # Z-ordering is a compaction
@@ -134,8 +141,9 @@ class MaintenancePlan:
 
 
 def maintain(table_uri: str, storage_options: dict | None = None,
-             plan: MaintenancePlan = MaintenancePlan()) -> dict:
-    """Run ``plan`` on the table; returns what was done and the layout after.
+             plan: MaintenancePlan = MaintenancePlan(), run_key: str = "") -> dict:
+    """Run ``plan`` on the table, holding its lease (``run_key``: the run that asks, for the lease
+    holder status shows); returns what was done and the layout after.
 
     Safe beside running ingests: compaction rewrites committed rows into fewer files in one
     commit that touches no ``txn`` (a racing batch commit is rebased by Delta, or one of the
@@ -148,13 +156,18 @@ def maintain(table_uri: str, storage_options: dict | None = None,
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and storage "
                          "options for object storage); nothing was changed")
     ledger.check_txn_retention()
-    ledger.check_features(TableUse.COMPACT if plan.compact else TableUse.MAINTAIN)
+    use = TableUse.COMPACT if plan.compact else TableUse.MAINTAIN
+    ledger.check_features(use)  # refused before its lease is taken
     if plan.z_order and ledger.features.names.active:  # airflow-eo's own compaction packs, it does not sort
         raise TableFeatureError(f"the Delta table at {ledger.table_uri} uses column mapping, whose files deltalake's "
                                 "OPTIMIZE refuses to rewrite: it is compacted by airflow-eo's own bin-packing, which "
                                 "does not Z-order; compact without --z-order (z_order=()); nothing was changed")
+    lease = TableLease(ledger.location(), storage_options, plan.staging_grace_seconds)
     try:
-        return _maintain(ledger, table_uri, storage_options, plan)
+        with turn(lease, Claim(LeasePurpose.MAINTAIN, run_key), plan.table_wait_timeout):
+            ledger = Ledger.open(table_uri, storage_options)  # the table as it is once its turn came
+            ledger.check_features(use)  # another engine may have altered it meanwhile
+            return _maintain(ledger, table_uri, storage_options, plan)
     except CommitFailedError as exc:
         raise CommitConflictError(f"maintenance of {ledger.table_uri} lost a race with another commit ({exc}); "
                                   "what it had committed before stays, the rest can be retried") from exc

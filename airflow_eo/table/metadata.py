@@ -202,6 +202,7 @@ class BatchMetadata:
     reprocess: ReprocessInfo | None = None
     added_columns: tuple[str, ...] = ()  # ADD_COLUMNS
     merge: MergeInfo | None = None  # write_mode=merge
+    planned_batch: int | None = None  # an interval batch rebased at commit: the number it was planned (logged) with
 
     @classmethod
     def of(cls, kind: CommitKind, plan: BatchPlan, files: Iterable[StagedFile] = (),
@@ -264,6 +265,8 @@ class BatchMetadata:
             out["reprocess"] = self.reprocess.to_dict()
         if self.merge is not None:
             out["merge"] = self.merge.to_dict()
+        if self.planned_batch is not None:
+            out["planned_batch"] = self.planned_batch
         return out
 
     def to_json(self) -> str:
@@ -291,6 +294,7 @@ class BatchMetadata:
             reprocess=ReprocessInfo.from_dict(meta["reprocess"]) if meta.get("reprocess") else None,
             added_columns=tuple(meta.get("added", ())),
             merge=MergeInfo.from_dict(meta["merge"]) if meta.get("merge") else None,
+            planned_batch=int(meta["planned_batch"]) if meta.get("planned_batch") is not None else None,
         )
 
     @classmethod

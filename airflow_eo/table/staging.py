@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timezone
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind
@@ -121,6 +122,21 @@ class StagingArea:
         )
         self._write_marker(marker)
         return self.attempt_path(plan)
+
+    def renumber(self, plan: BatchPlan, batch: int, files: tuple[StagedFile, ...]) -> tuple[StagedFile, ...]:
+        """Move ``plan``'s attempt directory to the one of ``batch`` (a rebased interval batch, before
+        its commit names the files) and return ``files`` with their new paths. One rename on a local
+        or HDFS path; file by file on an object store (a copy that is cut short leaves both
+        directories uncommitted, for orphan collection)."""
+        old, new = attempt_dir_name(plan), attempt_dir_name(replace(plan, batch=batch))
+        source, target = self.loc.join(old), self.loc.join(new)
+        if self.loc.fs.get_file_info(source).type != pafs.FileType.NotFound:
+            if isinstance(self.loc.fs, (pafs.LocalFileSystem, pafs.HadoopFileSystem)):
+                self.loc.fs.move(source, target)
+            else:
+                for info in self.loc.list_files(source):
+                    self.loc.fs.move(info.path, target + info.path[len(source):])
+        return tuple(replace(f, path=new + f.path[len(old):]) if attempt_dir_of(f.path) == old else f for f in files)
 
     def driver_started(self, attempt_id: str) -> None:
         """Record the process that will commit the attempt: once it is gone, the attempt is over."""

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow_eo.attempt import Env
-from airflow_eo.faults import POINTS
+from airflow_eo.faults import POINTS, SUBMITTER_POINTS
 
 HOME_MARK = "AIRFLOW_EO_TEST_AIRFLOW_HOME"  # the home isolate_airflow made (so it is made once)
 # the points a test may arm: in the Spark driver (spark-submit's own process), never in the task
 # process, which dag.test() runs inside pytest: a fault there would kill the test run itself
-DRIVER_POINTS = tuple(p for p in POINTS if p != "before_submit")
+DRIVER_POINTS = tuple(p for p in POINTS if p not in SUBMITTER_POINTS)
 SPARK_CONNECTION = {"conn_type": "spark", "host": "local[2]"}  # spark-submit on this machine
 
 
@@ -192,7 +192,8 @@ class DagRunner:
 
         if point not in DRIVER_POINTS:
             raise ValueError(f"fail_at={point!r}: give one of {', '.join(DRIVER_POINTS)} (the steps in the Spark "
-                             "driver; before_submit runs in the task process, which dag.test() runs inside pytest)")
+                             f"driver; {' and '.join(SUBMITTER_POINTS)} run in the task process, which dag.test() "
+                             "runs inside pytest)")
         ingests = [t for t in dag.tasks if isinstance(t, KafkaToDeltaOperator)]
         if not ingests:
             raise ValueError(f"fail_at={point!r}: DAG {dag.dag_id} has no KafkaToDeltaOperator task to inject into")

@@ -38,6 +38,7 @@ from airflow_eo.planning import Interval, OffsetRange, RunIdentity, TopicPartiti
 from airflow_eo.table.audit_log import AuditLog, AuditRecord
 from airflow_eo.table.history import FIRST_WINDOW, CommitHistory
 from airflow_eo.table.intervals import IntervalLedger
+from airflow_eo.table.lease import LEASE_ERRORS, LeaseHolder, TableLease
 from airflow_eo.table.ledger import DATA_OPERATIONS, BatchRecord, CommitKind, Ledger
 from airflow_eo.table.maintenance import Layout, layout
 
@@ -171,6 +172,7 @@ class TableDetail:
     offsets: tuple[PartitionOffset, ...] = ()
     spans: tuple[Span, ...] = ()
     layout: Layout | None = None
+    lease: LeaseHolder | None = None  # the run holding the table's lease (None: free, or unreadable)
 
 
 def time_line(committed: Iterable[CommittedInterval], late: dict[int, int], now_ms: int) -> tuple[Span, ...]:
@@ -280,4 +282,15 @@ class TableReader:
         if is_interval:  # late records belong to a batch's first commit (a reprocess records none)
             late = {r.meta.batch: r.meta.late_records for r in ours if r.meta.operation is CommitKind.BATCH}
             spans = time_line(interval.committed(), late, now_ms)
-        return TableDetail(state, rows, offsets, spans, table_layout)
+        return TableDetail(state, rows, offsets, spans, table_layout, _lease_holder(ledger))
+
+
+def _lease_holder(ledger: Ledger) -> LeaseHolder | None:
+    """Who holds the table's lease (the page only: the list would read one more log per table). Read
+    from the API server's host: the holder's processes are on workers, so the grace period decides."""
+    try:
+        return TableLease(ledger.location(), ledger.storage_options).holder()
+    except LEASE_ERRORS as exc:
+        log.warning("airflow-eo UI: cannot read the lease of %s: %s", display_uri(ledger.table_uri),
+                    _one_line(exc, ledger.table_uri, display_uri(ledger.table_uri)))
+        return None

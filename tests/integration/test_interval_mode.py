@@ -129,10 +129,10 @@ def test_backfills_forward_backward_shuffled_and_racing_give_one_table(broker, k
         statuses = run_intervals(ingestion(uri, topic, kafka_config, InProcessSubmitter(spark)), intervals, order)
         assert statuses == ["committed"] * 6
         tables[name] = uri
-    # two backfills at once (two workers each taking every other hour): the table takes turns,
-    # a run that loses the compare-and-set is retried, as Airflow would
+    # two backfills at once (two workers each taking every other hour): the table takes turns (its
+    # lease), so no run loses its commit; a conflict would be retried, as Airflow would, and counted
     uri = tables["racing"] = str(tmp_path / "racing")
-    errors = []
+    errors, conflicts = [], []
 
     def worker(indexes):
         ing = ingestion(uri, topic, kafka_config, InProcessSubmitter(spark))
@@ -142,15 +142,17 @@ def test_backfills_forward_backward_shuffled_and_racing_give_one_table(broker, k
                 try:
                     ing.run(RunIdentity(key), intervals[i])
                     break
-                except CommitConflictError:
+                except CommitConflictError as exc:
+                    conflicts.append(exc)
                     continue
             else:
                 errors.append(i)
 
     threads = [threading.Thread(target=worker, args=(idx,)) for idx in ([0, 2, 4], [5, 3, 1])]
     [t.start() for t in threads]
-    [t.join(300) for t in threads]
-    assert not errors
+    [t.join(600) for t in threads]
+    assert not any(t.is_alive() for t in threads)  # a worker still running would leave the table half written
+    assert not errors and not conflicts
     reference = owned_ranges(tables["forward"], topic)
     assert set(reference) == set(intervals)
     for name, uri in tables.items():

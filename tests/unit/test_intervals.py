@@ -8,10 +8,12 @@ import pytest
 
 from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError
 from airflow_eo.intervals import (
-    CommittedInterval, PartitionFacts, gaps, interval_of, interval_state, neighbour_times, overlapping,
+    CommittedInterval, PartitionFacts, Recorded, fits, gaps, interval_of, interval_state, neighbour_times, overlapping,
     parse_duration, parse_time, plan_interval,
 )
-from airflow_eo.planning import BatchPlan, CommitCheck, Interval, PartitionBounds, RunIdentity, TopicPartition
+from airflow_eo.planning import (
+    BatchPlan, CommitCheck, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
+)
 
 TP = TopicPartition("t", 0)
 H = 3_600_000
@@ -137,12 +139,29 @@ def test_records_deleted_by_retention_fail_or_are_skipped():
     assert (plan.ranges[0].start, plan.ranges[0].end) == (5, 8) and plan.skipped[0].start == 2
 
 
-def test_state_overlap_and_gaps():
-    plan = BatchPlan("i", 3, (), RunIdentity("r"), interval=Interval(H, 2 * H))
-    assert interval_state(plan, 2, None, None) is CommitCheck.READY
-    assert interval_state(plan, 3, None, None) is CommitCheck.CONFLICT  # another batch landed since planning
-    assert interval_state(plan, 3, 3, 2 * H) is CommitCheck.ALREADY_COMMITTED
-    assert interval_state(plan, 4, 4, 2 * H) is CommitCheck.CONFLICT  # another run's batch holds it
+def test_state_is_keyed_by_the_interval_not_the_batch_number():
+    plan = BatchPlan("i", 3, (OffsetRange("t", 0, 10, 20),), RunIdentity("r"), interval=Interval(H, 2 * H))
+    assert interval_state(plan, None) is CommitCheck.READY
+    # committed: by this run's batch, under its planned or a rebased number, or by another run (the race loser)
+    assert interval_state(plan, CommittedInterval(3, Interval(H, 2 * H))) is CommitCheck.ALREADY_COMMITTED
+    assert interval_state(plan, CommittedInterval(7, Interval(H, 2 * H))) is CommitCheck.ALREADY_COMMITTED
+    assert interval_state(plan, CommittedInterval(3, Interval(H, 3 * H))) is CommitCheck.CONFLICT  # another end
+    assert interval_state(plan, None, overlaps=True) is CommitCheck.CONFLICT
+    # other intervals landed since planning: it still commits (rebased) while the table agrees with its boundaries
+    assert interval_state(plan, None, False, {TP: Recorded(end=20, ceiling=25, floor=10)}) is CommitCheck.READY
+    assert interval_state(plan, None, False, {TP: Recorded(start=11)}) is CommitCheck.CONFLICT
+    assert interval_state(plan, None, False, {TP: Recorded(end=21)}) is CommitCheck.CONFLICT
+    assert interval_state(plan, None, False, {TP: Recorded(floor=12)}) is CommitCheck.CONFLICT
+    assert interval_state(plan, None, False, {TP: Recorded(ceiling=19)}) is CommitCheck.CONFLICT
+
+
+def test_a_skipped_start_is_compared_as_the_boundary_it_recorded():
+    skipped = BatchPlan("i", 3, (OffsetRange("t", 0, 10, 20),), RunIdentity("r"), interval=Interval(H, 2 * H),
+                        skipped=(SkippedRange("t", 0, 4, 10, "retention"),))
+    assert fits(skipped, {TP: Recorded(start=4)}) and not fits(skipped, {TP: Recorded(start=10)})
+
+
+def test_overlap_and_gaps():
     committed = [CommittedInterval(1, Interval(0, H)), CommittedInterval(2, Interval(3 * H, 4 * H))]
     assert overlapping(Interval(0, H), committed) is None
     assert overlapping(Interval(0, 2 * H), committed) == committed[0]

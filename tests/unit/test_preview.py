@@ -69,3 +69,25 @@ def test_a_logged_plan_is_previewed_as_its_replay(tmp_path):
     preview = plan_preview(ingestion, run, count_records=False)
     assert preview.action == "replay" and [(r.start, r.end) for r in preview.ranges] == [(4, 10)]
     assert "(the run's logged plan) would be read again" in preview.lines()[0]
+
+
+def test_a_preview_neither_waits_for_nor_takes_the_tables_lease(tmp_path, monkeypatch):
+    """A run holds the table's lease (runs take turns before they plan): the preview of another run shows
+    its next batch at once, leaves the lease to its holder and passes no fault point of the run's."""
+    import time
+
+    import airflow_eo.ingest as ingest_module
+
+    ingestion, uri = setup(tmp_path, 4, 7, table_wait_timeout="10m")
+    reached: list[str] = []
+    monkeypatch.setattr(ingest_module, "failpoint", reached.append)
+    with ingestion.turn("dag/other/ingest/-1") as held:
+        assert held is not None
+        before = tree(uri)
+        started = time.monotonic()
+        preview = plan_preview(ingestion, RunIdentity("dag/run/ingest/-1"), count_records=False)
+        assert time.monotonic() - started < 30  # it did not queue behind the holder (that would take 10 minutes)
+        assert tree(uri) == before and preview.action == "plan" and preview.batch == 4
+        _, holder = ingestion.lease().newest()
+        assert holder is not None and holder.run_key == "dag/other/ingest/-1" and holder.released_at is None
+    assert reached == []

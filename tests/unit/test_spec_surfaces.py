@@ -28,7 +28,7 @@ REPROCESS_OWN = {"help", "bootstrap_servers", "kafka_config", "master", "remote"
 JOB_OWN = {"help", "table_uri", "attempt_id", "run_key"}
 OPERATOR_OWN = {"kafka_conn_id", "spark_conn_id", "spark_conf", "spark_env_vars", "spark_hook_kwargs", "reprocess",
                 "reprocess_run_id", "reprocess_dag_id", "storage_conn_id", "storage_options",
-                "schema_registry_conn_id", "asset", "table_wait_timeout", "deferrable", "poll_interval"}
+                "schema_registry_conn_id", "asset", "deferrable", "poll_interval"}
 
 
 def ingest_parser(command: str = "ingest") -> argparse.ArgumentParser:

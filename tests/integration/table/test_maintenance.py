@@ -124,8 +124,9 @@ def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(
     def keep_compacting():
         while not stop.is_set():
             try:
+                # not waiting for the table's lease (as an earlier version would not): it races the batches
                 compactions.append(maintain(table_uri, plan=MaintenancePlan(retain_hours=0, checkpoint=False,
-                                                                            cleanup_log=False)))
+                                                                            cleanup_log=False, table_wait_timeout=0)))
             except CommitConflictError as exc:
                 conflicts.append(str(exc))
 
@@ -217,7 +218,10 @@ def test_maintenance_while_an_attempt_is_staged_keeps_its_files_and_it_commits(b
         files = [os.path.join(table_uri, running[0], f) for f in os.listdir(os.path.join(table_uri, running[0]))]
         for path in files:  # older than any retention
             os.utime(path, (1_000_000_000, 1_000_000_000))
-        done = maintain(table_uri, plan=MaintenancePlan(retain_hours=0, keep_days=0))
+        # maintenance queues behind the running batch (the table's lease); one that stops waiting at once
+        # (table_wait_timeout=0, or an earlier version that takes no lease) runs beside it, safely
+        assert ing.lease().holder().run_key == "held"
+        done = maintain(table_uri, plan=MaintenancePlan(retain_hours=0, keep_days=0, table_wait_timeout=0))
         assert done["compaction"]["numFilesRemoved"] >= 3 and done["vacuum"]["files_deleted"] >= 3
         assert all(os.path.exists(p) for p in files)  # the staged files survived every action
     finally:

@@ -4,7 +4,7 @@ server, real Delta tables.
 
 Kept small (5,000 records, one repetition, no scaling, 10x memory or large warm batch, a 200-commit
 planning table with a 5-commit tail, a 300-commit long log, 2,000 changes merged into 20,000
-rows) so it fits a ~3 minute budget on an idle 2-core machine.
+rows, a racing backfill of 2 intervals) so it fits a ~4 minute budget on an idle 2-core machine.
 """
 
 import json
@@ -25,6 +25,7 @@ def test_benchmark_smoke(tmp_path):
            "--merge-rows", "20000", "--merge-changes", "2000", "--merge-files", "10",
            "--merge-spread-files", "4", "--out", str(out)]
     cmd += ["--ui-tables", "3", "--ui-commits", "120"]  # the UI page's list: 3 tables of 120 commits
+    cmd += ["--racing-intervals", "2", "--racing-records", "600"]  # 2 intervals at once, then one after another
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -79,6 +80,10 @@ def test_benchmark_smoke(tmp_path):
     for key in ("merge.recent_heavy.append", "merge.recent_heavy.merge", "merge.uniform.merge"):
         assert 0 < times[key]["median"] < 600, key
     recent, uniform = merge["distributions"]["recent_heavy"], merge["distributions"]["uniform"]
+    # racing runs of one table (each side checked by the part: every run committed, every record once)
+    assert 0 < times["racing.racing"]["median"] < 600 and 0 < times["racing.sequential"]["median"] < 600
+    assert ratios["racing_over_sequential"] > 0 and "racing/sequential<=1.2" in report["targets"]
+    assert report["racing"]["intervals"] == 2 and report["racing"]["records"] == 600
     assert recent["inserted"] == 200 and recent["deleted"] > 0 and uniform["files_rewritten"] == uniform["files_before"]
     assert recent["files_rewritten"] < recent["before_z_order"]["files_rewritten"]  # z-ordering narrowed it
     assert "merge/append<=3x(recent_heavy)" in report["targets"]

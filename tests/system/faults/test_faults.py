@@ -15,6 +15,7 @@ import os
 import random
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -115,31 +116,48 @@ def test_broker_restart_mid_run(flow):
     flow.assert_exact()
 
 
-def test_two_ingestions_of_one_table_at_once(flow):
-    before = Ledger.open(flow.table_uri).last_batch(INGEST_ID)
+def race(flow, keys: tuple[str, ...], config) -> dict:
     outcomes = {}
-    threads = [threading.Thread(target=lambda k=k: outcomes.__setitem__(k, run_once(flow.config, k, None, random.Random())))
-               for k in ("race-a", "race-b")]
+    threads = [threading.Thread(target=lambda k=k: outcomes.__setitem__(k, run_once(config, k, None, random.Random())))
+               for k in keys]
     for t in threads:
         t.start()
     for t in threads:
         t.join(400)
     flow.assert_exact()
-    ledger = Ledger.open(flow.table_uri)
-    batches = [r.meta.batch for r in ledger.batches(INGEST_ID, limit=None)]
+    batches = [r.meta.batch for r in Ledger.open(flow.table_uri).batches(INGEST_ID, limit=None)]
     assert len(batches) == len(set(batches)), f"a batch number committed twice: {batches}"
-    assert ledger.last_batch(INGEST_ID) == before + 1
+    return outcomes
+
+
+def test_two_ingestions_of_one_table_at_once_take_turns(flow):
+    """They take turns on the table's lease: each plans from what the other committed, neither fails."""
+    before = Ledger.open(flow.table_uri).last_batch(INGEST_ID)
+    outcomes = race(flow, ("turn-a", "turn-b"), flow.config)
+    assert all(o.error is None for o in outcomes.values()), outcomes
+    statuses = sorted(o.result.status for o in outcomes.values())
+    assert statuses in ([COMMITTED, COMMITTED], sorted([COMMITTED, RunStatus.NOTHING_NEW])), statuses
+    assert Ledger.open(flow.table_uri).last_batch(INGEST_ID) == before + statuses.count(COMMITTED)
+
+
+def test_two_ingestions_of_one_table_that_do_not_wait_race_safely(flow):
+    """Runs that do not wait for the lease (table_wait_timeout=0) race to the compare-and-set commit."""
+    before = Ledger.open(flow.table_uri).last_batch(INGEST_ID)
+    outcomes = race(flow, ("race-a", "race-b"), replace(flow.config, spec=flow.config.spec.replace(table_wait_timeout=0)))
+    ledger = Ledger.open(flow.table_uri)
     winners = [k for k, o in outcomes.items() if o.result is not None and o.result.status == COMMITTED]
-    assert len(winners) == 1, outcomes
-    loser = "race-b" if winners == ["race-a"] else "race-a"
-    lost = outcomes[loser]
-    if lost.error is not None:  # lost the compare-and-set inside the job
-        assert isinstance(lost.error, CommitConflictError), lost.error
-    else:  # it planned the very same ranges: its commit found them committed
-        assert lost.result.status == ALREADY_COMMITTED
-    replanned = run_once(flow.config, loser, None, random.Random())
-    assert replanned.error is None, replanned.error
-    assert replanned.result.status in (COMMITTED, ALREADY_COMMITTED, RunStatus.NOTHING_NEW)
+    assert 1 <= len(winners) <= 2, outcomes
+    assert ledger.last_batch(INGEST_ID) == before + len(winners)
+    if len(winners) == 1:  # they planned from the same table: one lost
+        loser = "race-b" if winners == ["race-a"] else "race-a"
+        lost = outcomes[loser]
+        if lost.error is not None:  # lost the compare-and-set inside the job
+            assert isinstance(lost.error, CommitConflictError), lost.error
+        else:  # it planned the very same ranges: its commit found them committed
+            assert lost.result.status in (ALREADY_COMMITTED, RunStatus.NOTHING_NEW)
+        replanned = run_once(flow.config, loser, None, random.Random())
+        assert replanned.error is None, replanned.error
+        assert replanned.result.status in (COMMITTED, ALREADY_COMMITTED, RunStatus.NOTHING_NEW)
     flow.assert_exact()
 
 

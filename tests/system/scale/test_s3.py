@@ -127,6 +127,26 @@ def race(commits) -> list:
     return results
 
 
+def test_the_tables_lease_is_taken_by_one_run_on_s3(s3):
+    """The lease is a Delta log of its own: on S3 its versions are conditional puts, so of four runs
+    taking a free lease at once exactly one holds it; released, the next takes it."""
+    from airflow_eo.table.lease import Claim, HeldLease, LeaseHolder, LeasePurpose, TableLease
+
+    options = options_of(s3)
+    lease = TableLease(TableLocation.of(f"s3://{s3.bucket}/lease-{new_attempt_id()}", options), options)
+    taken = race([lambda i=i: lease.try_take(Claim(LeasePurpose.INGEST, f"run-{i}", "race")) for i in range(4)])
+    held = [t for t in taken if isinstance(t, HeldLease)]
+    assert len(held) == 1 and all(isinstance(t, LeaseHolder) for t in taken if t not in held), taken
+    assert lease.holder().token == held[0].holder.token
+    held[0].attempt("0123456789abcdef")
+    assert lease.holder().attempt_id == "0123456789abcdef"
+    held[0].release()
+    assert lease.holder() is None
+    nxt = lease.try_take(Claim(LeasePurpose.MAINTAIN, "run-9", "race"))
+    assert isinstance(nxt, HeldLease)
+    nxt.release()
+
+
 def test_racing_commits_on_s3_land_once(s3, kafka_config):
     topic = new_topic(kafka_config, partitions=3)
     produce(kafka_config, topic, 150)

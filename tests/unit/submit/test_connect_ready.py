@@ -66,7 +66,7 @@ def test_the_wait_is_bounded_and_then_goes_ahead_with_a_warning(caplog):
     with caplog.at_level(logging.INFO, logger="airflow_eo.submit.connect"):
         waited = wait_until_ready(server, "sc://h:4", timeout=0.05, poll=0.01)
     assert 0.05 <= waited < 5
-    assert any(r.levelno == logging.WARNING and "running the batch anyway" in r.message for r in caplog.records)
+    assert any(r.levelno == logging.WARNING and "running the batch anyway" in r.getMessage() for r in caplog.records)
 
 
 def test_the_rehearsal_runs_the_readers_record_path_without_a_broker():

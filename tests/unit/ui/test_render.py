@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from urllib.parse import parse_qs, urlsplit
 
@@ -13,6 +14,7 @@ import pytest
 
 from airflow_eo.planning import OffsetRange, RunIdentity
 from airflow_eo.table.audit_log import AuditRecord
+from airflow_eo.table.lease import LeaseHolder, LeasePurpose
 from airflow_eo.table.maintenance import Layout
 from airflow_eo.table.metadata import CommitKind
 from airflow_eo.ui import charts
@@ -94,6 +96,19 @@ def test_a_tables_page_parses_and_links_each_batch_to_its_run():
     assert "Intervals" not in html  # offsets mode: no time line
     assert re.search(r'<td data-label="Topic">orders</td><td data-label="Partition" class="num">1</td>'
                      r'<td data-label="Next offset" class="num">—</td>', html)
+
+
+def test_a_tables_page_shows_who_holds_its_lease():
+    free = render_table(table_ref(), detail(), task_run(), [], NOW)
+    assert re.search(r"<dt>Lease</dt><dd>free</dd>", free)
+    since = (NOW - timedelta(minutes=3)).timestamp()
+    holder = LeaseHolder("a" * 16, LeasePurpose.INGEST, "eo_ingest/backfill__2026-03-04/ingest/-1", "orders",
+                         "worker-7", 4242, 1.0, since, since, attempt_id="0123456789abcdef")
+    html = render_table(table_ref(), replace(detail(), lease=holder), task_run(), [], NOW)
+    check_page(html)
+    for text in ("held by ingest run", "eo_ingest/backfill__2026-03-04/ingest/-1", "0123456789abcdef", "worker-7",
+                 "2026-03-04 11:57 UTC (3 min ago)"):
+        assert text in html, text
 
 
 def test_an_interval_tables_page_draws_its_time_line():

@@ -4,12 +4,15 @@ table, and a table that cannot be read."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 import pytest
 
 from airflow_eo.planning import BatchPlan, Interval, OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.table.audit_log import AuditLog
+from airflow_eo.table.lease import Claim, LeasePurpose, TableLease
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, CommitKind, DeadLetterManifest, LateRecords
 from airflow_eo.table.files import StagedFile
@@ -79,6 +82,14 @@ def test_a_tables_page_lists_its_batches_newest_first_and_its_offsets(offsets_ta
     assert second.seconds is not None and second.seconds > 0  # from the plan (2026-11-24) to the commit
     assert [(o.topic, o.partition, o.next_offset) for o in detail.offsets] == [("orders", 0, 15), ("orders", 1, 0)]
     assert detail.layout is not None and detail.layout.version == 4 and detail.spans == ()
+    assert detail.lease is None  # no run holds the table
+    held = TableLease(TableLocation.of(offsets_table)).try_take(Claim(LeasePurpose.INGEST, "dag/r9/ingest/-1", INGEST))
+    try:
+        holder = TableReader().detail(offsets_table, INGEST).lease
+        assert (holder.run_key, holder.host, holder.pid) == ("dag/r9/ingest/-1", socket.gethostname(), os.getpid())
+    finally:
+        held.release()
+    assert TableReader().states(offsets_table, [INGEST])[INGEST].error is None  # the list reads no lease
 
 
 def test_an_interval_tables_time_line_has_its_gaps_and_what_is_not_closed(tmp_path):
