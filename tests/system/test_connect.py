@@ -298,10 +298,13 @@ def test_kill_interrupts_the_attempts_operations_on_the_server(broker, kafka_con
 
     worker = threading.Thread(target=run)
     worker.start()
-    deadline = time.monotonic() + 60
-    while submitter._tag is None and time.monotonic() < deadline:  # the attempt is on the server
+    # the attempt is on the server once it is tagged and its first task wrote: 20 tasks of 10,000 offsets,
+    # so the kill lands with most still to run (a fixed one-second sleep raced a batch a warm server ends sooner)
+    table_uri, deadline = str(tmp_path / "t"), time.monotonic() + 120
+    while not (submitter._tag is not None and os.path.isdir(table_uri) and staged_dirs(table_uri)) and worker.is_alive():
+        assert time.monotonic() < deadline, "the batch never started writing"
         time.sleep(0.05)
-    time.sleep(1.0)
+    assert worker.is_alive(), f"the batch ended before it could be killed: {errors}"
     killed_at = time.monotonic()
     submitter.kill()
     worker.join(120)

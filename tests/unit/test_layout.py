@@ -96,3 +96,28 @@ def test_every_file_the_readme_the_docs_or_a_docstring_cites_exists():
                if not (ROOT / path).exists() or (name and f"def {name}(" not in (ROOT / path).read_text())]
     assert cited_files(), "the citation pattern found nothing: it is broken"
     assert missing == []
+
+
+def test_every_file_the_package_reads_is_package_data():
+    """A template, stylesheet or script beside the code ships in the wheel only if pyproject.toml's
+    package-data names it (the fresh-install test in tests/integration catches it late, this early)."""
+    import fnmatch
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [p for p in (ROOT / "airflow_eo").rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+            and "__pycache__" not in p.parts]
+    assert data, "the package has data files (the UI page's templates): none found"
+    def shipped(path: Path) -> bool:
+        for package, patterns in globs.items():
+            home = ROOT / package.replace(".", "/")
+            if path.is_relative_to(home) and any(fnmatch.fnmatch(str(path.relative_to(home)), g) for g in patterns):
+                return True
+        return False
+
+    missed = [str(p.relative_to(ROOT)) for p in data if not shipped(p)]
+    assert not missed, f"not in [tool.setuptools.package-data]: {missed}"
