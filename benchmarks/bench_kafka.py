@@ -33,6 +33,16 @@ def create_topic(config: dict, name: str, partitions: int) -> None:
         future.result()
 
 
+def produce(producer: Producer, topic: str, **record) -> None:
+    """``producer.produce``, waiting while the client's local queue is full (a fast loop outruns it)."""
+    while True:
+        try:
+            producer.produce(topic, **record)
+            return
+        except BufferError:  # local queue full: let deliveries drain
+            producer.poll(0.1)
+
+
 def load(config: dict, topic: str, records: int, partitions: int, value_bytes: int,
          progress_every: int = 250_000) -> float:
     """Produce ``records`` records (12-byte key, ``value_bytes`` value) round-robin; seconds taken."""
@@ -41,12 +51,7 @@ def load(config: dict, topic: str, records: int, partitions: int, value_bytes: i
     value = b"v" * value_bytes
     started = time.monotonic()
     for i in range(records):
-        while True:
-            try:
-                producer.produce(topic, key=b"%012d" % i, value=value, partition=i % partitions)
-                break
-            except BufferError:  # local queue full: let deliveries drain
-                producer.poll(0.1)
+        produce(producer, topic, key=b"%012d" % i, value=value, partition=i % partitions)
         if progress_every and i and i % progress_every == 0:
             producer.poll(0)
             print(f"  loading {topic}: {i:,}/{records:,} records ({time.monotonic() - started:.0f}s)",

@@ -39,7 +39,7 @@ def load(kafka_config: dict, records: int, partitions: int, value_bytes: int, in
     value = b"x" * value_bytes
     step = intervals * HOUR_MS / records
     for i in range(records):
-        producer.produce(TOPIC, value=value, partition=i % partitions, timestamp=base + int(i * step))
+        bench_kafka.produce(producer, TOPIC, value=value, partition=i % partitions, timestamp=base + int(i * step))
         if i % 10_000 == 0:
             producer.poll(0)
     for p in range(partitions):
