@@ -37,7 +37,8 @@ from confluent_kafka import KafkaException
 from airflow_eo.attempt import Env
 from airflow_eo.faults import ENV as FAILPOINTS_ENV
 from airflow_eo.submit.connect_server import ConnectServer
-from tests.changes import ChangeProducer, assert_model_holds, broker_changes
+from tests.changes import ChangeProducer, assert_model_holds
+from tests.helpers import visible_records
 from tests.system.faults.harness import (
     FAILPOINT_WINDOWS, STEP_WINDOWS, Check, Flowing, Outcome, Tally, driver_started, kill_tree, run_once,
 )
@@ -204,7 +205,7 @@ class ModelCheck:
 
 
 def check_model(table_uri: str, ingest_id: str, bootstrap: str, topic: str) -> ModelCheck:
-    visible = len(broker_changes(bootstrap, topic))
+    visible = sum(1 for _ in visible_records(bootstrap, topic))
     if not os.path.isdir(os.path.join(table_uri, "_delta_log")):
         return ModelCheck(visible, 0)  # no commit yet
     try:
