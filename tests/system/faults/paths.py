@@ -64,12 +64,13 @@ class Path:
 
     def chain_windows(self, rng: random.Random) -> list[str]:
         """This trial's windows: every one once, the windows killed least so far first (a trial ends
-        at the first run that commits: a kill that came too late), after_commit last (its rerun must
-        then find the batch committed without starting Spark)."""
-        middle = [w for w in self.windows if w != "after_commit"]
+        at the first run that commits: a kill that came too late), then ``random`` (the one kill that
+        can come too late: it ends the trial, so it goes where it skips the least), after_commit last
+        (its rerun must then find the batch committed without starting Spark)."""
+        middle = [w for w in self.windows if w not in ("random", "after_commit")]
         rng.shuffle(middle)
         middle.sort(key=lambda w: self.tally.kills[w])  # stable: a random order among equals
-        return [*middle, "after_commit"]
+        return [*middle, *(["random"] if "random" in self.windows else []), "after_commit"]
 
 
 def spark_submit_path(name: str, config, check: Callable[[], Check], max_delay: float = 8.0) -> Path:
@@ -137,8 +138,8 @@ class ConnectClients:
         return Outcome(window, killed, result, error, time.monotonic() - started)
 
     def _kill(self, proc: subprocess.Popen, window: str, rng: random.Random) -> bool:
-        if window == "random":  # within a small batch's ~1.5 s of start-up and ~2 s of batch
-            deadline = time.monotonic() + rng.uniform(0.3, 3.5)
+        if window == "random":  # a warm client's whole small batch takes ~1-2 s, start-up included
+            deadline = time.monotonic() + rng.uniform(0.2, 1.2)
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:  # the client's attempt has started: the server is reading for it
