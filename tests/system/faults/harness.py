@@ -267,7 +267,7 @@ class KillingSubmit(LocalSparkSubmit):
                 time.sleep(0.02)
             delay = self.rng.uniform(0.0, 0.3 if in_driver else 0.6)  # a small batch reads in well under 1 s
         else:
-            delay = self.rng.uniform(1.0, self.max_delay)
+            delay = self.rng.uniform(min(1.0, self.max_delay / 4), self.max_delay)
         if not self._done.wait(delay):
             self.killed = kill_tree(pid)
 

@@ -87,7 +87,8 @@ def build_paths(names: tuple[str, ...], broker: EmbeddedBroker, tmp: str, topic:
         if name == "driver":  # a projection: the driver reads the (small) batch itself, no SparkContext
             config = IngestConfig(table_uri=table, ingest_id=name, topics=[topic], kafka_config=broker.config,
                                   transform=Transform(sql=PROJECTION))
-            paths.append(spark_submit_path(name, config, append_check(table, name), max_delay=4.0))
+            # its whole job takes ~1.5-2.5 s (no JVM for Spark): a later random kill would come after the commit
+            paths.append(spark_submit_path(name, config, append_check(table, name), max_delay=1.5))
         elif name == "spark":  # a transform Spark runs: the tasks read
             paths.append(spark_submit_path(name, ingest_config(table, name, topic, bootstrap), append_check(table, name)))
         elif name == "connect":
