@@ -20,10 +20,28 @@ from tests.conftest import REPO
 PROVIDER_KEYS = ("hooks", "operators", "sensors", "triggers", "extra-links")
 
 
+def json_list(out: str, what: str, required: bool = True) -> list[dict]:
+    """The JSON list a CLI command printed, after whatever log lines came first (Airflow 3.0 logs
+    lines that start with "[" before it, so the first "[" is not the list); ``required=False``: none
+    printed is an empty list (`airflow plugins` with no plugin that registers anything)."""
+    decoder = json.JSONDecoder()
+    for i, char in enumerate(out):
+        if char == "[":
+            try:
+                value, _ = decoder.raw_decode(out, i)
+            except ValueError:
+                continue
+            if isinstance(value, list):
+                return value
+    if not required:
+        return []
+    raise AssertionError(f"{what} printed no JSON list: {out[-2000:]}")
+
+
 def providers_json(airflow_bin: str, env: dict) -> list[dict]:
     out = subprocess.run([airflow_bin, "providers", "list", "-o", "json"], env=env, check=True,
                          capture_output=True, text=True, timeout=300).stdout
-    return json.loads(out[out.index("["):])
+    return json_list(out, "airflow providers list")
 
 
 def test_airflow_providers_list_shows_it(airflow_db):
@@ -53,12 +71,14 @@ def test_fresh_environment_install_lists_provider(tmp_path, airflow_db):
     assert where.startswith(fresh_site), where
     out = subprocess.run([python, "-m", "airflow", "providers", "list", "-o", "json"],
                          env=env, check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path).stdout
-    listed = {p["package_name"]: p for p in json.loads(out[out.index("["):])}
+    listed = {p["package_name"]: p for p in json_list(out, "airflow providers list")}
     assert listed["airflow-eo"]["version"] == provider_info()["versions"][0]
     # the UI page's plugin comes with the wheel, its templates and stylesheet too (package data)
-    out = subprocess.run([python, "-m", "airflow", "plugins", "-o", "json"],
-                         env=env, check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path).stdout
-    plugins = {p["name"]: p for p in json.loads(out[out.index("["):])} if "[" in out else {}
+    done = subprocess.run([python, "-m", "airflow", "plugins", "-o", "json"],
+                          env=env, check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    said = done.stdout + done.stderr  # Airflow logs a plugin that fails to load and goes on (exit 0)
+    assert "Failed to import plugin" not in said and "Failed to load plugin" not in said, said[-3000:]
+    plugins = {p["name"]: p for p in json_list(done.stdout, "airflow plugins", required=UI_PAGE_SUPPORTED)}
     if UI_PAGE_SUPPORTED:
         assert plugins["airflow_eo"]["fastapi_apps"][0]["url_prefix"] == "/airflow-eo"
     else:  # below Airflow 3.1 the plugin loads and registers no page (no external views there)
