@@ -11,15 +11,20 @@ from tests.helpers import new_topic
 from tests.system.scale.test_s3 import options_of
 
 
+def merging(spark, kafka_config: dict, uri: str, topic: str, options: dict, ingest_id: str, sql: str = SQL,
+            **extra) -> tuple[Ingestion, ChangeProducer]:
+    """An in-process merge ingest by ``id`` into the s3:// table ``uri``, and a producer of its changes."""
+    config = IngestConfig(table_uri=uri, ingest_id=ingest_id, topics=[topic], kafka_config=kafka_config,
+                          storage_options=options, write_mode="merge", merge_key="id", transform_sql=sql, **extra)
+    return Ingestion(config, InProcessSubmitter(spark)), ChangeProducer(kafka_config, topic)
+
+
 def test_a_merge_into_s3_rewrites_the_files_that_held_its_keys(s3, kafka_config, spark):
     bootstrap = kafka_config["bootstrap.servers"]
     topic = new_topic(kafka_config, 3)
     options = options_of(s3)
     uri = f"s3://{s3.bucket}/merge-{topic}"
-    config = IngestConfig(table_uri=uri, ingest_id="s3_merge", topics=[topic], kafka_config=kafka_config,
-                          storage_options=options, write_mode="merge", merge_key="id", transform_sql=SQL)
-    ingestion = Ingestion(config, InProcessSubmitter(spark))
-    changes = ChangeProducer(kafka_config, topic)
+    ingestion, changes = merging(spark, kafka_config, uri, topic, options, "s3_merge")
     changes.write(range(500))
     changes.flush()
     assert ingestion.run(RunIdentity("s1")).inserted == 500
@@ -55,11 +60,7 @@ def test_a_column_mapped_s3_table_with_lists_and_maps_in_a_struct_takes_merges(s
     pafs.copy_files(local, remote.root, destination_filesystem=remote.fs)
     sql = SQL.replace(" FROM source", ", named_struct('tags', array(CAST(key AS STRING)), 'attrs', "
                       "map('v', CAST(value AS STRING))) AS meta FROM source")
-    config = IngestConfig(table_uri=uri, ingest_id="s3_mapped", topics=[topic], kafka_config=kafka_config,
-                          storage_options=options, write_mode="merge", merge_key="id", transform_sql=sql,
-                          adopt_table=True)
-    ingestion = Ingestion(config, InProcessSubmitter(spark))
-    changes = ChangeProducer(kafka_config, topic)
+    ingestion, changes = merging(spark, kafka_config, uri, topic, options, "s3_mapped", sql, adopt_table=True)
     changes.write(range(60))
     changes.flush()
     assert ingestion.run(RunIdentity("m1")).inserted == 60
