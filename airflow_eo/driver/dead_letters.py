@@ -7,7 +7,7 @@ A record whose reason is set (:mod:`airflow_eo.driver.decode`: not decodable, nu
 The main commit decides; the dead-letter table follows it. The attempt stages its dead
 letters beside the dead-letter table (``b<batch>-…/``) and lists them in the *main*
 commit's metadata (:meth:`DeadLetters.manifest`); only after that commit landed are they
-committed to the dead-letter table (:func:`airflow_eo.table.commit.commit_dead_letters_of`),
+committed to the dead-letter table (:func:`airflow_eo.sinks.dead_letters.commit_dead_letters_of`),
 once per batch. A run that loses the main commit's compare-and-set never touches the
 dead-letter table. If the driver dies between the two commits, the next run of the ingest
 (or the retry) rolls the dead-letter commit forward before it plans.
@@ -32,7 +32,7 @@ from airflow_eo.decoding.decoder import REASON_COLUMN
 from airflow_eo.driver.decode import decode, functions_for
 from airflow_eo.errors import DeadLetterThresholdError
 from airflow_eo.planning import BatchPlan
-from airflow_eo.table.commit import ensure_table
+from airflow_eo.sinks.dead_letters import ensure_table
 from airflow_eo.table.staging import attempt_dir_name
 from airflow_eo.table.storage import TableLocation
 

@@ -58,6 +58,7 @@ from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.outcomes import RunStatus
+from airflow_eo.sinks import recorded_sink
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.metrics import emit_run_metrics
 from airflow_eo.operators.task_end import released_at_end
@@ -318,11 +319,10 @@ class KafkaToDeltaOperator(BaseOperator):
             raise_for_airflow(self.log, exc)
         self.summary = summary = result.to_dict()
         self.lineage_source = replace(self.lineage_source, columns=self.committed_columns(config))
+        counts = recorded_sink(summary.get("write_mode") or "append").counts_text(summary)
         self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s%s",
                       summary["status"], summary["batch"], summary["version"], summary["rows"],
-                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]),
-                      ", merged: {inserted} inserted, {updated} updated, {deleted} deleted, {files_rewritten} "
-                      "file(s) rewritten".format(**summary) if summary.get("write_mode") == "merge" else "")
+                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]), f", {counts}" if counts else "")
         self.log.info("Delta batch: %s", summary_link(summary))
         emit_run_metrics(summary)
         if RunStatus(summary["status"]).wrote_commit and "outlet_events" in context:

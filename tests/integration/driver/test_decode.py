@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from airflow_eo.attempt import Transform
-from airflow_eo.driver import main as driver_main
+from airflow_eo.sinks.dead_letters import DeadLetterSink
 from airflow_eo.errors import CommitConflictError, DeadLetterThresholdError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.planning import RunIdentity
@@ -80,7 +80,7 @@ def test_a_crash_between_the_main_and_the_dead_letter_commit_is_rolled_forward_o
     def die(*args, **kwargs):
         raise RuntimeError("driver died between the main commit and the dead-letter commit")
 
-    monkeypatch.setattr(driver_main, "commit_dead_letters_of", die)  # the crash point, not the code under test
+    monkeypatch.setattr(DeadLetterSink, "follow", staticmethod(die))  # the crash point, not the code under test
     monkeypatch.setattr(Ingestion, "complete_dead_letters", lambda self, ledger: None)  # the worker died too
     assert run(config, spark_path).status == COMMITTED  # the job failed after the main commit landed
     assert read_table(config.table_uri, ["offset"]).num_rows == 6  # the main commit landed

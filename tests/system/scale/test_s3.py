@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, BatchCommit, StagedBatch, commit
+from airflow_eo.sinks.append import BatchCommit
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, StagedBatch, commit
 from airflow_eo.errors import CommitConflictError, ConfigError
 from airflow_eo.ingest import IngestConfig, Ingestion
 from airflow_eo.driver.reader import read_range
