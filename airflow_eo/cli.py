@@ -123,7 +123,7 @@ def _interval(args):
 
 
 def cmd_ingest(args) -> int:
-    from airflow_eo.planning import RunIdentity
+    from airflow_eo.offsets import RunIdentity
 
     interval = _interval(args)
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
@@ -135,7 +135,7 @@ def cmd_ingest(args) -> int:
 def cmd_plan(args) -> int:
     """What ``ingest`` with the same options would read and write next, writing nothing (:mod:`airflow_eo.preview`)."""
     from airflow_eo.ingest import Ingestion
-    from airflow_eo.planning import RunIdentity
+    from airflow_eo.offsets import RunIdentity
     from airflow_eo.preview import NO_SPARK, plan_preview
 
     interval = _interval(args)
@@ -148,7 +148,7 @@ def cmd_plan(args) -> int:
 
 def cmd_reprocess(args) -> int:
     """Replace one committed batch's rows (the operator's reprocess, :mod:`airflow_eo.reprocess`)."""
-    from airflow_eo.planning import RunIdentity
+    from airflow_eo.offsets import RunIdentity
     from airflow_eo.reprocess import Reprocessor, parse_range
 
     if (args.run_key is None) == (not args.range):

@@ -34,17 +34,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, PinnedFeatures
-from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
+from airflow_eo.config import IngestConfig
 from airflow_eo.decoding.reader_schemas import pin
 from airflow_eo.errors import AirflowEoError, ConfigError
 from airflow_eo.faults import failpoint
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planner import INTERVAL, IntervalPlanner, OffsetPlanner
-from airflow_eo.planning import BatchPlan, CommitCheck, Interval, RunIdentity
+from airflow_eo.planning import BatchPlan, CommitCheck
+from airflow_eo.offsets import Interval, RunIdentity
 from airflow_eo.outcomes import RunStatus
-from airflow_eo.result import IngestResult, build_result, short_cause  # noqa: F401 - re-exported: the loop's result
-from airflow_eo.runner import AttemptRunner, Submitter, verdict  # noqa: F401 - Submitter: re-exported
+from airflow_eo.result import IngestResult, build_result
+from airflow_eo.runner import AttemptRunner, Submitter, verdict
 from airflow_eo.status import lag_of
 from airflow_eo.sinks import Sink, recorded_sink, sink_of
 from airflow_eo.sinks.append import BatchCommit
@@ -60,7 +61,6 @@ from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
 
-NOTHING_NEW = RunStatus.NOTHING_NEW  # the name earlier versions exported
 
 
 class NextAction(str, enum.Enum):

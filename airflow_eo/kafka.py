@@ -26,9 +26,8 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_eo.errors import ConfigError, KafkaUnavailableError
-from airflow_eo.planning import (
-    EARLIEST, LATEST, PartitionBounds, StartingPosition, TopicPartition, check_start,
-)
+from airflow_eo.planning import StartingPosition, check_start
+from airflow_eo.offsets import EARLIEST, LATEST, PartitionBounds, TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 
 from airflow_eo.errors import IntervalNotClosedError
 from airflow_eo.ingest import Ingestion, NextAction, NextStep
-from airflow_eo.planning import BatchPlan, Interval, OffsetRange, ReaderSchema, RunIdentity
+from airflow_eo.planning import BatchPlan, ReaderSchema
+from airflow_eo.offsets import Interval, OffsetRange, RunIdentity
 from airflow_eo.table.ledger import Ledger
 
 log = logging.getLogger(__name__)

@@ -45,10 +45,11 @@ from dataclasses import replace
 
 from airflow_eo.attempt import AttemptKind, PinnedFeatures
 from airflow_eo.errors import ConfigError, DataLossError
-from airflow_eo.ingest import IngestResult, Ingestion
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.ingest import Ingestion
+from airflow_eo.result import IngestResult
+from airflow_eo.offsets import OffsetRange, RunIdentity
 from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
+from airflow_eo.planning import BatchPlan, CommitCheck
 from airflow_eo.runner import verdict
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.lease import HeldLease, LeasePurpose
@@ -58,10 +59,6 @@ from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
 from airflow_eo.table.staging import new_attempt_id
 
 log = logging.getLogger(__name__)
-
-# the names earlier versions exported
-REPROCESSED = RunStatus.REPROCESSED
-ALREADY_REPROCESSED = RunStatus.ALREADY_REPROCESSED
 
 
 _RANGE = re.compile(r"^\s*(?P<topic>[^\[\]\s]+)\[(?P<partition>\d+)\]\s*:?\s*(?P<start>\d+)\s*(?:\.\.|-)\s*(?P<end>\d+)\s*$")

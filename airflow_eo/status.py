@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Mapping
 
 from airflow_eo.errors import AirflowEoError, TableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import (
-    Interval, PartitionBounds, StartingPosition, TopicPartition, backlog, partitions_without_offsets,
-)
+from airflow_eo.planning import StartingPosition, backlog, partitions_without_offsets
+from airflow_eo.offsets import Interval, PartitionBounds, TopicPartition
 from airflow_eo.spec import FROM_EARLIEST
 from airflow_eo.intervals import CommittedInterval, gaps
 from airflow_eo.spec.options import WriteMode

@@ -46,7 +46,8 @@ from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
 from airflow_eo.table.compaction import MAINTENANCE_KEY
 from airflow_eo.table.audit_log import AuditLog
 from airflow_eo.table.features import TableUse
-from airflow_eo.table.ledger import Ledger, partition_app_id
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import partition_app_id
 from airflow_eo.sinks import recorded_sink
 from airflow_eo.table.metadata import METADATA_KEY, CommitKind
 

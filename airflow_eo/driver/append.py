@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from airflow_eo.attempt import Attempt
 from airflow_eo.table.features import TableFeatures
-from airflow_eo.table.staging import StagedFile, StagingArea
+from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.files import StagedFile
 
 if TYPE_CHECKING:
     from airflow_eo.driver.dead_letters import DeadLetters

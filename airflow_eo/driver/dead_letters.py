@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 
-from airflow_eo.attempt import Attempt, DeadLetterSpec, Secrets
-from airflow_eo.decoding.decoder import REASON_COLUMN
+from airflow_eo.attempt import Attempt, Secrets
+from airflow_eo.spec import DeadLetterSpec
+from airflow_eo.spec.columns import REASON_COLUMN
 from airflow_eo.driver.decode import decode, functions_for
 from airflow_eo.errors import DeadLetterThresholdError
 from airflow_eo.planning import BatchPlan

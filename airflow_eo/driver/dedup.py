@@ -40,9 +40,10 @@ import uuid
 from dataclasses import dataclass
 from functools import cached_property
 
-from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, DedupSpec
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind
+from airflow_eo.spec import KEY_COLUMNS, DedupSpec
 from airflow_eo.compat import observation_pending
-from airflow_eo.decoding.decoder import REASON_COLUMN
+from airflow_eo.spec.columns import REASON_COLUMN
 from airflow_eo.driver.append import SparkStage
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.scan import TableFiles, read_table_files
@@ -97,7 +98,7 @@ class Deduplicated:
     @cached_property
     def duplicates(self):
         """The dropped records: the source columns, :data:`DEDUP_COLUMN` and their dead-letter reason
-        ``'duplicate key'`` in :data:`~airflow_eo.decoding.decoder.REASON_COLUMN` (built when asked
+        ``'duplicate key'`` in :data:`~airflow_eo.spec.columns.REASON_COLUMN` (built when asked
         for: the write of ``kept`` does not need it)."""
         with functions_for(self.ranked) as F:
             dropped = self.ranked.where(~F.col(_FIRST))

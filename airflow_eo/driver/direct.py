@@ -42,7 +42,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, IngestSpec, Secrets, Transform
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets
+from airflow_eo.spec import KEY_COLUMNS, IngestSpec, Transform
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
 from airflow_eo.sinks import sink_of

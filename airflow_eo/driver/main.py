@@ -57,7 +57,8 @@ from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, CommitOutcome,
 from airflow_eo.table.features import TableFeatures
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, LateRecords
-from airflow_eo.table.staging import StagedFile, StagingArea
+from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation
 
 if TYPE_CHECKING:
@@ -276,8 +277,9 @@ def main(argv: list[str]) -> int:
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0
         # Standalone: this driver plans too, running the same loop as `airflow-eo ingest`.
-        from airflow_eo.ingest import IngestConfig, Ingestion
-        from airflow_eo.planning import RunIdentity
+        from airflow_eo.ingest import Ingestion
+        from airflow_eo.config import IngestConfig
+        from airflow_eo.offsets import RunIdentity
 
         config = IngestConfig(credentials=secrets, **options_from_args(args, _read_text))  # with --table-uri
         result = Ingestion(config, InProcessSubmitter(job.session())).run(RunIdentity(run_key=args.run_key))

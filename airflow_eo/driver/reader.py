@@ -33,7 +33,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from airflow_eo.errors import DataLossError, ReadIncompleteError
 from airflow_eo.kafka import client_config
-from airflow_eo.planning import OffsetRange
+from airflow_eo.offsets import OffsetRange
 
 BATCH_ROWS = 10_000
 # librdkafka prefetches up to queued.min.messages (default 100,000) per partition; while the

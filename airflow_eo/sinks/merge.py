@@ -21,7 +21,8 @@ from deltalake.transaction import Transaction
 
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.errors import CommitConflictError, ConfigError
-from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
+from airflow_eo.planning import BatchPlan, CommitCheck
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.sinks.base import Sink, SinkKind, check_mark
 from airflow_eo.spec import MergeSpec
 from airflow_eo.table.commit import (

@@ -88,14 +88,14 @@ from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan, CommitCheck, describe_mismatch
 from airflow_eo.table.engine_merge import EngineMerge
 from airflow_eo.table.features import TableFeatures, TableUse
-from airflow_eo.table.files import TableFile
+from airflow_eo.table.files import TableFile, StagedFile
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.app_ids import batch_app_id, partition_app_id
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.metadata import METADATA_KEY, BatchMetadata, CommitKind
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
-from airflow_eo.table.staging import StagedFile, StagingArea
+from airflow_eo.table.staging import StagingArea
 
 log = logging.getLogger(__name__)
 

@@ -28,22 +28,19 @@ from typing import TYPE_CHECKING, Iterable
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from airflow_eo.attempt import TXN_RETENTION
+from airflow_eo.spec import TXN_RETENTION, normalize_table_uri
 from airflow_eo.errors import ConfigError, TableError, TableFeatureError
-from airflow_eo.planning import (
-    BatchPlan, CommitCheck, OffsetRange, TopicPartition, batch_state,
-)
-# METADATA_KEY: re-exported, the commitInfo key is named from here too
-from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind  # noqa: F401
-from airflow_eo.table.app_ids import (  # noqa: F401 - the ledger's app ids, re-exported: callers name them from here
-    APP_PREFIX, batch_app_id, boundary_app_id, dlq_app_id, interval_app_id, interval_at_app_id, merge_app_id,
-    merge_mark, partition_app_id, reprocess_app_id, span_app_id,
+from airflow_eo.planning import BatchPlan, CommitCheck, batch_state
+from airflow_eo.offsets import OffsetRange, TopicPartition
+from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind
+from airflow_eo.table.app_ids import (
+    batch_app_id, merge_app_id,
+    partition_app_id, reprocess_app_id,
 )
 from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.partitioning import check_table_partitioning
-from airflow_eo.spec import validate_ingest_id  # noqa: F401 - parsed with the spec; re-exported here
-from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
+from airflow_eo.table.storage import TableLocation, is_local
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -11,13 +11,15 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from airflow_eo.attempt import Transform
+from airflow_eo.spec import Transform
 from airflow_eo.sinks.dead_letters import DeadLetterSink
 from airflow_eo.errors import CommitConflictError, DeadLetterThresholdError
-from airflow_eo.ingest import IngestConfig, Ingestion
-from airflow_eo.planning import RunIdentity
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED
-from airflow_eo.table.ledger import Ledger, dlq_app_id
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import dlq_app_id
 from tests.helpers import new_topic, read_table
 
 INGEST_ID = "orders_json"

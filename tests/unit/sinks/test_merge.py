@@ -13,13 +13,15 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from airflow_eo.errors import CommitConflictError, ConfigError
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import OffsetRange, RunIdentity
 from airflow_eo.spec import MergeSpec, WriteMode
 from airflow_eo.sinks.append import BatchCommit
 from airflow_eo.sinks.base import check_mark
 from airflow_eo.sinks.merge import FileSwap, MergeCommit, MergeReprocessCommit
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, StagedBatch, commit
-from airflow_eo.table.ledger import Ledger, merge_app_id, merge_mark
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import merge_app_id, merge_mark
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from airflow_eo.table.merge import DELETE_COLUMN, candidate_files, rewrite_file, with_key_stats
 from airflow_eo.table.metadata import CommitKind, MergeInfo

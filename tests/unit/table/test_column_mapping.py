@@ -12,7 +12,8 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 from airflow_eo.errors import CommitConflictError, TableFeatureError
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import OffsetRange, RunIdentity
 from airflow_eo.spec import MergeSpec, WriteMode
 from airflow_eo.sinks.append import BatchCommit, ReprocessCommit
 from airflow_eo.sinks.merge import FileSwap, MergeCommit

@@ -14,7 +14,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
-from airflow_eo.planning import RunIdentity
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.sinks.append import BatchCommit
 from airflow_eo.table.commit import commit, refused_by_engine
 from airflow_eo.table.features import SUPPORT, Support, TableFeatures, TableUse
@@ -446,7 +446,8 @@ def test_the_reprocess_of_a_merge_tables_newest_batch_goes_through_deltalakes_me
 
 
 def test_a_dead_letter_table_with_rules_or_column_mapping_is_refused_before_planning(tmp_path):
-    from airflow_eo.ingest import IngestConfig, Ingestion
+    from airflow_eo.ingest import Ingestion
+    from airflow_eo.config import IngestConfig
     from tests.delta_tables import enable_column_mapping
 
     dlq = str(tmp_path / "dlq")
