@@ -71,13 +71,14 @@ class DeadLetters:
         self.arrow_schema = None
 
     @classmethod
-    def of(cls, source, attempt: Attempt, secrets: Secrets, checked: bool = False) -> "DeadLetters | None":
-        """None unless the attempt decodes keys or values, or sends dropped duplicates here, or
-        (``checked``: the table has rules for new rows) has a dead-letter table for the records that
-        break them."""
+    def of(cls, source, attempt: Attempt, secrets: Secrets, checked: bool = False,
+           sent: bool = False) -> "DeadLetters | None":
+        """None unless the attempt decodes keys or values, or its sink sends records here (``sent``:
+        dropped duplicates, :attr:`airflow_eo.sinks.base.Sink.sends_dead_letters`), or (``checked``: the
+        table has rules for new rows) has a dead-letter table for the records that break them."""
         if attempt.decode.enabled:
             return cls(decode(source, attempt.decode.columns), attempt, secrets.storage_options)
-        if attempt.dedup.to_dead_letters or (checked and attempt.dead_letters.table_uri):
+        if sent or (checked and attempt.dead_letters.table_uri):
             with functions_for(source) as F:
                 return cls(source.withColumn(REASON_COLUMN, F.lit(None).cast("string")), attempt,
                            secrets.storage_options)

@@ -173,7 +173,7 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
     decoder, reader_schemas = record_decoder(decoding.decode.columns, secrets.schema_registry, plan)
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
-    dead = DeadLetters.of(source, decoding, secrets, features.enforced)  # None unless records may go there
+    dead = DeadLetters.of(source, decoding, secrets, features.enforced, sink.sends_dead_letters)  # None: none may
     step = spark_stage(sink, attempt, staging, features, dead, storage_options)
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     with Progress(spark, plan.batch, planned_offsets):  # Spark itself is at WARN

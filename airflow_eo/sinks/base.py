@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Mapping
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.errors import ConfigError
 from airflow_eo.planning import BatchPlan
-from airflow_eo.spec import SinkSpec
+from airflow_eo.spec import SinkSpec, WriteMode
 from airflow_eo.table.commit import CommitRule, StagedBatch
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.app_ids import merge_mark
@@ -50,6 +50,8 @@ class Sink:
     attributes and override the steps their write mode changes; the defaults are an append's."""
 
     kind: ClassVar[SinkKind]
+    write_mode: ClassVar[WriteMode] = WriteMode.APPEND  # what its commits record (BatchMetadata.write_mode)
+    table_note: ClassVar[str] = ""  # what `airflow-eo status` says of its table ("": nothing)
     use: ClassVar[TableUse]  # what its batches do to the table (what the table's features are checked for)
     direct: ClassVar[bool] = True  # its rows may be staged by the read tasks themselves (the direct path)
     rows_keep_offsets: ClassVar[bool] = True  # the audit compares its rows offset by offset
@@ -99,9 +101,19 @@ class Sink:
         return make(staged, attempt, findings, extra)
 
     # -- what a run's result and the plan preview say ----------------------------------------------
+    @property
+    def sends_dead_letters(self) -> bool:
+        """Whether its stage step sends records to the dead letters (beyond undecodable ones and rule violations)."""
+        return False
+
     def describe(self) -> str:
         """How the sink writes, for the plan preview (``append``, ``merge by id``)."""
-        return self.spec.merge.write_mode.value
+        return self.describe_mode(self.spec.merge.key)
+
+    @classmethod
+    def describe_mode(cls, key: tuple[str, ...] = ()) -> str:
+        """How a sink of this class writes (``key``: its merge key)."""
+        return cls.write_mode.value
 
     @classmethod
     def result_counts(cls, meta: BatchMetadata | None) -> dict[str, Any]:

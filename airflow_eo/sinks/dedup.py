@@ -23,6 +23,10 @@ class DedupSink(AppendSink):
     use = TableUse.DEDUP
     direct = False  # keys are computed and looked up in Spark
 
+    @property
+    def sends_dead_letters(self) -> bool:
+        return self.spec.dedup.to_dead_letters  # dropped duplicates, when asked
+
     def findings(self, attempt: Attempt, dead_letters: DeadLetterManifest | None = None, dropped: int | None = None,
                  late: LateRecords | None = None, reader_schemas=()) -> BatchFindings:
         """Also the duplicates it dropped (zero for a batch that measured none: an empty one)."""

@@ -24,7 +24,7 @@ from airflow_eo.errors import CommitConflictError, ConfigError
 from airflow_eo.planning import BatchPlan, CommitCheck
 from airflow_eo.offsets import RunIdentity
 from airflow_eo.sinks.base import Sink, SinkKind, check_mark
-from airflow_eo.spec import MergeSpec
+from airflow_eo.spec import MergeSpec, WriteMode
 from airflow_eo.table.commit import (
     CommitOutcome, StagedBatch, add_actions, batch_lost_race, check_features, compare_offsets,
     compare_reprocess_counter, evolve_schema, offset_transactions, open_writable, remove_action,
@@ -55,6 +55,8 @@ class MergeSink(Sink):
     """``write_mode="merge"``: see the module."""
 
     kind = SinkKind.MERGE
+    write_mode = WriteMode.MERGE
+    table_note = "merge by key"
     use = TableUse.MERGE
     direct = False  # change events are decoded, unwrapped and reduced to one row per key in Spark
     rows_keep_offsets = False  # one row per key: the audit checks the ranges' tiling and the recorded counts
@@ -88,8 +90,9 @@ class MergeSink(Sink):
                                     reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
                                     findings=findings, engine=extra.engine)
 
-    def describe(self) -> str:
-        return f"merge by {', '.join(self.spec.merge.key)}"
+    @classmethod
+    def describe_mode(cls, key: tuple[str, ...] = ()) -> str:
+        return f"merge by {', '.join(key)}"
 
     @classmethod
     def result_counts(cls, meta: BatchMetadata | None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from airflow_eo.sinks.base import Sink, SinkKind
 from airflow_eo.sinks.dedup import DedupSink
 from airflow_eo.sinks.merge import MergeSink
 from airflow_eo.spec import SinkSpec, WriteMode
+from airflow_eo.table.ledger import Ledger
 
 SINKS: dict[SinkKind, type[Sink]] = {
     SinkKind.APPEND: AppendSink,
@@ -33,6 +34,11 @@ def kind_of(spec: SinkSpec) -> SinkKind:
 def sink_of(spec: SinkSpec) -> Sink:
     """The sink that writes ``spec``'s table."""
     return SINKS[kind_of(spec)](spec)
+
+
+def table_sink(ledger: Ledger, ingest_id: str) -> type[Sink]:
+    """The sink class a table's write-mode mark says its batches were written with (dedup apart)."""
+    return MergeSink if ledger.is_merge_table(ingest_id) else AppendSink
 
 
 def recorded_sink(write_mode: WriteMode | str) -> type[Sink]:

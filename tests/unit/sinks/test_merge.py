@@ -16,9 +16,10 @@ from airflow_eo.errors import CommitConflictError, ConfigError
 from airflow_eo.planning import BatchPlan
 from airflow_eo.offsets import OffsetRange, RunIdentity
 from airflow_eo.spec import MergeSpec, WriteMode
-from airflow_eo.sinks.append import BatchCommit
+from airflow_eo.sinks import table_sink
+from airflow_eo.sinks.append import AppendSink, BatchCommit
 from airflow_eo.sinks.base import check_mark
-from airflow_eo.sinks.merge import FileSwap, MergeCommit, MergeReprocessCommit
+from airflow_eo.sinks.merge import FileSwap, MergeCommit, MergeReprocessCommit, MergeSink
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, StagedBatch, commit
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.app_ids import merge_app_id, merge_mark
@@ -251,6 +252,7 @@ def test_a_table_keeps_its_write_mode_and_merge_key(tmp_path):
     commit(BatchCommit(StagedBatch(p, tuple(staging.staged_files(staging.attempt_path(p))), {"cdc[0]": 1}, SCHEMA)),
            appended)
     check_mark(Ledger.open(appended), INGEST, None)
+    assert table_sink(Ledger.open(appended), INGEST) is AppendSink and table_sink(ledger, INGEST) is MergeSink
     with pytest.raises(ConfigError, match="holds appended batches .* needs a new table"):
         check_mark(Ledger.open(appended), INGEST, KEY)
     with pytest.raises(ConfigError, match="holds appended batches"):  # at commit time too

@@ -64,6 +64,23 @@ def test_what_each_sink_does_to_the_table():
     assert (append.direct, dedup.direct, merge.direct) == (True, False, False)
     assert (append.rows_keep_offsets, dedup.rows_keep_offsets, merge.rows_keep_offsets) == (True, True, False)
     assert (append.describe(), merge.describe()) == ("append", "merge by id")
+    assert (append.table_note, merge.table_note) == ("", "merge by key")
+    assert (append.write_mode, dedup.write_mode, merge.write_mode) == (WriteMode.APPEND, WriteMode.APPEND,
+                                                                       WriteMode.MERGE)
+
+
+def test_only_a_dedup_sink_asked_to_sends_records_to_the_dead_letters():
+    asked = spec(dedup_key="key", dead_letter_table_uri="/data/dlq", duplicates_to_dead_letters=True)
+    assert sink_of(asked.sink).sends_dead_letters
+    assert not sink_of(spec(dedup_key="key").sink).sends_dead_letters
+    assert not sink_of(spec(dead_letter_table_uri="/data/dlq").sink).sends_dead_letters
+
+
+def test_a_tables_mark_names_its_sink(tmp_path):
+    from airflow_eo.sinks import table_sink
+    from airflow_eo.table.ledger import Ledger
+
+    assert table_sink(Ledger.open(str(tmp_path / "none")), "t") is AppendSink  # no table yet: appends
 
 
 def test_the_commit_rule_follows_the_attempt_kind():
