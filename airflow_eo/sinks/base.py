@@ -126,6 +126,11 @@ class Sink:
         return ""
 
     @classmethod
+    def counts_facet(cls, summary: Mapping[str, Any]) -> dict[str, int] | None:
+        """Those counts in the run's OpenLineage facet (None: it has none)."""
+        return None
+
+    @classmethod
     def count_metrics(cls, summary: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
         """Those counts as the run's counters (metric name, value), from its result's dict."""
         return ()

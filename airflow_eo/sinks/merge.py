@@ -108,6 +108,10 @@ class MergeSink(Sink):
                 "rewritten").format(**{k: summary.get(k, 0) for k in _COUNTS})
 
     @classmethod
+    def counts_facet(cls, summary: Mapping[str, Any]) -> dict[str, int] | None:
+        return {k: summary.get(k, 0) for k in _COUNTS}
+
+    @classmethod
     def count_metrics(cls, summary: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
         return tuple((metric, int(summary.get(key) or 0)) for metric, key in (
             ("rows_inserted", "inserted"), ("rows_updated", "updated"), ("rows_deleted", "deleted"),
