@@ -48,7 +48,6 @@ from airflow_eo.result import IngestResult, build_result
 from airflow_eo.runner import AttemptRunner, Submitter, verdict
 from airflow_eo.status import lag_of
 from airflow_eo.sinks import Sink, recorded_sink, sink_of
-from airflow_eo.sinks.append import BatchCommit
 from airflow_eo.sinks.dead_letters import DeadLetterSink, commit_dead_letters_of
 from airflow_eo.table.commit import StagedBatch, commit
 from airflow_eo.table.features import TableUse
@@ -300,9 +299,7 @@ class Ingestion:
         log.info("interval %s holds no records: committing its boundaries without Spark", attempt.plan.interval)
         staged = StagedBatch(attempt.plan, (), partition_by=attempt.partition_by)
         try:  # what an empty Spark batch records, from the builder the driver uses
-            # boundaries only, whatever the write mode: a batch without rows commits as an append does
-            commit(BatchCommit(staged, findings=self.sink.findings(attempt), adopt_table=attempt.adopt_table),
-                   self.config.table_uri, self.storage_options)
+            commit(self.sink.boundaries_rule(staged, attempt), self.config.table_uri, self.storage_options)
         except AirflowEoError as exc:
             return exc
         return None

@@ -45,12 +45,21 @@ class AppendSink(Sink):
         return BatchCommit(staged, findings=findings, schema_evolution=attempt.schema_evolution,
                            table_properties=attempt.table_properties, adopt_table=attempt.adopt_table)
 
+    def boundaries_rule(self, staged: StagedBatch, attempt: Attempt) -> "BatchCommit":
+        return boundaries_commit(self, staged, attempt)
+
     def reprocess_rule(self, staged: StagedBatch, attempt: Attempt, findings: BatchFindings,
                        extra: Any = None) -> "ReprocessCommit":
         assert attempt.reprocess_from is not None  # a reprocess attempt carries it (Attempt checks)
         engine = staged.features is not None and staged.features.engine_for(TableUse.REPROCESS)
         return ReprocessCommit(staged, reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
                                findings=findings, engine=engine)
+
+
+def boundaries_commit(sink: Sink, staged: StagedBatch, attempt: Attempt) -> "BatchCommit":
+    """An interval without records, whatever the write mode: a batch of no rows commits as an append does
+    (what an empty Spark batch records, from the sink's findings)."""
+    return BatchCommit(staged, findings=sink.findings(attempt), adopt_table=attempt.adopt_table)
 
 
 class BatchCommit:

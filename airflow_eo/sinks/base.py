@@ -95,6 +95,10 @@ class Sink:
         """The rule that replaces a committed batch's rows."""
         raise NotImplementedError
 
+    def boundaries_rule(self, staged: StagedBatch, attempt: Attempt) -> CommitRule:
+        """The rule that commits an interval without records: its boundaries and offsets, no rows."""
+        raise NotImplementedError
+
     def rule(self, staged: StagedBatch, attempt: Attempt, findings: BatchFindings, extra: Any = None) -> CommitRule:
         """The commit rule of ``attempt``'s kind."""
         make = self.reprocess_rule if attempt.kind is AttemptKind.REPROCESS else self.ingest_rule

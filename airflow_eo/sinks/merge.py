@@ -23,10 +23,11 @@ from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.errors import CommitConflictError, ConfigError
 from airflow_eo.planning import BatchPlan, CommitCheck
 from airflow_eo.offsets import RunIdentity
+from airflow_eo.sinks.append import boundaries_commit
 from airflow_eo.sinks.base import Sink, SinkKind, check_mark
 from airflow_eo.spec import MergeSpec, WriteMode
 from airflow_eo.table.commit import (
-    CommitOutcome, StagedBatch, add_actions, batch_lost_race, check_features, compare_offsets,
+    CommitOutcome, CommitRule, StagedBatch, add_actions, batch_lost_race, check_features, compare_offsets,
     compare_reprocess_counter, evolve_schema, offset_transactions, open_writable, remove_action,
     reprocess_lost_race, verify_batch, verify_reprocess,
 )
@@ -82,6 +83,9 @@ class MergeSink(Sink):
         return MergeCommit(staged, swap=extra.swap, info=extra.info, merge=attempt.merge, findings=findings,
                            schema_evolution=attempt.schema_evolution, table_properties=attempt.table_properties,
                            adopt_table=attempt.adopt_table, engine=extra.engine)
+
+    def boundaries_rule(self, staged: StagedBatch, attempt: Attempt) -> CommitRule:
+        return boundaries_commit(self, staged, attempt)
 
     def reprocess_rule(self, staged: StagedBatch, attempt: Attempt, findings: BatchFindings,
                        extra: Any = None) -> "MergeReprocessCommit":

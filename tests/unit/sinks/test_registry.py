@@ -97,6 +97,9 @@ def test_the_commit_rule_follows_the_attempt_kind():
     assert type(merge.rule(staged, attempt(m), findings, extra)) is MergeCommit
     assert type(merge.rule(staged, attempt(m, AttemptKind.REPROCESS), findings, extra)) is MergeReprocessCommit
     assert type(DeadLetterSink(s.sink).ingest_rule(staged)) is DeadLetterCommit
+    # an interval without records commits its boundaries as an append does, whatever the write mode
+    assert type(sink.boundaries_rule(staged, attempt(s))) is BatchCommit
+    assert type(merge.boundaries_rule(staged, attempt(m))) is BatchCommit
 
 
 def test_dead_letters_follow_an_ingest_and_an_appended_tables_reprocess():
