@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.planning import BatchPlan, RunIdentity
-from airflow_eo.spec import (  # noqa: F401 - the sub-specs and checks, re-exported where callers found them
-    DEFAULT_MAX_OFFSETS_PER_TASK, KEY_COLUMNS, TXN_RETENTION, DeadLetterSpec, DecodeSpec, DedupSpec, IngestSpec,
-    SparkSettings, Transform, check_partition_by, check_table_properties,
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import RunIdentity
+from airflow_eo.spec import (
+    IngestSpec,
 )
 
 TIMESTAMP_COLUMN = "timestamp"  # the Kafka record timestamp: dedup horizons and late counts read it

@@ -28,7 +28,7 @@ import uuid
 
 from airflow_eo.attempt import Env
 from airflow_eo.errors import AirflowEoError, ConfigError
-from airflow_eo.spec import WriteMode, add_arguments
+from airflow_eo.spec import add_arguments
 
 log = logging.getLogger("airflow_eo")
 
@@ -123,7 +123,7 @@ def _interval(args):
 
 
 def cmd_ingest(args) -> int:
-    from airflow_eo.planning import RunIdentity
+    from airflow_eo.offsets import RunIdentity
 
     interval = _interval(args)
     run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
@@ -135,7 +135,7 @@ def cmd_ingest(args) -> int:
 def cmd_plan(args) -> int:
     """What ``ingest`` with the same options would read and write next, writing nothing (:mod:`airflow_eo.preview`)."""
     from airflow_eo.ingest import Ingestion
-    from airflow_eo.planning import RunIdentity
+    from airflow_eo.offsets import RunIdentity
     from airflow_eo.preview import NO_SPARK, plan_preview
 
     interval = _interval(args)
@@ -148,7 +148,7 @@ def cmd_plan(args) -> int:
 
 def cmd_reprocess(args) -> int:
     """Replace one committed batch's rows (the operator's reprocess, :mod:`airflow_eo.reprocess`)."""
-    from airflow_eo.planning import RunIdentity
+    from airflow_eo.offsets import RunIdentity
     from airflow_eo.reprocess import Reprocessor, parse_range
 
     if (args.run_key is None) == (not args.range):
@@ -202,6 +202,7 @@ def cmd_maintain(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from airflow_eo.sinks import recorded_sink
     from airflow_eo.status import table_status
 
     from airflow_eo.spec import parse_option
@@ -213,8 +214,9 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
         return 0
+    note = recorded_sink(status.write_mode).table_note
     print(f"table {status.table_uri}  version {status.version}  last batch {status.last_batch}"
-          f"{'  (merge by key)' if status.write_mode is WriteMode.MERGE else ''}")
+          f"{f'  ({note})' if note else ''}")
     print(f"{'topic':<24}{'partition':>10}{'committed':>12}{'end':>12}{'lag':>10}")
     for p in status.partitions:
         print(f"{p.topic:<24}{p.partition:>10}{_n(p.committed):>12}{_n(p.end):>12}{_n(p.lag):>10}")

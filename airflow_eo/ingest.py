@@ -34,31 +34,32 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, PinnedFeatures
-from airflow_eo.config import IngestConfig  # noqa: F401 - re-exported: the name callers import from here
+from airflow_eo.config import IngestConfig
 from airflow_eo.decoding.reader_schemas import pin
-from airflow_eo.errors import AirflowEoError, ConfigError, TableFeatureError
+from airflow_eo.errors import AirflowEoError, ConfigError
 from airflow_eo.faults import failpoint
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planner import INTERVAL, IntervalPlanner, OffsetPlanner
-from airflow_eo.planning import BatchPlan, CommitCheck, Interval, RunIdentity
+from airflow_eo.planning import BatchPlan, CommitCheck
+from airflow_eo.offsets import Interval, RunIdentity
 from airflow_eo.outcomes import RunStatus
-from airflow_eo.result import IngestResult, build_result, short_cause  # noqa: F401 - re-exported: the loop's result
-from airflow_eo.runner import AttemptRunner, Submitter, verdict  # noqa: F401 - Submitter: re-exported
+from airflow_eo.result import IngestResult, build_result
+from airflow_eo.runner import AttemptRunner, Submitter, verdict
 from airflow_eo.status import lag_of
-from airflow_eo.table.commit import BatchCommit, StagedBatch, commit, commit_dead_letters_of
-from airflow_eo.table.features import ConstraintKind, TableUse
-from airflow_eo.table.intervals import IntervalLedger
+from airflow_eo.sinks import Sink, recorded_sink, sink_of
+from airflow_eo.sinks.dead_letters import DeadLetterSink, commit_dead_letters_of
+from airflow_eo.table.commit import StagedBatch, commit
+from airflow_eo.table.features import TableUse
 from airflow_eo.table.lease import Claim, HeldLease, LeasePurpose, TableLease, turn
 from airflow_eo.table.ledger import BatchRecord, Ledger
-from airflow_eo.table.metadata import BatchFindings, CommitKind
+from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.staging import StagingArea, collect_orphans, new_attempt_id
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
 
-NOTHING_NEW = RunStatus.NOTHING_NEW  # the name earlier versions exported
 
 
 class NextAction(str, enum.Enum):
@@ -99,32 +100,29 @@ class Ingestion:
 
     def ledger(self, use: TableUse | None = None) -> Ledger:
         """The table's snapshot, checked for this ingest (:meth:`Ledger.check_writable`): its owner, its
-        write mode and its Delta features for ``use`` (default: what this ingest's batches do)."""
+        Delta features for ``use`` (default: what this ingest's batches do) and, by the sink, its
+        write mode (:meth:`airflow_eo.sinks.base.Sink.check_table`)."""
         ledger = Ledger.open(self.config.table_uri, self.storage_options)
-        ledger.check_writable(self.config.ingest_id, self.config.partition_by, self.config.spec.merge,
-                              use or self.use, self.config.adopt_table)
+        ledger.check_writable(self.config.ingest_id, self.config.partition_by, use or self.use,
+                              self.config.adopt_table)
+        self.sink.check_table(ledger, self.config.ingest_id)
         return ledger
+
+    @property
+    def sink(self) -> Sink:
+        """The table's sink: what its write mode does to a batch (:mod:`airflow_eo.sinks`)."""
+        return sink_of(self.config.spec.sink)
 
     @property
     def use(self) -> TableUse:
         """What this ingest's batches do to the table (what its features are checked for)."""
-        spec = self.config.spec
-        return TableUse.MERGE if spec.merge.enabled else TableUse.DEDUP if spec.dedup.enabled else TableUse.APPEND
+        return self.sink.use
 
     def check_dead_letter_table(self) -> None:
         """The dead-letter table, if there is one yet, takes appends (its features allow them)."""
         if self.config.dead_letter_table_uri:
-            dead = Ledger.open(self.config.dead_letter_table_uri, self.storage_options)
-            dead.check_features(TableUse.APPEND)
-            # dead letters are staged with their own column names and checked against no rule (a NOT NULL column
-            # is one the dead letters' own schema declares: the table is created from it)
-            rules = [c for c in dead.features.constraints if c.kind is not ConstraintKind.NOT_NULL]
-            what = "column mapping" if dead.features.names.active else \
-                "constraints or generated columns" if rules or dead.features.generated else None
-            if what is not None:
-                raise TableFeatureError(
-                    f"the dead-letter table {dead.table_uri} has {what}, which airflow-eo does not write dead letters "
-                    "with: give a dead-letter table without them; nothing was changed")
+            DeadLetterSink(self.config.spec.sink).check_table(
+                Ledger.open(self.config.dead_letter_table_uri, self.storage_options))
 
     # -- step 1: plan -------------------------------------------------------------
     def plan(self, run: RunIdentity, ledger: Ledger | None = None,
@@ -203,11 +201,11 @@ class Ingestion:
         with self.turn(run.run_key) as held:
             result = self._run(run, interval, held).timed(started)
         if result.spark_started:
+            counts = recorded_sink(result.write_mode).counts_text(result.to_dict())
             log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s%s",
                      result.batch, result.status, result.rows, result.files, result.seconds,
                      result.rows / result.seconds if result.seconds else 0, result.version,
-                     f"; merged: {result.inserted} inserted, {result.updated} updated, {result.deleted} deleted, "
-                     f"{result.files_rewritten} file(s) rewritten" if result.write_mode == "merge" else "")
+                     f"; {counts}" if counts else "")
         return result
 
     def _run(self, run: RunIdentity, interval: Interval | None, held: HeldLease | None = None) -> IngestResult:
@@ -242,8 +240,7 @@ class Ingestion:
         if planned.is_empty:
             log.info("nothing new in %s for %s: committing nothing", self.config.topics, self.config.ingest_id)
             return NextStep(NextAction.NOTHING_NEW, planned, self.result(RunStatus.NOTHING_NEW, planned, None, ledger))
-        if planned.interval is not None and self.config.spec.merge.enabled:  # changes apply in time order
-            IntervalLedger(ledger, self.config.ingest_id).check_merge_order(planned.interval)
+        self.sink.check_plan(ledger, planned)
         return NextStep(NextAction.PLAN, planned)
 
     def _already_committed(self, plan: BatchPlan, ledger: Ledger) -> NextStep:
@@ -302,8 +299,7 @@ class Ingestion:
         log.info("interval %s holds no records: committing its boundaries without Spark", attempt.plan.interval)
         staged = StagedBatch(attempt.plan, (), partition_by=attempt.partition_by)
         try:  # what an empty Spark batch records, from the builder the driver uses
-            commit(BatchCommit(staged, findings=BatchFindings.of(attempt), adopt_table=attempt.adopt_table),
-                   self.config.table_uri, self.storage_options)
+            commit(self.sink.boundaries_rule(staged, attempt), self.config.table_uri, self.storage_options)
         except AirflowEoError as exc:
             return exc
         return None

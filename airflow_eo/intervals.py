@@ -37,10 +37,8 @@ from datetime import datetime, timezone
 from typing import Mapping
 
 from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError, OffsetsAheadError
-from airflow_eo.planning import (
-    BatchPlan, CommitCheck, Interval, OffsetRange, OnDataLoss, PartitionBounds, RunIdentity, SkippedRange,
-    TopicPartition,
-)
+from airflow_eo.planning import BatchPlan, CommitCheck, OnDataLoss
+from airflow_eo.offsets import Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition
 
 DEFAULT_CLOSE_AFTER_SECONDS = 15 * 60
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

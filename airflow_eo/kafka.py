@@ -1,4 +1,6 @@
-"""What Kafka holds: partitions, offset bounds (read_committed) and offsets by timestamp.
+"""What Kafka holds: partitions, offset bounds (read_committed) and offsets by timestamp; and the
+one place airflow-eo's Kafka clients are made (:func:`client_config`, :func:`new_consumer`, the
+AdminClient of :class:`KafkaOffsets`), whoever reads with them (the read tasks, the audit, the mirror).
 
 Uses confluent-kafka (librdkafka): on these machines it fetched ~4x faster than
 kafka-python, and its AdminClient asks ListOffsets with an isolation level, which
@@ -21,14 +23,13 @@ import logging
 import time
 from typing import Mapping
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_eo.errors import ConfigError, KafkaUnavailableError
-from airflow_eo.planning import (
-    EARLIEST, LATEST, PartitionBounds, StartingPosition, TopicPartition, check_start,
-)
+from airflow_eo.planning import StartingPosition, check_start
+from airflow_eo.offsets import EARLIEST, LATEST, PartitionBounds, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,13 @@ def client_config(config: Mapping[str, object]) -> dict[str, object]:
         if key in out:
             out[key] = _resolve_callback(key, out[key], config.get(MSK_IAM_REGION))
     return {**out, "log_level": int(config.get("log_level", 3))}
+
+
+def new_consumer(config: Mapping[str, object], settings: Mapping[str, object] | None = None,
+                 defaults: Mapping[str, object] | None = None) -> Consumer:
+    """A librdkafka consumer on ``config`` (a client config as :func:`client_config` makes it): ``defaults``
+    a connection may change, ``settings`` (group id, isolation level...) it may not."""
+    return Consumer({**(defaults or {}), **config, **(settings or {})})
 
 
 class _Reachability:
@@ -181,14 +189,12 @@ class KafkaOffsets:
                           timeout: float = 5.0) -> dict[TopicPartition, int | None]:
         """The newest record timestamp below each partition's last stable offset, from its last
         ``look_back`` offsets (None: no record there); for messages, not for planning."""
-        from confluent_kafka import Consumer
-
         newest: dict[TopicPartition, int | None] = {tp: None for tp in bounds}
         wanted = {tp: b for tp, b in bounds.items() if b.end > b.log_start}
         if not wanted:
             return newest
-        consumer = Consumer({**self.config, "group.id": "airflow-eo-probe", "enable.auto.commit": False,
-                             "isolation.level": "read_committed", "enable.partition.eof": True})
+        consumer = new_consumer(self.config, {"group.id": "airflow-eo-probe", "enable.auto.commit": False,
+                                              "isolation.level": "read_committed", "enable.partition.eof": True})
         try:
             consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, max(b.log_start, b.end - look_back))
                              for tp, b in wanted.items()])

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Mapping
 
-from airflow_eo.planning import TopicPartition
+from airflow_eo.offsets import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +39,17 @@ def mirror_offsets(kafka_config: Mapping[str, object], group_id: str,
     Partitions the table never committed (``None``) are left out. Returns whether the
     broker acknowledged the commit within ``timeout``; never raises for Kafka errors.
     """
-    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import KafkaException
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eo.kafka import client_config
+    from airflow_eo.kafka import client_config, new_consumer
 
     wanted = [KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items() if off is not None]
     if not wanted:
         return True
     acks: list = []
-    consumer = Consumer({
-        **client_config(kafka_config), "group.id": group_id, "enable.auto.commit": False,
+    consumer = new_consumer(client_config(kafka_config), {
+        "group.id": group_id, "enable.auto.commit": False,
         "log_level": 0,  # librdkafka would print connection errors to stderr; we warn once instead
         # an asynchronous commit + our own deadline: a synchronous commit waits for a
         # group coordinator indefinitely while the broker is down

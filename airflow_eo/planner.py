@@ -28,7 +28,8 @@ from datetime import datetime, timezone
 from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import CommittedInterval, PartitionFacts, plan_interval, waiting
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import BatchPlan, Interval, RunIdentity, TopicPartition, partitions_without_offsets, plan_batch
+from airflow_eo.planning import BatchPlan, partitions_without_offsets, plan_batch
+from airflow_eo.offsets import Interval, RunIdentity, TopicPartition
 from airflow_eo.spec import Mode
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger

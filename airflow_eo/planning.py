@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping
 
 from airflow_eo.errors import ConfigError, DataLossError, OffsetsAheadError
-from airflow_eo.offsets import (  # noqa: F401 - the planning core's vocabulary, re-exported
-    EARLIEST, LATEST, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
+from airflow_eo.offsets import (
+    EARLIEST, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
 )
 
 

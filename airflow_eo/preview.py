@@ -27,7 +27,9 @@ from dataclasses import asdict, dataclass
 
 from airflow_eo.errors import IntervalNotClosedError
 from airflow_eo.ingest import Ingestion, NextAction, NextStep
-from airflow_eo.planning import BatchPlan, Interval, OffsetRange, ReaderSchema, RunIdentity
+from airflow_eo.planning import BatchPlan, ReaderSchema
+from airflow_eo.offsets import Interval, OffsetRange, RunIdentity
+from airflow_eo.sinks import recorded_sink
 from airflow_eo.table.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class SinkPreview:
 
     def __str__(self) -> str:
         at = "new table" if self.version is None else f"version {self.version}"
-        how = f"merge by {', '.join(self.merge_key)}" if self.write_mode == "merge" else self.write_mode
+        how = recorded_sink(self.write_mode).describe_mode(self.merge_key)
         parts = f", partitioned by {', '.join(self.partition_by)}" if self.partition_by else ""
         return f"{self.role}: {self.uri} ({at}; {how}{parts})"
 

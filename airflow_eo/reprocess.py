@@ -25,7 +25,7 @@ Refused, with nothing changed: a run whose batch never committed (clear it witho
 ``reprocess`` to replay it), ranges Kafka no longer fully holds, and on a merge table
 (``write_mode="merge"``) any batch but the newest: later batches may have changed or deleted
 the keys it wrote, so replaying it would put older values over newer ones. The newest batch's
-reprocess removes the rows it wrote and merges it again (:class:`~airflow_eo.table.commit.MergeReprocessCommit`). After a compaction the
+reprocess removes the rows it wrote and merges it again (:class:`~airflow_eo.sinks.merge.MergeReprocessCommit`). After a compaction the
 batch's rows are found by its offset ranges, not its original files (the commit rewrites
 the files it shares with other batches).
 
@@ -45,12 +45,12 @@ from dataclasses import replace
 
 from airflow_eo.attempt import AttemptKind, PinnedFeatures
 from airflow_eo.errors import ConfigError, DataLossError
-from airflow_eo.ingest import IngestResult, Ingestion
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.ingest import Ingestion
+from airflow_eo.result import IngestResult
+from airflow_eo.offsets import OffsetRange, RunIdentity
 from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan, CommitCheck, RunIdentity
+from airflow_eo.planning import BatchPlan, CommitCheck
 from airflow_eo.runner import verdict
-from airflow_eo.table.commit import newest_only
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.lease import HeldLease, LeasePurpose
 from airflow_eo.table.ledger import Ledger
@@ -59,10 +59,6 @@ from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
 from airflow_eo.table.staging import new_attempt_id
 
 log = logging.getLogger(__name__)
-
-# the names earlier versions exported
-REPROCESSED = RunStatus.REPROCESSED
-ALREADY_REPROCESSED = RunStatus.ALREADY_REPROCESSED
 
 
 _RANGE = re.compile(r"^\s*(?P<topic>[^\[\]\s]+)\[(?P<partition>\d+)\]\s*:?\s*(?P<start>\d+)\s*(?:\.\.|-)\s*(?P<end>\d+)\s*$")
@@ -147,9 +143,8 @@ class Reprocessor:
                 "without reprocess to replay it; nothing was changed"
             )
         plan = ledger.committed_plan(plan)  # an interval: the batch (and ranges) the table holds it under
-        last = ledger.last_batch(ingest_id)
-        if ledger.is_merge_table(ingest_id) and plan.batch != last:
-            raise ConfigError(newest_only(plan.batch, last, ledger.table_uri))
+        # the table's sink (its mark matches the spec's write mode: the ledger's check) may refuse the batch
+        self.ing.sink.check_reprocess(ledger, plan, ledger.last_batch(ingest_id))
         if plan.reader_schemas is None:  # logged by an earlier version: the batch's commit may say what it read with
             record = ledger.find_batch(ingest_id, batch=plan.batch)
             if record is not None and record.meta.findings.reader_schemas:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.planning import BatchPlan
+from airflow_eo.sinks import recorded_sink
 from airflow_eo.table.ledger import BatchRecord
 
 
@@ -71,15 +72,8 @@ def build_result(status: RunStatus, plan: BatchPlan, record: BatchRecord | None,
         interval=asdict(plan.interval) if plan.interval else None,
         late_records=meta.late_records if meta else 0,
         duplicates=meta.duplicate_records if meta else 0,
-        **_merge_counts(meta.merge if meta else None),
+        **(recorded_sink(meta.write_mode).result_counts(meta) if meta else {}),
     )
-
-
-def _merge_counts(merge) -> dict:
-    if merge is None:
-        return {}
-    return {"write_mode": "merge", "inserted": merge.inserted, "updated": merge.updated, "deleted": merge.deleted,
-            "files_rewritten": merge.files_rewritten}
 
 
 _EXIT_CODE = re.compile(r"(?:[Ee]rror code is|exit(?:ed with)? code)[: ]+(-?\d+)")

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Mapping
 
 from airflow_eo.errors import AirflowEoError, TableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import (
-    Interval, PartitionBounds, StartingPosition, TopicPartition, backlog, partitions_without_offsets,
-)
+from airflow_eo.planning import StartingPosition, backlog, partitions_without_offsets
+from airflow_eo.offsets import Interval, PartitionBounds, TopicPartition
 from airflow_eo.spec import FROM_EARLIEST
 from airflow_eo.intervals import CommittedInterval, gaps
+from airflow_eo.sinks import table_sink
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.lease import LEASE_ERRORS, LeaseHolder, TableLease, iso_time
@@ -222,7 +222,7 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
     intervals = IntervalLedger(ledger, ingest_id)
     return TableStatus(
         table_uri=ledger.table_uri, ingest_id=ingest_id, version=ledger.version, last_batch=ledger.last_batch(ingest_id),
-        write_mode=WriteMode.MERGE if ledger.is_merge_table(ingest_id) else WriteMode.APPEND,
+        write_mode=table_sink(ledger, ingest_id).write_mode,
         layout=table_layout, due=tuple(due),
         partitions=tuple(PartitionStatus(tp.topic, tp.partition, committed[tp],
                                          bounds[tp].end if tp in bounds else None, lag.get(tp)) for tp in partitions),

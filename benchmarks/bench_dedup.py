@@ -29,7 +29,7 @@ def build(table_uri: str, files: int, rows: int, now_ms: int) -> None:
     from deltalake.transaction import CommitProperties, Transaction, create_table_with_add_actions
 
     from airflow_eo.table.commit import add_actions
-    from airflow_eo.table.ledger import batch_app_id
+    from airflow_eo.table.app_ids import batch_app_id
     from airflow_eo.table.schema import delta_schema_of
     from airflow_eo.table.staging import staged_file
     from airflow_eo.table.storage import TableLocation
@@ -80,10 +80,11 @@ def load(config: dict, topic: str, records: int, partitions: int, resent: list[s
 def ingest(spark, kafka_config: dict, table_uri: str, topic: str, dedup: bool, join_back: bool = False) -> dict:
     """One exactly-once batch of the whole topic into ``table_uri`` (in this process's session).
     ``join_back``: the transform leaves ``_dedup_key`` out, so the driver joins it back."""
-    from airflow_eo.attempt import Transform
+    from airflow_eo.spec import Transform
     from airflow_eo.driver.main import InProcessSubmitter
-    from airflow_eo.ingest import IngestConfig, Ingestion
-    from airflow_eo.planning import RunIdentity
+    from airflow_eo.ingest import Ingestion
+    from airflow_eo.config import IngestConfig
+    from airflow_eo.offsets import RunIdentity
 
     # the same columns either way: plain stores a null key; with dedup the transform keeps the
     # key column (as docs/how-to/dedup.md advises) or the driver joins it back

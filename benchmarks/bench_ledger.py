@@ -32,10 +32,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_eo.table.commit import BatchCommit, StagedBatch, commit
-from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.table.plan_log import PlanLog
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.table.staging import StagingArea, new_attempt_id
 from airflow_eo.table.storage import TableLocation
 
@@ -159,7 +161,8 @@ def build_long_log(table_uri: str, topic: str, partitions: int, commits: int, pr
     from deltalake.transaction import CommitProperties
 
     from airflow_eo.table.metadata import BatchMetadata, CommitKind
-    from airflow_eo.table.ledger import METADATA_KEY, batch_app_id, partition_app_id
+    from airflow_eo.table.metadata import METADATA_KEY
+    from airflow_eo.table.app_ids import batch_app_id, partition_app_id
     from airflow_eo.table.schema import delta_schema_of
 
     started = time.monotonic()

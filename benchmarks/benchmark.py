@@ -78,7 +78,7 @@ import bench_ui  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.driver.session import classic_process  # noqa: E402
-from airflow_eo.planning import Interval, OffsetRange  # noqa: E402
+from airflow_eo.offsets import Interval, OffsetRange  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"

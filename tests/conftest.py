@@ -89,7 +89,7 @@ def table_uri(tmp_path) -> str:
 def build_config(table_uri: str, topics, kafka_config: dict, *, ingest_id: str = "test", **options):
     """The ingest's config: ``topics`` (one name or several) into ``table_uri``; ``options`` are its
     settings (``max_records_per_run=...``, ``transform=...``)."""
-    from airflow_eo.ingest import IngestConfig
+    from airflow_eo.config import IngestConfig
 
     names = [topics] if isinstance(topics, str) else list(topics)
     # Tests run their batches as Spark tasks, on the Spark path they name, as their size would not:

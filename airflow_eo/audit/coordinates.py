@@ -25,7 +25,7 @@ import numpy as np
 
 from airflow_eo.audit.batches import BatchOffsets, NeedRecords, client_options
 from airflow_eo.audit import read_failed, retention_took, stalled
-from airflow_eo.kafka import client_config
+from airflow_eo.kafka import client_config, new_consumer
 from airflow_eo.offsets import TopicPartition
 from airflow_eo.table.files import add_actions_of
 from airflow_eo.table.storage import TableLocation
@@ -94,13 +94,13 @@ class RecordOffsets:
 
     def offsets(self, tp: TopicPartition, start: int, end: int) -> np.ndarray:
         """The offsets Kafka delivers in ``[start, end)``, one record at a time."""
-        from confluent_kafka import Consumer, KafkaError, KafkaException
+        from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka import TopicPartition as KTP
 
         if end <= start:
             return _NONE
         if self._consumer is None:
-            self._consumer = Consumer(self.config)
+            self._consumer = new_consumer(self.config)
         consumer, ktp = self._consumer, KTP(tp.topic, tp.partition, start)
         found: list[np.ndarray] = []
         try:

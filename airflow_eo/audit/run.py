@@ -46,13 +46,12 @@ from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
 from airflow_eo.table.compaction import MAINTENANCE_KEY
 from airflow_eo.table.audit_log import AuditLog
 from airflow_eo.table.features import TableUse
-from airflow_eo.table.ledger import Ledger, partition_app_id
-from airflow_eo.spec.options import WriteMode
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import partition_app_id
+from airflow_eo.sinks import recorded_sink
 from airflow_eo.table.metadata import METADATA_KEY, CommitKind
 
 log = logging.getLogger(__name__)
-
-APPEND = WriteMode.APPEND.value
 
 
 class Selection(str, enum.Enum):
@@ -125,9 +124,10 @@ def table_rows(ledger: Ledger) -> int:
 def rows_keep_offsets(batches: list[BatchRanges]) -> bool:
     """Whether the table holds one row per delivered offset, so rows are compared offset by offset.
     A table written in merge mode (upserts: one row per key) does not: there the audit checks the
-    range tiling (and, where the merge commits record them, the recorded counts) only. This is
-    the one place the audit decides it."""
-    return all(b.write_mode == APPEND for b in batches)
+    range tiling (and, where the merge commits record them, the recorded counts) only. The sink
+    of each batch's recorded write mode says (:attr:`airflow_eo.sinks.base.Sink.rows_keep_offsets`);
+    this is the one place the audit asks."""
+    return all(recorded_sink(b.write_mode).rows_keep_offsets for b in batches)
 
 
 def select(batches: list[BatchRanges], request: AuditRequest, since: int | None) -> list[BatchRanges]:

@@ -36,8 +36,9 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from airflow_eo.attempt import KEY_COLUMNS, Attempt
-from airflow_eo.decoding.decoder import REASON_COLUMN
+from airflow_eo.attempt import Attempt
+from airflow_eo.spec import KEY_COLUMNS
+from airflow_eo.spec.columns import REASON_COLUMN
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.dedup import observed_metrics
 from airflow_eo.errors import ConfigError, ConstraintViolationError

@@ -7,7 +7,7 @@ A record whose reason is set (:mod:`airflow_eo.driver.decode`: not decodable, nu
 The main commit decides; the dead-letter table follows it. The attempt stages its dead
 letters beside the dead-letter table (``b<batch>-…/``) and lists them in the *main*
 commit's metadata (:meth:`DeadLetters.manifest`); only after that commit landed are they
-committed to the dead-letter table (:func:`airflow_eo.table.commit.commit_dead_letters_of`),
+committed to the dead-letter table (:func:`airflow_eo.sinks.dead_letters.commit_dead_letters_of`),
 once per batch. A run that loses the main commit's compare-and-set never touches the
 dead-letter table. If the driver dies between the two commits, the next run of the ingest
 (or the retry) rolls the dead-letter commit forward before it plans.
@@ -27,12 +27,13 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 
-from airflow_eo.attempt import Attempt, DeadLetterSpec, Secrets
-from airflow_eo.decoding.decoder import REASON_COLUMN
+from airflow_eo.attempt import Attempt, Secrets
+from airflow_eo.spec import DeadLetterSpec
+from airflow_eo.spec.columns import REASON_COLUMN
 from airflow_eo.driver.decode import decode, functions_for
 from airflow_eo.errors import DeadLetterThresholdError
 from airflow_eo.planning import BatchPlan
-from airflow_eo.table.commit import ensure_table
+from airflow_eo.sinks.dead_letters import ensure_table
 from airflow_eo.table.staging import attempt_dir_name
 from airflow_eo.table.storage import TableLocation
 
@@ -70,13 +71,14 @@ class DeadLetters:
         self.arrow_schema = None
 
     @classmethod
-    def of(cls, source, attempt: Attempt, secrets: Secrets, checked: bool = False) -> "DeadLetters | None":
-        """None unless the attempt decodes keys or values, or sends dropped duplicates here, or
-        (``checked``: the table has rules for new rows) has a dead-letter table for the records that
-        break them."""
+    def of(cls, source, attempt: Attempt, secrets: Secrets, checked: bool = False,
+           sent: bool = False) -> "DeadLetters | None":
+        """None unless the attempt decodes keys or values, or its sink sends records here (``sent``:
+        dropped duplicates, :attr:`airflow_eo.sinks.base.Sink.sends_dead_letters`), or (``checked``: the
+        table has rules for new rows) has a dead-letter table for the records that break them."""
         if attempt.decode.enabled:
             return cls(decode(source, attempt.decode.columns), attempt, secrets.storage_options)
-        if attempt.dedup.to_dead_letters or (checked and attempt.dead_letters.table_uri):
+        if sent or (checked and attempt.dead_letters.table_uri):
             with functions_for(source) as F:
                 return cls(source.withColumn(REASON_COLUMN, F.lit(None).cast("string")), attempt,
                            secrets.storage_options)

@@ -6,7 +6,7 @@ were applied by the read step, in the task that read each batch
 ``from_json`` with the column's DDL (``value_schema`` into ``data``, ``key_schema`` into
 ``key_data``): a value that is malformed, has the wrong types or is not a JSON object is a dead
 letter (a missing key is not). A record's reason is the first found: the read step's, then the
-value's JSON, then the key's (:data:`~airflow_eo.decoding.decoder.REASON_COLUMN`; null when it
+value's JSON, then the key's (:data:`~airflow_eo.spec.columns.REASON_COLUMN`; null when it
 decoded). Where the dead letters go: :mod:`airflow_eo.driver.dead_letters`.
 
 Example::

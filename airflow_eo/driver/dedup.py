@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
 
-from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, DedupSpec
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind
+from airflow_eo.spec import KEY_COLUMNS, DedupSpec
 from airflow_eo.compat import observation_pending
-from airflow_eo.decoding.decoder import REASON_COLUMN
+from airflow_eo.spec.columns import REASON_COLUMN
+from airflow_eo.driver.append import SparkStage
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.scan import TableFiles, read_table_files
 from airflow_eo.driver.transforms import join_by_offset
@@ -95,7 +98,7 @@ class Deduplicated:
     @cached_property
     def duplicates(self):
         """The dropped records: the source columns, :data:`DEDUP_COLUMN` and their dead-letter reason
-        ``'duplicate key'`` in :data:`~airflow_eo.decoding.decoder.REASON_COLUMN` (built when asked
+        ``'duplicate key'`` in :data:`~airflow_eo.spec.columns.REASON_COLUMN` (built when asked
         for: the write of ``kept`` does not need it)."""
         with functions_for(self.ranked) as F:
             dropped = self.ranked.where(~F.col(_FIRST))
@@ -323,3 +326,36 @@ def with_key_column(out, dups: Deduplicated):
 def _first_line(exc: Exception) -> str:
     # Spark's first line may end in ';' before the plan it leaves out: the message adds its own.
     return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0].rstrip("; ")
+
+
+class DedupStage(SparkStage):
+    """The dedup sink's Spark step (:mod:`airflow_eo.sinks.dedup`): records whose producer key is in the
+    table or earlier in the batch dropped before the transform (or sent to the dead letters), the key
+    column kept in the table for the next batches."""
+
+    dups: Deduplicated | None = None
+
+    def source(self, source):
+        # one pass, no cache; with dead letters their cached rows are read twice anyway,
+        # so the duplicates are counted over them exactly instead of observed
+        self.dups = deduplicate(source, self.attempt, self.staging.loc, self.storage_options, int(time.time() * 1000),
+                                observe=self.dead is None)
+        if self.attempt.dedup.to_dead_letters:
+            assert self.dead is not None  # the spec asks for a dead-letter table with duplicates_to_dead_letters
+            self.dead.add(self.dups.duplicates)
+        return self.dups.kept
+
+    def output(self, out):
+        assert self.dups is not None
+        return with_key_column(out, self.dups), None
+
+    def late_inputs(self, arrow_schema, source):
+        assert self.dups is not None
+        return super().late_inputs(arrow_schema, self.dups.unobserved)
+
+    def dropped(self, planned_offsets: int) -> int | None:
+        assert self.dups is not None
+        dropped = self.dups.dropped(planned_offsets)
+        self.notes.append(f"{dropped} record(s) dropped as duplicates of key {self.attempt.dedup.key}")
+        return dropped
+

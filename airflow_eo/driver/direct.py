@@ -42,9 +42,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind, IngestSpec, Secrets, Transform
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets
+from airflow_eo.spec import KEY_COLUMNS, IngestSpec, Transform
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
+from airflow_eo.sinks import sink_of
 from airflow_eo.driver.writer import staged_from_reports, task_writer, written_struct
 from airflow_eo.table.features import TableFeatures
 from airflow_eo.table.files import StagedFile
@@ -80,7 +82,7 @@ def projected_columns(transform: Transform) -> tuple[str, ...] | None:
 def direct_columns(spec: IngestSpec) -> tuple[str, ...] | None:
     """The Kafka columns a batch of ``spec`` stages on the direct path, or None when its rows need
     Spark (see the module); an interval batch also needs ``timestamp`` (:meth:`DirectStage.of`)."""
-    if spec.decode.enabled or spec.dedup.enabled or spec.merge.enabled:
+    if spec.decode.enabled or not sink_of(spec.sink).direct:  # decoding, or a write mode that needs Spark
         return None
     columns = projected_columns(spec.transform)
     if columns is None or not set(KEY_COLUMNS) <= set(columns) or not set(spec.table.partition_by) <= set(columns):

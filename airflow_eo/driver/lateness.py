@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_eo.attempt import TIMESTAMP_COLUMN
-from airflow_eo.table.staging import StagedFile
+from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation
 
 

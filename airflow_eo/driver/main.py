@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets
-from airflow_eo.driver import merge as merging
 from airflow_eo.driver.cdc import decoding_attempt
 from airflow_eo.driver.constraints import enforce
 from airflow_eo.driver.direct import DirectStage
+from airflow_eo.driver.stages import spark_stage
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.session import build_session, classic_process
@@ -51,15 +51,14 @@ from airflow_eo.driver.writer import stage
 from airflow_eo.errors import ConfigError, error_line
 from airflow_eo.faults import failpoint
 from airflow_eo.spec import add_arguments, options_from_args
-from airflow_eo.planning import read_slices
-from airflow_eo.table.commit import (
-    ALREADY_COMMITTED, COMMITTED, BatchCommit, CommitOutcome, FileSwap, MergeCommit, MergeReprocessCommit,
-    ReprocessCommit, StagedBatch, commit, commit_dead_letters_of,
-)
-from airflow_eo.table.features import TableFeatures, TableUse
+from airflow_eo.sinks import Sink, sink_of
+from airflow_eo.sinks.dead_letters import DeadLetterSink
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, CommitOutcome, StagedBatch, commit
+from airflow_eo.table.features import TableFeatures
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, LateRecords
-from airflow_eo.table.staging import StagedFile, StagingArea
+from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation
 
 if TYPE_CHECKING:
@@ -96,7 +95,8 @@ class Staged:
     dead: "DeadLetters | None" = None
     dropped: int | None = None
     late: dict | None = None
-    merged: "merging.MergedBatch | None" = None
+    extra: object = None  # what the sink's commit rule takes beside the files (a merge's file swap)
+    notes: tuple[str, ...] = ()  # what the sink's stage step reports (one line each)
 
 
 def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea) -> CommitOutcome:
@@ -105,6 +105,7 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
     failpoint("before_read")
     planned_offsets = sum(r.size for r in plan.data_ranges)
     features = features_of(attempt, storage_options)
+    sink = sink_of(attempt.spec.sink)
     direct = DirectStage.of(attempt, features)  # identity or a projection of the Kafka columns: the read tasks write
     if spark is None and (direct is None or not direct.in_driver):
         raise ValueError(f"batch {plan.batch} needs Spark ({planned_offsets} offsets; the driver reads a direct "
@@ -121,33 +122,24 @@ def _run_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea
             late = late_records(files, staging.loc, direct.arrow_schema, plan.interval.start_ms, None)
         out = Staged(files, rows, direct.arrow_schema, planned, late=late)
     else:
-        out = _stage_with_spark(spark, attempt, secrets, staging, planned_offsets, features)
+        out = _stage_with_spark(spark, attempt, secrets, staging, planned_offsets, features, sink)
     staged = time.monotonic()
     # phase timings: where a run's time goes (README "Performance")
     log.info("batch %s: read+transform planned in %.2fs; read, transformed and staged %d rows in %d file(s) "
              "in %.2fs", plan.batch, out.planned - started, sum(out.rows.values()), len(out.files),
              staged - out.planned)
-    if out.merged is not None and out.merged.engine:
-        log.info("batch %s: merge by %s: %d change(s), applied by deltalake's MERGE at the commit (it counts the rows)",
-                 plan.batch, list(out.merged.info.key), out.merged.info.changes)
-    elif out.merged is not None:
-        info = out.merged.info
-        log.info("batch %s: merge by %s: %d change(s) → %d inserted, %d updated, %d deleted; %d table file(s) "
-                 "rewritten (%d rows copied)", plan.batch, list(info.key), info.changes, info.inserted, info.updated,
-                 info.deleted, info.files_rewritten, info.rows_rewritten)
+    for note in out.notes:
+        log.info("batch %s: %s", plan.batch, note)
     failpoint("after_stage")
     failpoint("before_commit")
     batch = StagedBatch(plan, tuple(out.files), out.rows, out.arrow_schema, attempt.partition_by, features)
-    if out.dropped is not None:
-        log.info("batch %s: %d record(s) dropped as duplicates of key %s", plan.batch, out.dropped,
-                 attempt.dedup.key)
     if out.late is not None:  # records that arrived after their interval (airflow_eo.driver.lateness)
         log.info("batch %s: interval %s, %d late record(s)", plan.batch, plan.interval, out.late["records"])
     # what the commit records beside the rows: the one builder the quiet-interval commit uses too
-    findings = BatchFindings.of(attempt, DeadLetterManifest.from_dict(out.dead.manifest()) if out.dead else None,
-                                out.dropped, LateRecords(**out.late) if out.late is not None else None,
-                                out.reader_schemas)
-    outcome = commit_staged(attempt, staging, batch, findings, storage_options, out.merged)
+    findings = sink.findings(attempt, DeadLetterManifest.from_dict(out.dead.manifest()) if out.dead else None,
+                             out.dropped, LateRecords(**out.late) if out.late is not None else None,
+                             out.reader_schemas)
+    outcome = commit_staged(attempt, staging, batch, findings, storage_options, out.extra, sink)
     log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
              time.monotonic() - staged)
     failpoint("after_commit")
@@ -167,14 +159,13 @@ def features_of(attempt: Attempt, storage_options) -> TableFeatures:
 
 
 def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea,
-                      planned_offsets: int, features: TableFeatures) -> Staged:
-    """Steps 1-4 through Spark: read, decode, transform, check the table's rules
-    (:mod:`airflow_eo.driver.constraints`), stage (Spark's Parquet writer, the tasks' on object
-    stores, or a merge's winners and rewritten files)."""
+                      planned_offsets: int, features: TableFeatures, sink: Sink) -> Staged:
+    """Steps 1-4 through Spark: read, decode, what the sink's write mode does before the transform,
+    transform, what it does after, check the table's rules (:mod:`airflow_eo.driver.constraints`),
+    stage (the sink's Spark step: :mod:`airflow_eo.driver.stages`)."""
     # imported here: the registry client they import is ~0.2 s of every warm command that needs none
     from airflow_eo.decoding.decoder import record_decoder
     from airflow_eo.driver.dead_letters import DeadLetters
-    from airflow_eo.driver.dedup import deduplicate, with_key_column
 
     plan, storage_options, location = attempt.plan, secrets.storage_options, staging.loc
     decoding = decoding_attempt(attempt)  # Debezium JSON: the envelope's DDL around the row's
@@ -182,101 +173,51 @@ def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: Stagin
     decoder, reader_schemas = record_decoder(decoding.decode.columns, secrets.schema_registry, plan)
     source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
                        decoder=decoder)
-    dead = DeadLetters.of(source, decoding, secrets, features.enforced)  # None unless records may go there
-    merged = changes = None
+    dead = DeadLetters.of(source, decoding, secrets, features.enforced, sink.sends_dead_letters)  # None: none may
+    step = spark_stage(sink, attempt, staging, features, dead, storage_options)
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared
     with Progress(spark, plan.batch, planned_offsets):  # Spark itself is at WARN
         try:
             if dead is not None:
                 source = dead.good
-            dups = None
-            if attempt.dedup.enabled:  # drop records whose producer key is in the table or earlier in the batch
-                # one pass, no cache; with dead letters their cached rows are read twice anyway,
-                # so the duplicates are counted over them exactly instead of observed
-                dups = deduplicate(source, attempt, location, storage_options, int(time.time() * 1000),
-                                   observe=dead is None)
-                source = dups.kept
-                if attempt.dedup.to_dead_letters:
-                    dead.add(dups.duplicates)
-            if attempt.merge.enabled:  # change events unwrapped, delete flags
-                source = changes = merging.change_view(source, attempt, dead)
+            source = step.source(source)
             out = apply_transform(attempt.transform, source, view, attempt.partition_by)
-            if dups is not None:
-                out = with_key_column(out, dups)
-            from airflow_eo.compat import arrow_schema_of
-
-            deleted = None
-            if attempt.merge.enabled:
-                merging.check_output(out, attempt.merge.key)
-                out = merging.with_change_columns(out, changes)
-                deleted = merging.deletes(out)
+            out, deleted = step.output(out)
             # the table's rules: violating records to the dead letters, or counted by the write
             out, enforced = enforce(out, features, attempt, dead, deleted)
             if dead is not None:
                 dead.stage(stage)  # undecodable records (duplicates, violations): staged beside the dead-letter table
-            arrow_schema = arrow_schema_of(out.drop(*merging.INTERNAL).schema if attempt.merge.enabled else out.schema)
+            arrow_schema = step.arrow_schema(out)
             planned = time.monotonic()
-            if attempt.merge.enabled:  # one row per key: winners, the table files that held their keys
-                tasks = len(read_slices(plan.data_ranges, attempt.spark.max_offsets_per_task))
-                use = TableUse.REPROCESS if attempt.kind is AttemptKind.REPROCESS else TableUse.MERGE
-                merged = merging.merge_into(out, attempt, location, storage_options, staging.attempt_path(plan),
-                                            stage, arrow_schema, tasks, engine=features.engine_for(use),
-                                            names=features.names)
-                files = list(merged.files)
-            else:  # under column mapping the files hold physical names and field ids
-                files = stage(out, location, staging.attempt_path(plan), storage_options, arrow_schema,
-                              attempt.partition_by, features.names)
+            files = step.write(out, arrow_schema, stage)
             enforced.raise_if_violated()  # before anything is committed
-            dropped = dups.dropped(planned_offsets) if dups is not None else None
+            dropped = step.dropped(planned_offsets)
             late = None
             if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
                 # before the dead letters' cached rows are released: without a timestamp column
                 # the count reads the batch again
-                in_files = pa.schema([f for f in arrow_schema if f.name not in attempt.partition_by])
-                if merged is not None:  # the files hold one row per key: count over the records
-                    in_files = pa.schema([])
-                late = late_records(files, location, in_files, plan.interval.start_ms,
-                                    source if dups is None else dups.unobserved,
+                in_files, records = step.late_inputs(arrow_schema, source)
+                late = late_records(files, location, in_files, plan.interval.start_ms, records,
                                     features.names.physical(TIMESTAMP_COLUMN))
         finally:  # leave nothing behind in the session: no view, no cached rows
             if dead is not None:
                 dead.release()
-            if changes is not None:
-                changes.unpersist()
+            step.release()
             if attempt.transform.sql:
                 spark.catalog.dropTempView(view)
-    rows = merged.rows_per_partition if merged is not None else staging.rows_per_partition(files, features.names)
-    return Staged(files, rows, arrow_schema, planned, reader_schemas, dead, dropped, late, merged)
+    return Staged(files, step.rows(files), arrow_schema, planned, reader_schemas, dead, dropped, late, step.extra,
+                  tuple(step.notes))
 
 
 def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, findings: BatchFindings,
-                  storage_options: dict | None, merged: merging.MergedBatch | None = None) -> CommitOutcome:
-    """Step 5: the compare-and-set commit of what ``attempt`` staged (its dead letters follow
-    it), then its marker says whether it committed."""
+                  storage_options: dict | None, extra: object = None, sink: Sink | None = None) -> CommitOutcome:
+    """Step 5: the compare-and-set commit of what ``attempt`` staged, by its sink's rule for the
+    attempt's kind (``extra``: what the sink's stage step handed on); its dead letters follow it. Then its marker says whether it committed."""
     uri = staging.loc.uri
-    if merged is not None:  # a merge: the files that held the batch's keys swapped in the same commit
-        swap = FileSwap(merged.rewrites, merged.keys, attempt.merge.key, merged.snapshot_files)
-        if attempt.kind is AttemptKind.REPROCESS:
-            rule = MergeReprocessCommit(batch, swap=swap, info=merged.info, merge=attempt.merge,
-                                        reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
-                                        findings=findings, engine=merged.engine)
-        else:
-            rule = MergeCommit(batch, swap=swap, info=merged.info, merge=attempt.merge, findings=findings,
-                               schema_evolution=attempt.schema_evolution, table_properties=attempt.table_properties,
-                               adopt_table=attempt.adopt_table, engine=merged.engine)
-        outcome = commit(rule, uri, storage_options)
-        if findings.dead_letters is not None and attempt.kind is AttemptKind.INGEST:
-            commit_dead_letters_of(Ledger.open(uri, storage_options), batch.plan.ingest_id, storage_options)
-    elif attempt.kind is AttemptKind.REPROCESS:  # replace a past batch's rows (airflow_eo.reprocess)
-        engine = batch.features is not None and batch.features.engine_for(TableUse.REPROCESS)
-        outcome = commit(ReprocessCommit(batch, reprocess_from=attempt.reprocess_from, requested_by=attempt.requested_by,
-                                         findings=findings, engine=engine), uri, storage_options)
-    else:
-        outcome = commit(BatchCommit(batch, findings=findings, schema_evolution=attempt.schema_evolution,
-                                     table_properties=attempt.table_properties, adopt_table=attempt.adopt_table),
-                         uri, storage_options)
-        if findings.dead_letters is not None:  # the main commit decided: its dead letters follow (or an earlier attempt's)
-            commit_dead_letters_of(Ledger.open(uri, storage_options), batch.plan.ingest_id, storage_options)
+    sink = sink or sink_of(attempt.spec.sink)
+    outcome = commit(sink.rule(batch, attempt, findings, extra), uri, storage_options)
+    if sink.dead_letters_follow(attempt):  # the main commit decided: its dead letters follow (or an earlier attempt's)
+        DeadLetterSink.follow(findings, uri, batch.plan.ingest_id, storage_options)
     staging.end_attempt(attempt.attempt_id, committed=outcome.status == COMMITTED)
     return outcome
 
@@ -336,8 +277,9 @@ def main(argv: list[str]) -> int:
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0
         # Standalone: this driver plans too, running the same loop as `airflow-eo ingest`.
-        from airflow_eo.ingest import IngestConfig, Ingestion
-        from airflow_eo.planning import RunIdentity
+        from airflow_eo.ingest import Ingestion
+        from airflow_eo.config import IngestConfig
+        from airflow_eo.offsets import RunIdentity
 
         config = IngestConfig(credentials=secrets, **options_from_args(args, _read_text))  # with --table-uri
         result = Ingestion(config, InProcessSubmitter(job.session())).run(RunIdentity(run_key=args.run_key))

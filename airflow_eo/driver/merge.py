@@ -1,7 +1,8 @@
 """Merging a batch by key (``write_mode="merge"``), the Spark side: from records to the files one commit swaps.
 
 After the read and the decoding, a merge batch takes these steps in the driver (the commit is
-:class:`airflow_eo.table.commit.MergeCommit`):
+:class:`airflow_eo.sinks.merge.MergeCommit`; this module's
+:class:`MergeStage` is the merge sink's Spark step):
 
 1. **the change view** (:func:`change_view`): tombstones (null values) went through the
    decoders untouched (in a merge a null value is a change, not an undecodable record:
@@ -40,15 +41,19 @@ import pyarrow as pa
 
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.driver import cdc
+from airflow_eo.driver.append import SparkStage
 from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, select_winners
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.scan import over_files
 from airflow_eo.driver.transforms import join_by_offset
 from airflow_eo.errors import ConfigError, MergeKeyError
+from airflow_eo.planning import read_slices
+from airflow_eo.sinks.merge import FileSwap, MergeStaged
 from airflow_eo.spec import CdcFormat
 from airflow_eo.table.files import StagedFile, TableFile
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.merge import DELETE_COLUMN, Rewrite, candidate_files, rewrite_file, with_key_stats
+from airflow_eo.table.features import TableUse
 from airflow_eo.table.metadata import MergeInfo
 from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.staging import KEPT_SUFFIX
@@ -301,3 +306,54 @@ def _info(key: tuple[str, ...], changed: pa.Table, rewrites: list[Rewrite]) -> M
 
 def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0].rstrip("; ")
+
+
+class MergeStage(SparkStage):
+    """The merge sink's Spark step (:mod:`airflow_eo.sinks.merge`): the change view before the transform,
+    the change columns after it, one row per key staged with the table files that held the keys
+    rewritten (:func:`merge_into`)."""
+
+    changes = None  # the change view (cached by the dead letters' pass, released after the write)
+
+    def source(self, source):  # change events unwrapped, delete flags
+        self.changes = change_view(source, self.attempt, self.dead)
+        return self.changes
+
+    def output(self, out):
+        check_output(out, self.attempt.merge.key)
+        out = with_change_columns(out, self.changes)
+        return out, deletes(out)
+
+    def arrow_schema(self, out) -> pa.Schema:
+        return super().arrow_schema(out.drop(*INTERNAL))
+
+    def write(self, out, arrow_schema: pa.Schema, stage) -> list[StagedFile]:
+        """One row per key: the winners, and the table files that held their keys."""
+        attempt, plan, features = self.attempt, self.attempt.plan, self.features
+        tasks = len(read_slices(plan.data_ranges, attempt.spark.max_offsets_per_task))
+        use = TableUse.REPROCESS if attempt.kind is AttemptKind.REPROCESS else TableUse.MERGE
+        merged = merge_into(out, attempt, self.staging.loc, self.storage_options, self.staging.attempt_path(plan),
+                            stage, arrow_schema, tasks, engine=features.engine_for(use), names=features.names)
+        self.merged = merged
+        self.extra = MergeStaged(FileSwap(merged.rewrites, merged.keys, attempt.merge.key, merged.snapshot_files),
+                                 merged.info, merged.engine)
+        info = merged.info
+        if merged.engine:
+            self.notes.append(f"merge by {list(info.key)}: {info.changes} change(s), applied by deltalake's MERGE at "
+                              "the commit (it counts the rows)")
+        else:
+            self.notes.append(f"merge by {list(info.key)}: {info.changes} change(s) → {info.inserted} inserted, "
+                              f"{info.updated} updated, {info.deleted} deleted; {info.files_rewritten} table file(s) "
+                              f"rewritten ({info.rows_rewritten} rows copied)")
+        return list(merged.files)
+
+    def rows(self, files: list[StagedFile]) -> dict[str, int]:
+        return self.merged.rows_per_partition
+
+    def late_inputs(self, arrow_schema, source):
+        return pa.schema([]), source  # the files hold one row per key: count over the records
+
+    def release(self) -> None:
+        if self.changes is not None:
+            self.changes.unpersist()
+

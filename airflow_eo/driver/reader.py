@@ -32,8 +32,8 @@ from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from airflow_eo.errors import DataLossError, ReadIncompleteError
-from airflow_eo.kafka import client_config
-from airflow_eo.planning import OffsetRange
+from airflow_eo.kafka import client_config, new_consumer
+from airflow_eo.offsets import OffsetRange
 
 BATCH_ROWS = 10_000
 # librdkafka prefetches up to queued.min.messages (default 100,000) per partition; while the
@@ -97,12 +97,8 @@ def read_ranges(
     if len(set(keys)) != len(keys):
         raise ValueError(f"one range per partition and task, got {wanted}")
     _import_pandas_meanwhile()
-    consumer = Consumer({
-        **_PREFETCH,
-        **client_config(config),
-        "group.id": str(config.get("group.id", "airflow-eo-reader")),
-        **_READER_SETTINGS,
-    })
+    consumer = new_consumer(client_config(config), {"group.id": str(config.get("group.id", "airflow-eo-reader")),
+                                                    **_READER_SETTINGS}, defaults=_PREFETCH)
     try:
         consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.start) for r in wanted])
         yield from _Reading(consumer, wanted, batch_rows, stall_timeout).batches()

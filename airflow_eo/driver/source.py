@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from airflow_eo.planning import OffsetRange, read_slices
+from airflow_eo.planning import read_slices
+from airflow_eo.offsets import OffsetRange
 
 # A task reads at least this many offsets when the batch has them (and never more than
 # max_offsets_per_task): below it a task's fixed cost outweighs reading in parallel.

@@ -1,6 +1,6 @@
 """Applying a transform: how Kafka records become the table's columns, in the driver.
 
-A transform (:class:`airflow_eo.attempt.Transform`) is either a Spark SQL statement over
+A transform (:class:`airflow_eo.spec.Transform`) is either a Spark SQL statement over
 the view ``source`` (the Kafka columns ``topic, partition, offset, timestamp,
 timestampType, key, value, headers``) or a Python callable named
 ``"package.module:function"`` that takes and returns a DataFrame. Either way the output
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-from airflow_eo.attempt import KEY_COLUMNS, Transform
+from airflow_eo.spec import KEY_COLUMNS, Transform
 from airflow_eo.errors import ConfigError
 
 SOURCE_VIEW = "source"

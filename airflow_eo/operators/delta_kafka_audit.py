@@ -32,7 +32,7 @@ from airflow_eo.hooks.spark import audit_spark_for
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.task_end import released_at_end
-from airflow_eo.table.storage import normalize_table_uri
+from airflow_eo.spec import normalize_table_uri
 
 METRICS = (FindingKind.LOST, FindingKind.DUPLICATED, FindingKind.STRAY, FindingKind.UNVERIFIABLE)
 

@@ -1,6 +1,6 @@
 """KafkaToDeltaOperator: one exactly-once batch from Kafka topics into a Delta table.
 
-The operator is thin: it builds an :class:`~airflow_eo.ingest.IngestConfig` from its
+The operator is thin: it builds an :class:`~airflow_eo.config.IngestConfig` from its
 (templated) arguments and the ``kafka`` / ``spark`` connections, runs
 :class:`~airflow_eo.ingest.Ingestion` with a :class:`~airflow_eo.submit.spark_hook.SparkSubmitHookSubmitter`
 and returns the run's summary (XCom), which is also the extra of the table's Asset event
@@ -56,19 +56,21 @@ from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
-from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
 from airflow_eo.outcomes import RunStatus
+from airflow_eo.sinks import recorded_sink
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.metrics import emit_run_metrics
 from airflow_eo.operators.task_end import released_at_end
 from airflow_eo.intervals import interval_of
-from airflow_eo.planning import Interval, RunIdentity
+from airflow_eo.offsets import Interval, RunIdentity
 from airflow_eo.spec import (
-    OPTIONS, all_options, default_of, dump_option, operator_param_docs, operator_signature, required,
-    templated_options,
+    OPTIONS, all_options, default_of, dump_option, operator_param_docs, operator_signature, required, templated_options,
+    normalize_table_uri,
 )
 from airflow_eo.spec.options import topic_list
-from airflow_eo.table.storage import is_local, normalize_table_uri
+from airflow_eo.table.storage import is_local
 from airflow_eo.triggers.interval_closed import IntervalClosedTrigger
 from airflow_eo.triggers.polling import error_of_event
 from airflow_eo.version_compat import AIRFLOW_V_3_0_PLUS, asset_event_extra, xcom_of_task
@@ -318,11 +320,10 @@ class KafkaToDeltaOperator(BaseOperator):
             raise_for_airflow(self.log, exc)
         self.summary = summary = result.to_dict()
         self.lineage_source = replace(self.lineage_source, columns=self.committed_columns(config))
+        counts = recorded_sink(summary.get("write_mode") or "append").counts_text(summary)
         self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s%s",
                       summary["status"], summary["batch"], summary["version"], summary["rows"],
-                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]),
-                      ", merged: {inserted} inserted, {updated} updated, {deleted} deleted, {files_rewritten} "
-                      "file(s) rewritten".format(**summary) if summary.get("write_mode") == "merge" else "")
+                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]), f", {counts}" if counts else "")
         self.log.info("Delta batch: %s", summary_link(summary))
         emit_run_metrics(summary)
         if RunStatus(summary["status"]).wrote_commit and "outlet_events" in context:

@@ -89,11 +89,13 @@ def ingest_lineage(summary: dict | None, source: LineageSource) -> OperatorLinea
     when it failed early; without bootstrap servers, Kafka's namespace is unknown: no inputs)."""
     run_facets = {}
     if summary:
+        # the run imported the sinks already (this reads what its run wrote): no import at DAG parse time
+        from airflow_eo.sinks import recorded_sink
+
         run_facets["airflow_eo"] = AirflowEoBatchRunFacet(
             ingest_id=source.ingest_id, status=summary["status"], batch=summary.get("batch"),
             version=summary.get("version"), ranges=list(summary.get("ranges") or []),
-            merge={k: summary.get(k, 0) for k in ("inserted", "updated", "deleted", "files_rewritten")}
-            if summary.get("write_mode") == "merge" else None)
+            merge=recorded_sink(summary.get("write_mode") or "append").counts_facet(summary))
     inputs = [kafka_dataset(source.bootstrap_servers, t) for t in source.topics] if source.bootstrap_servers else []
     return OperatorLineage(inputs=inputs, outputs=[table_dataset(source.table_uri, list(source.columns), summary)],
                            run_facets=run_facets)

@@ -59,10 +59,10 @@ def emit_run_metrics(summary: dict) -> None:
             each("incr", "dropped_duplicates", int(summary["duplicates"]))
         if summary.get("interval"):
             each("incr", "late_records", int(summary.get("late_records") or 0))
-        if summary.get("write_mode") == "merge":
-            for metric, key in (("rows_inserted", "inserted"), ("rows_updated", "updated"),
-                                ("rows_deleted", "deleted"), ("files_rewritten", "files_rewritten")):
-                each("incr", metric, int(summary.get(key) or 0))
+        from airflow_eo.sinks import recorded_sink  # at run time: a DAG file's import stays light
+
+        for metric, value in recorded_sink(summary.get("write_mode") or "append").count_metrics(summary):
+            each("incr", metric, value)
     if summary.get("seconds"):
         each("timing", "batch_duration", timedelta(seconds=float(summary["seconds"])))
     if summary.get("lag"):

@@ -1,7 +1,8 @@
 """The ingest spec: every user-facing option as one typed field, parsed and validated once.
 
 An :class:`IngestSpec` composes small frozen sub-specs (table, source, planning, transform,
-decoding, dead letters, dedup, Spark, merge). Each option is a dataclass field whose metadata (an
+decoding, dead letters, dedup, Spark, merge), grouped in its two halves: what is read
+(:class:`SourceSide`) and where it goes (:class:`SinkSpec`, one per table: :mod:`airflow_eo.spec.halves`). Each option is a dataclass field whose metadata (an
 :class:`Option`) carries its one name, one-line help, CLI flag, whether the operator templates
 it, and how a raw value (a CLI string, a rendered template, a JSON value) becomes the typed
 one. The operator's keyword arguments, the ``airflow-eo ingest`` flags, the standalone
@@ -21,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+from airflow_eo.spec.halves import SinkSpec, SourceSide
 from airflow_eo.spec.ingest import (
     GROUPS, OPTIONS, SETTINGS, IngestSpec, all_options, default_of, dump_option, option_of, parse_option, required,
     templated_options,
@@ -46,5 +48,5 @@ __all__ = [
     "check_partition_by", "check_table_properties", "normalize_table_uri", "validate_ingest_id", "FORMATS",
     "DeadLetterSpec", "DecodeSpec", "DedupSpec", "MergeSpec",
     "PlanningSpec", "SourceSpec", "SparkSettings", "TableSpec", "Transform", "add_arguments", "operator_param_docs", "operator_signature",
-    "options_from_args", "options_table",
+    "options_from_args", "options_table", "SinkSpec", "SourceSide",
 ]

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from airflow_eo.errors import ConfigError
 from airflow_eo.spec.options import Option
 from airflow_eo.spec.options import CdcFormat
+from airflow_eo.spec.halves import SinkSpec, SourceSide
 from airflow_eo.spec.parts import (
     DeadLetterSpec, DecodeSpec, DedupSpec, MergeSpec, PlanningSpec, SourceSpec, SparkSettings, TableSpec, Transform,
 )
@@ -33,22 +34,16 @@ class IngestSpec:
         decode = self.decode.with_default_subjects(self.source.topics)
         object.__setattr__(self, "decode", replace(decode, tombstones=self.merge.enabled)
                            if decode.tombstones != self.merge.enabled else decode)
-        if self.dead_letters.table_uri and self.dead_letters.table_uri == self.table.table_uri:
-            raise ConfigError("dead_letter_table_uri must be another path than table_uri")
+        self.sink  # noqa: B018 - built (and so its own rules checked) once, here
         if self.decode.enabled and not self.dead_letters.table_uri:
             raise ConfigError(
                 "decoding (value_schema, Avro, max_value_bytes, key_format) needs a dead_letter_table_uri: set where "
                 "undecodable records go (a Delta table path other than the main table)")
-        if self.dedup.to_dead_letters and not self.dead_letters.table_uri:
-            raise ConfigError("duplicates_to_dead_letters needs a dead_letter_table_uri: set where dropped duplicates go")
         self._check_merge()
 
     def _check_merge(self) -> None:
-        """The rules between merging and the other sub-specs."""
+        """The rules between the sink's merging and the source's decoding."""
         merge, decode = self.merge, self.decode
-        if merge.enabled and self.dedup.enabled:
-            raise ConfigError("dedup_key and merge_key do not go together: a merge keeps one row per merge_key "
-                              "already (a key's last change wins, repeats included); drop dedup_key")
         if merge.cdc_format is CdcFormat.DEBEZIUM:
             if decode.value_format == "raw":
                 raise ConfigError("cdc_format='debezium' needs decoded values: value_format='json' with value_schema "
@@ -108,6 +103,22 @@ class IngestSpec:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Mapping[str, Any]]) -> "IngestSpec":
         return cls(**{group: _load(kind, raw.get(group) or {}) for group, kind in GROUPS.items()})
+
+    # -- the two halves: what is read, where it goes (airflow_eo.spec.halves) ---------------------------
+    @property
+    def source_side(self) -> SourceSide:
+        """What this ingest reads."""
+        return SourceSide(self.source, self.planning, self.decode, self.spark)
+
+    @property
+    def sink(self) -> SinkSpec:
+        """The table this ingest writes (today its one sink)."""
+        return SinkSpec(self.table, self.transform, self.dead_letters, self.dedup, self.merge)
+
+    @property
+    def sinks(self) -> tuple[SinkSpec, ...]:
+        """Every table this ingest writes: one today (fan-out to several is not built yet)."""
+        return (self.sink,)
 
     # -- convenience for the readers of the most used options --------------------------------------
     @property

@@ -1,7 +1,7 @@
 """The ``txn`` app ids of a table's ledger: one name per thing the ledger records (no I/O).
 
 Every id starts with ``airflow-eo:<ingest_id>:``; what each holds is in the ledger reference
-(docs/reference/ledger.md). :mod:`airflow_eo.table.ledger` reads them (and re-exports these names),
+(docs/reference/ledger.md). :mod:`airflow_eo.table.ledger` reads them,
 :mod:`airflow_eo.table.intervals` reads interval mode's.
 
     >>> batch_app_id("orders_raw"), interval_at_app_id("orders_raw", 0)
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 
-from airflow_eo.planning import TopicPartition
+from airflow_eo.offsets import TopicPartition
 
 APP_PREFIX = "airflow-eo"
 

@@ -26,8 +26,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from airflow_eo.table.ledger import BatchRecord, CommitKind, Ledger
-from airflow_eo.table.metadata import BatchMetadata
+from airflow_eo.table.ledger import BatchRecord, Ledger
+from airflow_eo.table.metadata import CommitKind, BatchMetadata
 
 FIRST_WINDOW = 64  # commits asked for by a first read of a table; if more are needed, all of them next
 

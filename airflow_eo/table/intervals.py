@@ -32,7 +32,8 @@ from airflow_eo.errors import ConfigError
 from airflow_eo.intervals import (
     CommittedInterval, Recorded, interval_state, neighbour_times, overlapping, start_boundaries,
 )
-from airflow_eo.planning import BatchPlan, CommitCheck, Interval, OffsetRange, TopicPartition
+from airflow_eo.planning import BatchPlan, CommitCheck
+from airflow_eo.offsets import Interval, OffsetRange, TopicPartition
 from airflow_eo.table.app_ids import boundary_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id
 from airflow_eo.table.metadata import CommitKind
 

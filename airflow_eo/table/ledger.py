@@ -28,23 +28,19 @@ from typing import TYPE_CHECKING, Iterable
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from airflow_eo.attempt import TXN_RETENTION
-from airflow_eo.spec import MergeSpec
+from airflow_eo.spec import TXN_RETENTION, normalize_table_uri
 from airflow_eo.errors import ConfigError, TableError, TableFeatureError
-from airflow_eo.planning import (
-    BatchPlan, CommitCheck, OffsetRange, TopicPartition, batch_state,
-)
-# METADATA_KEY: re-exported, the commitInfo key is named from here too
-from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind  # noqa: F401
-from airflow_eo.table.app_ids import (  # noqa: F401 - the ledger's app ids, re-exported: callers name them from here
-    APP_PREFIX, batch_app_id, boundary_app_id, dlq_app_id, interval_app_id, interval_at_app_id, merge_app_id,
-    merge_mark, partition_app_id, reprocess_app_id, span_app_id,
+from airflow_eo.planning import BatchPlan, CommitCheck, batch_state
+from airflow_eo.offsets import OffsetRange, TopicPartition
+from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind
+from airflow_eo.table.app_ids import (
+    batch_app_id, merge_app_id,
+    partition_app_id, reprocess_app_id,
 )
 from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.partitioning import check_table_partitioning
-from airflow_eo.spec import validate_ingest_id  # noqa: F401 - parsed with the spec; re-exported here
-from airflow_eo.table.storage import TableLocation, is_local, normalize_table_uri
+from airflow_eo.table.storage import TableLocation, is_local
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -203,48 +199,29 @@ class Ledger:
         return list(self.table.metadata().partition_columns) if self.table is not None else []
 
     def check_writable(self, ingest_id: str, partition_by: Iterable[str] | None = None,
-                       merge: MergeSpec | None = None, use: TableUse | None = None, adopt: bool = False) -> None:
+                       use: TableUse | None = None, adopt: bool = False) -> None:
         """What ingestion checks before it plans and again when it commits: the table is this
         ingest's (:meth:`check_owner`, or ``adopt``-ed), keeps its offsets (:meth:`check_txn_retention`),
         honours ``use`` with its Delta features (:meth:`check_features`) and, when
-        ``partition_by`` is given, is partitioned so; when ``merge`` is given, the table is
-        written the same way (:meth:`check_write_mode`)."""
+        ``partition_by`` is given, is partitioned so. That it is written the way its first batch was
+        is the sink's check (:meth:`airflow_eo.sinks.base.Sink.check_table`, on :meth:`write_mark`)."""
         self.check_owner(ingest_id, adopt)
         self.check_txn_retention()
         if use is not None:
             self.check_features(use)
         if partition_by is not None and self.table is not None:
             check_table_partitioning(self.partition_columns, partition_by, self.table_uri)
-        if merge is not None:
-            self.check_write_mode(ingest_id, merge)
 
     def is_merge_table(self, ingest_id: str) -> bool:
         return self.table is not None and self.table.transaction_version(merge_app_id(ingest_id)) is not None
 
-    def check_write_mode(self, ingest_id: str, merge: MergeSpec) -> None:
-        """A table keeps the write mode (and merge key) its first batch had: appended batches
-        are events keyed by offset, a merge table holds one row per key, and neither can be
-        turned into the other (the first merge batch marks the table: :func:`merge_app_id`)."""
+    def write_mark(self, ingest_id: str) -> int | None:
+        """The table's write-mode mark for ``ingest_id``: None for a table without this ingest's
+        batches, else the merge mark its first merge batch set (:func:`merge_mark` of its key),
+        or 0 for a table of appended batches."""
         if self.table is None or self.table.transaction_version(batch_app_id(ingest_id)) is None:
-            return  # a new table (or not this ingest's: check_owner says so)
-        mark = self.table.transaction_version(merge_app_id(ingest_id))
-        if mark is None and merge.enabled:
-            raise ConfigError(
-                f"{self.table_uri} holds appended batches of ingest {ingest_id} (write_mode='append'): a merge "
-                "table keeps one row per key from its first batch on, so write_mode='merge' needs a new table; give "
-                "another table_uri (or keep write_mode='append'); nothing was changed")
-        if mark is not None and not merge.enabled:
-            raise ConfigError(
-                f"{self.table_uri} is a merge table of ingest {ingest_id} (one row per key): appending records to "
-                "it would break that; keep write_mode='merge' with its merge_key, or append to another table; "
-                "nothing was changed")
-        if mark is not None and mark != merge_mark(merge.key):
-            recorded = next((b.meta.merge for b in self.batches(ingest_id) if b.meta.merge is not None), None)
-            was = f" (it is {list(recorded.key)})" if recorded else ""
-            raise ConfigError(
-                f"merge_key {list(merge.key)} is not the key {self.table_uri} was merged by{was}: a table keeps its "
-                "key, since each key has one row; give the table's merge_key, or merge into a new table; nothing "
-                "was changed")
+            return None  # a new table (or not this ingest's: check_owner says so)
+        return self.table.transaction_version(merge_app_id(ingest_id)) or 0
 
     def committed_offsets(
         self, ingest_id: str, partitions: Iterable[TopicPartition]

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Iterable
 
 from airflow_eo.attempt import Attempt, AttemptKind
-from airflow_eo.planning import BatchPlan, OffsetRange, ReaderSchema, RunIdentity, SkippedRange, reader_schemas_of
+from airflow_eo.planning import BatchPlan, ReaderSchema, reader_schemas_of
+from airflow_eo.offsets import OffsetRange, RunIdentity, SkippedRange
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.files import StagedFile
 
@@ -168,13 +169,15 @@ class BatchFindings:
     reader_schemas: tuple[ReaderSchema, ...] = ()
 
     @classmethod
-    def of(cls, attempt: Attempt, dead_letters: DeadLetterManifest | None = None, dropped: int | None = None,
-           late: LateRecords | None = None, reader_schemas: Iterable[ReaderSchema] = ()) -> "BatchFindings":
-        """What ``attempt``'s commit records: counts it did not measure (an empty batch) are zero,
-        so a batch committed without Spark records what an empty Spark batch would."""
+    def of(cls, attempt: Attempt, dead_letters: DeadLetterManifest | None = None,
+           duplicates: Duplicates | None = None, late: LateRecords | None = None,
+           reader_schemas: Iterable[ReaderSchema] = ()) -> "BatchFindings":
+        """What ``attempt``'s commit records (``duplicates``: a dedup sink's, see
+        :meth:`airflow_eo.sinks.base.Sink.findings`): counts it did not measure (an empty batch) are
+        zero, so a batch committed without Spark records what an empty Spark batch would."""
         return cls(
             dead_letters=dead_letters,
-            duplicates=Duplicates(dropped or 0, attempt.dedup.to_dead_letters) if attempt.dedup.enabled else None,
+            duplicates=duplicates,
             # late records belong to the interval a batch first commits, not to a reprocess of it
             late=(late or LateRecords()) if attempt.plan.interval is not None
             and attempt.kind is AttemptKind.INGEST else None,

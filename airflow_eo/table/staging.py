@@ -28,12 +28,13 @@ from datetime import timezone
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_eo.attempt import KEY_COLUMNS, TIMESTAMP_COLUMN, Attempt, AttemptKind
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind
+from airflow_eo.spec import KEY_COLUMNS
 from airflow_eo.planning import BatchPlan
 from airflow_eo.spec import DEFAULT_GRACE_SECONDS  # the default of the staging_grace_seconds option
 from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch, scratch_attempt_ids
-from airflow_eo.table.files import StagedFile  # noqa: F401 - re-exported: what an attempt staged
+from airflow_eo.table.files import StagedFile
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.storage import TableLocation
 

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.spec import normalize_table_uri  # noqa: F401 - parsed with the spec; re-exported here
+from airflow_eo.spec import normalize_table_uri
 
 
 S3_SCHEMES = ("s3", "s3a")

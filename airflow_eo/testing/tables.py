@@ -77,8 +77,8 @@ class TestTable:
         """The offset the table committed for each partition (its ``txn`` actions), None where none."""
         from deltalake import DeltaTable
 
-        from airflow_eo.planning import TopicPartition
-        from airflow_eo.table.ledger import partition_app_id
+        from airflow_eo.offsets import TopicPartition
+        from airflow_eo.table.app_ids import partition_app_id
 
         if not self.exists:
             return {p: None for p in partitions}

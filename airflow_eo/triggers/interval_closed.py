@@ -33,7 +33,7 @@ from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.planner import IntervalClosing, IntervalPlanner
-from airflow_eo.planning import Interval
+from airflow_eo.offsets import Interval
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.triggers.polling import poll_until
 

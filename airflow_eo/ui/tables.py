@@ -34,12 +34,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.intervals import CommittedInterval
-from airflow_eo.planning import Interval, OffsetRange, RunIdentity, TopicPartition  # noqa: F401 - Interval: doctest
+from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition  # noqa: F401 - Interval: doctest
 from airflow_eo.table.audit_log import AuditLog, AuditRecord
 from airflow_eo.table.history import FIRST_WINDOW, CommitHistory
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.lease import LEASE_ERRORS, LeaseHolder, TableLease
-from airflow_eo.table.ledger import DATA_OPERATIONS, BatchRecord, CommitKind, Ledger
+from airflow_eo.table.ledger import BatchRecord, Ledger
+from airflow_eo.table.metadata import DATA_OPERATIONS, CommitKind
 from airflow_eo.table.maintenance import Layout, layout
 
 log = logging.getLogger(__name__)

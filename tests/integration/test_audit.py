@@ -23,16 +23,15 @@ from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from airflow_eo.attempt import Transform
+from airflow_eo.spec import Transform
 from airflow_eo.audit.run import AuditRequest, Selection, run_audit
 from airflow_eo.cli import main
 from airflow_eo.driver.main import InProcessSubmitter
-from airflow_eo.offsets import OffsetRange, TopicPartition
-from airflow_eo.planning import RunIdentity
+from airflow_eo.offsets import OffsetRange, TopicPartition, RunIdentity
 from airflow_eo.status import table_status
 from airflow_eo.submit.audit import SparkSlices
-from airflow_eo.table.ledger import METADATA_KEY, partition_app_id
-from airflow_eo.table.metadata import BatchMetadata
+from airflow_eo.table.metadata import METADATA_KEY, BatchMetadata
+from airflow_eo.table.app_ids import partition_app_id
 from tests.conftest import build_ingestion
 from tests.helpers import new_topic, transactional_producer
 

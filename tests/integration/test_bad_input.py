@@ -21,12 +21,13 @@ from deltalake import DeltaTable
 from airflow_eo.table.commit import COMMITTED
 from airflow_eo.demo.broker import free_port
 from airflow_eo.errors import ConfigError, KafkaUnavailableError, SparkJobError, TableError
-from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.planning import RunIdentity
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
-from airflow_eo.attempt import Transform
+from airflow_eo.spec import Transform
 from tests.helpers import committed_offsets, new_topic, produce, read_table
 
 INGEST_ID = "bad_input"

@@ -16,7 +16,8 @@ import pytest
 
 from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.errors import CommitConflictError
-from airflow_eo.planning import CommitCheck, RunIdentity
+from airflow_eo.planning import CommitCheck
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import new_attempt_id
 from tests.helpers import assert_exactly_once, new_topic, produce

@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.planning import RunIdentity
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.reprocess import Reprocessor
 from airflow_eo.table.ledger import Ledger
 from tests.helpers import duplicates, new_topic, read_table
@@ -39,7 +39,7 @@ def produce_with_resends(config: dict, topic: str, events: int, resend_fraction:
 
 
 def test_resent_events_land_once_with_dedup_and_once_per_offset_without(broker, kafka_config, spark_path, tmp_path, ingestion):
-    from airflow_eo.attempt import Transform
+    from airflow_eo.spec import Transform
 
     topic = new_topic(kafka_config, 3)
     sent = produce_with_resends(kafka_config, topic, 300, 0.10)
@@ -77,7 +77,7 @@ def test_resent_events_land_once_with_dedup_and_once_per_offset_without(broker, 
 
 
 def test_dedup_horizon_in_batches_limits_the_look_back(broker, kafka_config, spark, tmp_path, ingestion):
-    from airflow_eo.attempt import Transform
+    from airflow_eo.spec import Transform
     from airflow_eo.driver.main import InProcessSubmitter
 
     topic = new_topic(kafka_config, 3)
@@ -123,7 +123,7 @@ def test_a_duration_horizon_reads_only_the_files_whose_timestamps_reach_it(broke
     comes from the write's observed metrics on both Spark paths."""
     import time
 
-    from airflow_eo.attempt import DedupSpec
+    from airflow_eo.spec import DedupSpec
     from airflow_eo.driver.dedup import key_files
     from airflow_eo.table.storage import TableLocation
 

@@ -14,9 +14,10 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from airflow_eo.errors import CommitConflictError, ConfigError, IntervalNotClosedError
-from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
 from airflow_eo.intervals import interval_of
-from airflow_eo.planning import Interval, RunIdentity, TopicPartition
+from airflow_eo.offsets import Interval, RunIdentity, TopicPartition
 from airflow_eo.reprocess import Reprocessor
 from airflow_eo.status import table_status
 from airflow_eo.table.intervals import IntervalLedger

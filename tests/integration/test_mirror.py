@@ -9,10 +9,11 @@ from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from airflow_eo.demo.broker import EmbeddedBroker
-from airflow_eo.ingest import IngestConfig, Ingestion
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.mirror import mirror_offsets
-from airflow_eo.planning import RunIdentity, TopicPartition
+from airflow_eo.offsets import RunIdentity, TopicPartition
 from airflow_eo.driver.main import InProcessSubmitter
 from tests.helpers import new_topic, produce
 

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_eo.cli import main
 from airflow_eo.intervals import interval_of
-from airflow_eo.planning import RunIdentity
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.preview import NO_SPARK, PlanPreview, plan_preview
 from airflow_eo.testing.registry import RegistryDouble
 from tests.conftest import DriverSubmitter

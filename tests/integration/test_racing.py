@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from airflow_eo.planning import Interval, RunIdentity
+from airflow_eo.offsets import Interval, RunIdentity
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.lease import TableLease
 from airflow_eo.table.ledger import Ledger

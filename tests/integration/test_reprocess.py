@@ -14,9 +14,10 @@ import pytest
 from deltalake import DeltaTable
 
 from airflow_eo.errors import ConfigError, DataLossError
-from airflow_eo.planning import RunIdentity
-from airflow_eo.reprocess import ALREADY_REPROCESSED, REPROCESSED, Reprocessor
-from airflow_eo.attempt import Transform
+from airflow_eo.offsets import RunIdentity
+from airflow_eo.outcomes import RunStatus
+from airflow_eo.reprocess import Reprocessor
+from airflow_eo.spec import Transform
 from tests.helpers import committed_offsets, duplicates, keys_of, new_topic, produce, read_table
 
 UPPER = "SELECT topic, partition, offset, upper(CAST(value AS STRING)) AS body FROM source"
@@ -69,7 +70,7 @@ def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafk
     ing = ingestion(table_uri, topic, kafka_config, CountingSubmitter(spark_path), transform=Transform(sql=UPPER))
     result = Reprocessor(ing).run(RunIdentity("dag/run1/t/-1"))
 
-    assert result.status == REPROCESSED and result.batch == first.batch and result.spark_started
+    assert result.status == RunStatus.REPROCESSED and result.batch == first.batch and result.spark_started
     assert result.version == version_before + 1 and result.rows == 30
     assert_only_run_replaced(table_uri, first, rows=42, replaced=30)
     assert committed_offsets(table_uri, "orders", topic, 3) == offsets_before
@@ -85,7 +86,7 @@ def test_reprocess_replaces_exactly_one_runs_rows_in_one_commit(spark_path, kafk
     pending = log.load("dag/run1/t/-1")
     log.record(type(pending)(**{**pending.__dict__, "done": False}))
     again = Reprocessor(retry_ing).run(RunIdentity("dag/run1/t/-1"))
-    assert again.status == ALREADY_REPROCESSED and not again.spark_started
+    assert again.status == RunStatus.ALREADY_REPROCESSED and not again.spark_started
     assert retry_ing.submitter.calls == 0
     assert DeltaTable(table_uri).version() == version_before + 1
 
@@ -138,7 +139,7 @@ def test_reprocess_after_compaction_replaces_exactly_its_rows(spark, kafka_confi
     upper = ingestion(table_uri, topic, kafka_config, CountingSubmitter(path), transform=Transform(sql=UPPER))
     result = Reprocessor(upper).run(RunIdentity("dag/run1/t/-1"))
 
-    assert result.status == REPROCESSED and result.batch == first.batch and result.rows == 30
+    assert result.status == RunStatus.REPROCESSED and result.batch == first.batch and result.rows == 30
     assert_only_run_replaced(table_uri, first, rows=42, replaced=30)  # the rest copied out of the shared file
     assert committed_offsets(table_uri, "orders", topic, 3) == offsets_before
     meta = DeltaTable(table_uri).history(1)[0]["airflow_eo.batch"]
@@ -150,6 +151,6 @@ def test_reprocess_after_compaction_replaces_exactly_its_rows(spark, kafka_confi
         RunIdentity("dag/run2/t/-1"))
     again = Reprocessor(ingestion(table_uri, topic, kafka_config, CountingSubmitter(path))).run(
         RunIdentity("dag/run9/t/-1"), target_run_key="dag/run1/t/-1")
-    assert again.status == REPROCESSED
+    assert again.status == RunStatus.REPROCESSED
     assert_only_run_replaced(table_uri, second, rows=42, replaced=12)  # run 2 upper-cased, run 1 plain again
     assert committed_offsets(table_uri, "orders", topic, 3) == offsets_before

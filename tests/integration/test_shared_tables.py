@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from airflow_eo.errors import ConstraintViolationError, TableFeatureError
 from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import RunIdentity
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.storage import TableLocation
 from tests.conftest import open_spark_path

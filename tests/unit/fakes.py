@@ -17,7 +17,7 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from airflow_eo.errors import KafkaUnavailableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import PartitionBounds, TopicPartition
+from airflow_eo.offsets import PartitionBounds, TopicPartition
 
 
 class FakeKafka(KafkaOffsets):
@@ -109,7 +109,8 @@ class BatchLog:
     def batch(self, plan, rows: dict[str, int] | None = None, findings=None, kind=None) -> int:
         """The commit of ``plan`` (a BatchPlan) with ``rows`` per partition, as the commit rules write it."""
         from airflow_eo.table.intervals import IntervalLedger
-        from airflow_eo.table.ledger import Ledger, batch_app_id, partition_app_id, reprocess_app_id
+        from airflow_eo.table.ledger import Ledger
+        from airflow_eo.table.app_ids import batch_app_id, partition_app_id, reprocess_app_id
         from airflow_eo.table.metadata import BatchMetadata, CommitKind
 
         kind = kind or CommitKind.BATCH

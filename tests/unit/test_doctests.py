@@ -14,7 +14,7 @@ PURE_MODULES = [
     "airflow_eo.decoding.avro", "airflow_eo.decoding.decoder", "airflow_eo.table.metadata",
     "airflow_eo.table.partitioning", "airflow_eo.table.storage", "airflow_eo.table.history", "airflow_eo.ui.tables",
     "airflow_eo.ui.charts", "airflow_eo.ui.render", "airflow_eo.audit.findings", "airflow_eo.driver.source",
-    "airflow_eo.driver.direct",
+    "airflow_eo.driver.direct", "airflow_eo.spec.halves", "airflow_eo.sinks.registry",
 ]
 
 

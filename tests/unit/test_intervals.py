@@ -11,9 +11,8 @@ from airflow_eo.intervals import (
     CommittedInterval, PartitionFacts, Recorded, fits, gaps, interval_of, interval_state, neighbour_times, overlapping,
     parse_duration, parse_time, plan_interval,
 )
-from airflow_eo.planning import (
-    BatchPlan, CommitCheck, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
-)
+from airflow_eo.planning import BatchPlan, CommitCheck
+from airflow_eo.offsets import Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition
 
 TP = TopicPartition("t", 0)
 H = 3_600_000

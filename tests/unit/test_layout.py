@@ -121,3 +121,27 @@ def test_every_file_the_package_reads_is_package_data():
 
     missed = [str(p.relative_to(ROOT)) for p in data if not shipped(p)]
     assert not missed, f"not in [tool.setuptools.package-data]: {missed}"
+
+
+# Where a write mode may be named (airflow_eo/sinks/ and docs/development.md, "Adding a write mode"): its
+# sink, the spec that configures it, the Spark steps of dedup and merge, and the two definitions of what a
+# table's mark and a commit's record say. Everything else asks the table's sink.
+WRITE_MODE_HOMES = ("airflow_eo/sinks/", "airflow_eo/spec/", "airflow_eo/testing/", "airflow_eo/driver/dedup.py",
+                    "airflow_eo/driver/merge.py", "airflow_eo/driver/cdc.py")
+RECORDED_WRITE_MODE = {("airflow_eo/table/ledger.py", "def is_merge_table("),
+                       ("airflow_eo/table/metadata.py", "return WriteMode.MERGE if self.merge is not None")}
+_WRITE_MODE_CHECK = re.compile(r"\.(merge|dedup)\.enabled\b|WriteMode\.(MERGE|APPEND)\b|is_merge_table\(|"
+                               r"write_mode\"?\)?\s*(==|is)\s|dedup\.to_dead_letters|merge\.cdc_format")
+
+
+def test_only_the_sinks_branch_on_write_modes():
+    found = []
+    for path in MODULES:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(WRITE_MODE_HOMES):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            recorded = any(rel == f and line.strip().startswith(s) for f, s in RECORDED_WRITE_MODE)
+            if _WRITE_MODE_CHECK.search(line) and not recorded:
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "write modes decided outside airflow_eo/sinks/ (ask the table's sink):\n" + "\n".join(found)

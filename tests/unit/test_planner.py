@@ -8,11 +8,10 @@ from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError
     OffsetsAheadError
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.planner import IntervalPlanner, OffsetPlanner, shrunk
-from airflow_eo.planning import Interval, OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.table.intervals import IntervalLedger
-from airflow_eo.table.ledger import (
-    Ledger, batch_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id,
-)
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import batch_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id
 from tests.conftest import build_config
 from tests.unit.fakes import FakeKafka, Txn, ledger_table
 

@@ -4,9 +4,9 @@ import pytest
 
 from airflow_eo.errors import ConfigError, DataLossError, OffsetsAheadError
 from airflow_eo.planning import (
-    BatchPlan, CommitCheck, OffsetRange, PartitionBounds, RunIdentity, StartingPosition,
-    TopicPartition, compare_offsets, fair_caps, plan_batch, split_range,
+    BatchPlan, CommitCheck, StartingPosition, compare_offsets, fair_caps, plan_batch, split_range,
 )
+from airflow_eo.offsets import OffsetRange, PartitionBounds, RunIdentity, TopicPartition
 
 A, B, C = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
 

@@ -9,9 +9,9 @@ import json
 import os
 
 from airflow_eo.ingest import Ingestion
-from airflow_eo.planning import RunIdentity, TopicPartition
+from airflow_eo.offsets import RunIdentity, TopicPartition
 from airflow_eo.preview import NO_SPARK, plan_preview
-from airflow_eo.table.ledger import batch_app_id, partition_app_id
+from airflow_eo.table.app_ids import batch_app_id, partition_app_id
 from tests.conftest import build_config
 from tests.unit.fakes import FakeKafka, Txn, ledger_table
 

@@ -19,11 +19,13 @@ from airflow_eo.driver.main import commit_staged
 from airflow_eo.errors import SparkJobError
 from airflow_eo.ingest import Ingestion
 from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import RunIdentity, TopicPartition
+from airflow_eo.offsets import RunIdentity, TopicPartition
 from airflow_eo.reprocess import Reprocessor
-from airflow_eo.table.commit import StagedBatch, ensure_table
-from airflow_eo.table.ledger import METADATA_KEY, Ledger, batch_app_id, partition_app_id
-from airflow_eo.table.metadata import BatchFindings, BatchMetadata, CommitKind, DeadLetterManifest
+from airflow_eo.sinks.dead_letters import ensure_table
+from airflow_eo.table.commit import StagedBatch
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind, DeadLetterManifest
+from airflow_eo.table.app_ids import batch_app_id, partition_app_id
 from airflow_eo.table.schema import delta_schema_of
 from airflow_eo.table.staging import StagingArea, attempt_dir_name
 from airflow_eo.table.storage import TableLocation

@@ -8,7 +8,8 @@ import pytest
 
 from airflow_eo.config import IngestConfig
 from airflow_eo.errors import ConfigError
-from airflow_eo.planning import OnDataLoss, StartingPosition, TopicPartition
+from airflow_eo.planning import OnDataLoss, StartingPosition
+from airflow_eo.offsets import TopicPartition
 from airflow_eo.spec import (
     OPTIONS, DecodeSpec, IngestSpec, Mode, SparkSettings, Transform, all_options, default_of, dump_option,
     parse_option,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from airflow_eo.planning import StartingPosition, TopicPartition
+from airflow_eo.planning import StartingPosition
+from airflow_eo.offsets import TopicPartition
 from airflow_eo.status import lag_of
-from airflow_eo.table.ledger import Ledger, batch_app_id, partition_app_id
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import batch_app_id, partition_app_id
 from tests.unit.fakes import FakeKafka, Txn, ledger_table
 
 A, B = TopicPartition("orders", 0), TopicPartition("orders", 1)

@@ -11,13 +11,15 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from airflow_eo.attempt import Transform
-from airflow_eo.driver import main as driver_main
+from airflow_eo.spec import Transform
+from airflow_eo.sinks.dead_letters import DeadLetterSink
 from airflow_eo.errors import CommitConflictError, DeadLetterThresholdError
-from airflow_eo.ingest import IngestConfig, Ingestion
-from airflow_eo.planning import RunIdentity
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED
-from airflow_eo.table.ledger import Ledger, dlq_app_id
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import dlq_app_id
 from tests.helpers import new_topic, read_table
 
 INGEST_ID = "orders_json"
@@ -80,7 +82,7 @@ def test_a_crash_between_the_main_and_the_dead_letter_commit_is_rolled_forward_o
     def die(*args, **kwargs):
         raise RuntimeError("driver died between the main commit and the dead-letter commit")
 
-    monkeypatch.setattr(driver_main, "commit_dead_letters_of", die)  # the crash point, not the code under test
+    monkeypatch.setattr(DeadLetterSink, "follow", staticmethod(die))  # the crash point, not the code under test
     monkeypatch.setattr(Ingestion, "complete_dead_letters", lambda self, ledger: None)  # the worker died too
     assert run(config, spark_path).status == COMMITTED  # the job failed after the main commit landed
     assert read_table(config.table_uri, ["offset"]).num_rows == 6  # the main commit landed

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_eo.decoding.decoder import REASON_COLUMN
+from airflow_eo.spec.columns import REASON_COLUMN
 from airflow_eo.driver.dedup import (
     DEDUP_COLUMN, check_dedup_expression, drop_duplicates,
 )

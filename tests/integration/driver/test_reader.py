@@ -9,7 +9,7 @@ import pytest
 
 from airflow_eo.driver.reader import KAFKA_SCHEMA, read_range, read_ranges
 from airflow_eo.errors import ReadIncompleteError
-from airflow_eo.planning import OffsetRange
+from airflow_eo.offsets import OffsetRange
 from tests.helpers import broker_records, new_topic, produce, transactional_producer
 
 

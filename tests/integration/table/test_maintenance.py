@@ -14,11 +14,12 @@ from deltalake import DeltaTable
 
 from airflow_eo.errors import ConfigError
 from airflow_eo.ingest import Ingestion
-from airflow_eo.offsets import TopicPartition
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
+from airflow_eo.offsets import TopicPartition, OffsetRange, RunIdentity
+from airflow_eo.planning import BatchPlan
 from airflow_eo.status import table_status
-from airflow_eo.table.metadata import BatchMetadata, CommitKind
-from airflow_eo.table.ledger import METADATA_KEY, Ledger, batch_app_id, partition_app_id
+from airflow_eo.table.metadata import BatchMetadata, CommitKind, METADATA_KEY
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import batch_app_id, partition_app_id
 from airflow_eo.table.maintenance import MaintenancePlan, layout, maintain
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation

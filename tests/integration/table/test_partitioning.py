@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.attempt import Transform
+from airflow_eo.spec import Transform
 from airflow_eo.errors import ConfigError
 from airflow_eo.ingest import Ingestion
-from airflow_eo.planning import RunIdentity
-from airflow_eo.reprocess import REPROCESSED, Reprocessor
+from airflow_eo.offsets import RunIdentity
+from airflow_eo.outcomes import RunStatus
+from airflow_eo.reprocess import Reprocessor
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.staging import StagingArea
@@ -70,7 +71,7 @@ def test_a_partitioned_table_keeps_its_layout_through_batches_compaction_and_rep
     assert len(compacted) == 2 * len(dates)  # one file per (date, shard)
 
     result = Reprocessor(partitioned(spark, kafka_config, table_uri, topic, sql=AGAIN)).run(RunIdentity("run1"))
-    assert result.status == REPROCESSED and result.rows == first.rows
+    assert result.status == RunStatus.REPROCESSED and result.rows == first.rows
     assert_partitioned_as_the_rows_say(table_uri)  # the copies of shared files stayed in their partitions
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 30
     rows = read_table(table_uri, ["partition", "offset", "note"]).to_pylist()
@@ -145,10 +146,10 @@ def test_partition_values_that_need_escaping_reprocess_without_leaving_old_rows(
     assert all("%25" in p for p in paths)  # the log's form of the escaped directories
     again = partitioned(spark, kafka_config, table_uri, topic, sql=sql.replace("'first'", "'again'"),
                         partition_by=("region",))
-    assert Reprocessor(again).run(RunIdentity("run2")).status == REPROCESSED  # its own files, removed whole
+    assert Reprocessor(again).run(RunIdentity("run2")).status == RunStatus.REPROCESSED  # its own files, removed whole
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 24
     maintain(table_uri, plan=MaintenancePlan(vacuum=False))  # files shared by both batches, per partition
-    assert Reprocessor(again).run(RunIdentity("run1")).status == REPROCESSED  # shared files rewritten
+    assert Reprocessor(again).run(RunIdentity("run1")).status == RunStatus.REPROCESSED  # shared files rewritten
     assert assert_exactly_once(table_uri, broker.bootstrap_servers, [topic]) == 24
     rows = read_table(table_uri, ["partition", "offset", "note", "region"]).to_pylist()
     assert all(r["note"] == "again" for r in rows)  # both batches' rows replaced, none left behind

@@ -36,10 +36,12 @@ from confluent_kafka import KafkaException, Producer
 
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.faults import ENV as FAILPOINTS_ENV
-from airflow_eo.ingest import IngestConfig, Ingestion, IngestResult
-from airflow_eo.planning import RunIdentity
+from airflow_eo.ingest import Ingestion
+from airflow_eo.config import IngestConfig
+from airflow_eo.result import IngestResult
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
-from airflow_eo.attempt import Transform
+from airflow_eo.spec import Transform
 from tests.helpers import broker_records, committed_offsets, read_table
 
 log = logging.getLogger(__name__)

@@ -12,10 +12,11 @@ import pytest
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from airflow_eo.decoding.avro import AvroColumn
-from airflow_eo.decoding.decoder import REASON_COLUMN, RecordDecoder, precheck, record_decoder
+from airflow_eo.decoding.decoder import RecordDecoder, precheck, record_decoder
+from airflow_eo.spec.columns import REASON_COLUMN, InlineAvro, JsonColumn, RawColumn, RegistryAvro, Source
 from airflow_eo.errors import ConfigError
-from airflow_eo.planning import BatchPlan, RunIdentity
-from airflow_eo.spec.columns import InlineAvro, JsonColumn, RawColumn, RegistryAvro, Source
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import RunIdentity
 from tests.unit.decoding.fake_registry import V1, avro
 
 PLAN = BatchPlan("orders", 1, (), RunIdentity("r1"), reader_schemas=())

@@ -20,7 +20,8 @@ from airflow_eo.driver.main import commit_staged
 from airflow_eo.errors import ConfigError, SparkJobError
 from airflow_eo.ingest import Ingestion
 from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan, ReaderSchema, RunIdentity, TopicPartition
+from airflow_eo.planning import BatchPlan, ReaderSchema
+from airflow_eo.offsets import RunIdentity, TopicPartition
 from airflow_eo.reprocess import Reprocessor
 from airflow_eo.spec.columns import RawColumn, RegistryAvro, Source
 from airflow_eo.table.commit import StagedBatch

@@ -7,7 +7,8 @@ import sys
 
 from airflow_eo.attempt import Env, Secrets
 from airflow_eo.errors import DataLossError, SparkJobError
-from airflow_eo.planning import BatchPlan, RunIdentity
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import RunIdentity
 from airflow_eo.submit.spark_submit import LocalSparkSubmit, job_arguments, job_environment, job_failure, job_script
 from tests.conftest import build_config
 

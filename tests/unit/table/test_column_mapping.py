@@ -12,9 +12,12 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 from airflow_eo.errors import CommitConflictError, TableFeatureError
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import OffsetRange, RunIdentity
 from airflow_eo.spec import MergeSpec, WriteMode
-from airflow_eo.table.commit import BatchCommit, FileSwap, MergeCommit, ReprocessCommit, StagedBatch, commit
+from airflow_eo.sinks.append import BatchCommit, ReprocessCommit
+from airflow_eo.sinks.merge import FileSwap, MergeCommit
+from airflow_eo.table.commit import StagedBatch, commit
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from airflow_eo.table.merge import DELETE_COLUMN, candidate_files, rewrite_file, with_key_stats

@@ -7,11 +7,13 @@ import pytest
 from deltalake import DeltaTable
 
 from airflow_eo.errors import CommitConflictError
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
-from airflow_eo.table.commit import (
-    ALREADY_COMMITTED, COMMITTED, BatchCommit, DeadLetterCommit, ReprocessCommit, StagedBatch, commit, ensure_table,
-)
-from airflow_eo.table.ledger import Ledger, dlq_app_id
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.sinks.append import BatchCommit, ReprocessCommit
+from airflow_eo.sinks.dead_letters import DeadLetterCommit, ensure_table
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, StagedBatch, commit
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import dlq_app_id
 from airflow_eo.table.staging import StagingArea, attempt_dir_name
 from airflow_eo.table.storage import TableLocation
 

@@ -14,8 +14,9 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
-from airflow_eo.planning import RunIdentity
-from airflow_eo.table.commit import BatchCommit, commit, refused_by_engine
+from airflow_eo.offsets import RunIdentity
+from airflow_eo.sinks.append import BatchCommit
+from airflow_eo.table.commit import commit, refused_by_engine
 from airflow_eo.table.features import SUPPORT, Support, TableFeatures, TableUse
 from airflow_eo.table.ledger import Ledger
 from tests.delta_tables import add_features, delete_rows, duckdb_rows, log_digest
@@ -227,7 +228,7 @@ def test_deletion_vectors_are_applied_by_reads_until_compacted(tmp_path):
 def test_a_reprocess_on_a_table_with_deletion_vectors_and_a_change_feed_goes_through_deltalakes_merge(tmp_path):
     """The old file with a deletion vector is removed with its descriptor (no row twice), and the
     change feed holds exactly the reprocess's update images."""
-    from airflow_eo.table.commit import ReprocessCommit
+    from airflow_eo.sinks.append import ReprocessCommit
 
     uri = str(tmp_path / "t")
     first_batch(uri)
@@ -254,7 +255,7 @@ def test_a_commit_the_engine_refuses_is_not_a_lost_race(tmp_path, monkeypatch):
     uri = str(tmp_path / "t")
     first_batch(uri)
     staged = stage(uri, batch_plan(2, 10, 15, run=RUN2))
-    monkeypatch.setattr("airflow_eo.table.commit._check_features", lambda *a: None)  # the window after the check
+    monkeypatch.setattr("airflow_eo.sinks.append.check_features", lambda *a: None)  # the window after the check
     add_features(uri, writer=("rowTracking", "domainMetadata"))
     before = log_digest(uri)
     with pytest.raises(TableFeatureError, match="refused batch 2's commit.*Unsupported table features"):
@@ -303,11 +304,12 @@ def test_a_merge_on_a_table_with_deletion_vectors_and_a_change_feed_goes_through
     from the MERGE, and the compare-and-set holds (a replay commits nothing, a stale plan conflicts)."""
     import pyarrow.parquet as pq
 
-    from airflow_eo.table.commit import FileSwap, MergeCommit, StagedBatch
+    from airflow_eo.sinks.merge import FileSwap, MergeCommit
+    from airflow_eo.table.commit import StagedBatch
     from airflow_eo.table.merge import DELETE_COLUMN
     from airflow_eo.table.staging import StagingArea
     from airflow_eo.table.storage import TableLocation
-    from tests.unit.table.test_merge_commit import INGEST as CUSTOMERS, KEY, MERGE, SCHEMA, plan, prepare
+    from tests.unit.sinks.test_merge import INGEST as CUSTOMERS, KEY, MERGE, SCHEMA, plan, prepare
 
     uri = str(tmp_path / "t")
     commit(prepare(uri, plan(1, 0, 4), {1: "a", 2: "b", 3: "c", 4: "d"}), uri)
@@ -409,12 +411,13 @@ def test_the_reprocess_of_a_merge_tables_newest_batch_goes_through_deltalakes_me
     batch wrote that no new winner matches are deleted (by offset), other batches' rows stay."""
     import pyarrow.parquet as pq
 
-    from airflow_eo.table.commit import FileSwap, MergeReprocessCommit, StagedBatch
+    from airflow_eo.sinks.merge import FileSwap, MergeReprocessCommit
+    from airflow_eo.table.commit import StagedBatch
     from airflow_eo.table.merge import DELETE_COLUMN
     from airflow_eo.table.metadata import MergeInfo
     from airflow_eo.table.staging import StagingArea
     from airflow_eo.table.storage import TableLocation
-    from tests.unit.table.test_merge_commit import INGEST as CUSTOMERS, KEY, MERGE, SCHEMA, plan, prepare
+    from tests.unit.sinks.test_merge import INGEST as CUSTOMERS, KEY, MERGE, SCHEMA, plan, prepare
 
     uri = str(tmp_path / "t")
     commit(prepare(uri, plan(1, 0, 3), {1: "a", 2: "b", 3: "c"}), uri)
@@ -443,7 +446,8 @@ def test_the_reprocess_of_a_merge_tables_newest_batch_goes_through_deltalakes_me
 
 
 def test_a_dead_letter_table_with_rules_or_column_mapping_is_refused_before_planning(tmp_path):
-    from airflow_eo.ingest import IngestConfig, Ingestion
+    from airflow_eo.ingest import Ingestion
+    from airflow_eo.config import IngestConfig
     from tests.delta_tables import enable_column_mapping
 
     dlq = str(tmp_path / "dlq")

@@ -11,8 +11,10 @@ from deltalake import DeltaTable
 
 import airflow_eo.table.commit as commit_module
 from airflow_eo.errors import CommitConflictError, TableFeatureError
-from airflow_eo.planning import BatchPlan, CommitCheck, Interval, OffsetRange, RunIdentity, TopicPartition
-from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, BatchCommit, commit
+from airflow_eo.planning import BatchPlan, CommitCheck
+from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.sinks.append import BatchCommit
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, commit
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger, batch_of_path
@@ -120,7 +122,7 @@ def test_a_rebased_batch_on_a_table_with_features_it_cannot_write_is_refused_not
     before = log_digest(uri)
     with pytest.raises(TableFeatureError, match="cannot be used for append"):
         commit(BatchCommit(stage(uri, interval_plan(1, 10, 20, hour=1, run=RUN2))), uri)
-    monkeypatch.setattr(commit_module, "_check_features", lambda *a: None)
+    monkeypatch.setattr("airflow_eo.sinks.append.check_features", lambda *a: None)  # the append rule's check
     # rebased (batch 2), then refused without retry: a lost race would end as a CommitConflictError
     with pytest.raises(TableFeatureError, match="refused batch 2's commit.*Unsupported table features"):
         commit(BatchCommit(stage(uri, interval_plan(1, 10, 20, hour=1, run=RUN2, attempt="r"))), uri)

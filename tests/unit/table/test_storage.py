@@ -8,7 +8,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from airflow_eo.errors import ConfigError
-from airflow_eo.table.storage import TableLocation, check_commit_safety, is_local, normalize_table_uri
+from airflow_eo.table.storage import TableLocation, check_commit_safety, is_local
+from airflow_eo.spec import normalize_table_uri
 
 
 def test_local_uris_become_absolute_paths_and_remote_ones_stay(tmp_path, monkeypatch):

@@ -17,8 +17,9 @@ import pytest
 
 from airflow_eo.errors import IntervalNotClosedError, KafkaUnavailableError, TableError
 from airflow_eo.planner import IntervalPlanner
-from airflow_eo.planning import Interval, RunIdentity, TopicPartition
-from airflow_eo.table.ledger import Ledger, batch_app_id, interval_app_id, interval_at_app_id, span_app_id
+from airflow_eo.offsets import Interval, RunIdentity, TopicPartition
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import batch_app_id, interval_app_id, interval_at_app_id, span_app_id
 from airflow_eo.triggers import interval_closed
 from airflow_eo.triggers.interval_closed import IntervalClosedTrigger
 from airflow_eo.triggers.polling import error_of_event

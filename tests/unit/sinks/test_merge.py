@@ -1,4 +1,4 @@
-"""The merge commit (airflow_eo.table.commit.MergeCommit / MergeReprocessCommit) on temporary Delta
+"""The merge sink's commit (airflow_eo.sinks.merge.MergeCommit / MergeReprocessCommit) on temporary Delta
 tables, with the batch's files written by pyarrow instead of Spark; races with a compaction; the
 write mode a table keeps; and what deltalake itself does (not) detect, which the rule relies on."""
 
@@ -13,12 +13,16 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from airflow_eo.errors import CommitConflictError, ConfigError
-from airflow_eo.planning import BatchPlan, OffsetRange, RunIdentity
+from airflow_eo.planning import BatchPlan
+from airflow_eo.offsets import OffsetRange, RunIdentity
 from airflow_eo.spec import MergeSpec, WriteMode
-from airflow_eo.table.commit import (
-    ALREADY_COMMITTED, COMMITTED, BatchCommit, FileSwap, MergeCommit, MergeReprocessCommit, StagedBatch, commit,
-)
-from airflow_eo.table.ledger import Ledger, merge_app_id, merge_mark
+from airflow_eo.sinks import table_sink
+from airflow_eo.sinks.append import AppendSink, BatchCommit
+from airflow_eo.sinks.base import check_mark
+from airflow_eo.sinks.merge import FileSwap, MergeCommit, MergeReprocessCommit, MergeSink
+from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, StagedBatch, commit
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.app_ids import merge_app_id, merge_mark
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from airflow_eo.table.merge import DELETE_COLUMN, candidate_files, rewrite_file, with_key_stats
 from airflow_eo.table.metadata import CommitKind, MergeInfo
@@ -234,11 +238,11 @@ def test_a_table_keeps_its_write_mode_and_merge_key(tmp_path):
     merged, appended = str(tmp_path / "m"), str(tmp_path / "a")
     commit(prepare(merged, plan(1, 0, 1), {1: "a"}), merged)
     ledger = Ledger.open(merged)
-    ledger.check_write_mode(INGEST, MERGE)
+    check_mark(ledger, INGEST, KEY)
     with pytest.raises(ConfigError, match="is a merge table .* keep write_mode='merge'"):
-        ledger.check_write_mode(INGEST, MergeSpec())
+        check_mark(ledger, INGEST, None)
     with pytest.raises(ConfigError, match=r"merge_key \['id', 'tenant'\] is not the key .* \(it is \['id'\]\)"):
-        ledger.check_write_mode(INGEST, MergeSpec(WriteMode.MERGE, ("id", "tenant")))
+        check_mark(ledger, INGEST, ("id", "tenant"))
     p = plan(1, 0, 1)
     staging = StagingArea(TableLocation.of(appended))
     staging.loc.fs.create_dir(staging.attempt_path(p), recursive=True)
@@ -247,8 +251,9 @@ def test_a_table_keeps_its_write_mode_and_merge_key(tmp_path):
                    f"{staging.attempt_path(p)}/part-0.parquet")
     commit(BatchCommit(StagedBatch(p, tuple(staging.staged_files(staging.attempt_path(p))), {"cdc[0]": 1}, SCHEMA)),
            appended)
-    Ledger.open(appended).check_write_mode(INGEST, MergeSpec())
+    check_mark(Ledger.open(appended), INGEST, None)
+    assert table_sink(Ledger.open(appended), INGEST) is AppendSink and table_sink(ledger, INGEST) is MergeSink
     with pytest.raises(ConfigError, match="holds appended batches .* needs a new table"):
-        Ledger.open(appended).check_write_mode(INGEST, MERGE)
+        check_mark(Ledger.open(appended), INGEST, KEY)
     with pytest.raises(ConfigError, match="holds appended batches"):  # at commit time too
         commit(prepare(appended, plan(2, 1, 2), {1: "b"}), appended)
