@@ -144,8 +144,18 @@ class AttemptKind(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Companion:
+    """Another table's attempt that shares this attempt's read (a fan-out: :mod:`airflow_eo.fanout`),
+    recorded beside its own table."""
+
+    table_uri: str
+    attempt_id: str
+
+
+@dataclass(frozen=True)
 class Attempt:
-    """Everything one Spark attempt of a logged plan needs (no secrets): the plan and the spec."""
+    """Everything one Spark attempt of a logged plan needs (no secrets): the plan and the spec;
+    in a fan-out, the other tables' attempts its one read serves (``companions``)."""
 
     plan: BatchPlan  # carries the attempt id
     spec: IngestSpec
@@ -153,6 +163,7 @@ class Attempt:
     reprocess_from: int | None = None  # REPROCESS: the batch's reprocess counter it was planned at
     requested_by: RunIdentity | None = None  # REPROCESS: the run that asked for it
     features: PinnedFeatures | None = None  # the table's, as planned (None: the driver reads them)
+    companions: tuple[Companion, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "kind", AttemptKind(self.kind))
@@ -183,7 +194,8 @@ class Attempt:
                 "reprocess_from": self.reprocess_from,
                 "requested_by": asdict(self.requested_by) if self.requested_by else None,
                 "features": {**asdict(self.features), "properties": dict(self.features.properties)}
-                if self.features else None}
+                if self.features else None,
+                **({"companions": [asdict(c) for c in self.companions]} if self.companions else {})}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "Attempt":
@@ -191,7 +203,8 @@ class Attempt:
         return cls(plan=plan, spec=IngestSpec.from_dict(raw["spec"] if "spec" in raw else _spec_of_old(raw, plan)),
                    kind=AttemptKind(raw.get("kind", "ingest")), reprocess_from=raw.get("reprocess_from"),
                    requested_by=RunIdentity(**raw["requested_by"]) if raw.get("requested_by") else None,
-                   features=PinnedFeatures.from_dict(raw["features"]) if raw.get("features") else None)
+                   features=PinnedFeatures.from_dict(raw["features"]) if raw.get("features") else None,
+                   companions=tuple(Companion(**c) for c in raw.get("companions") or ()))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -84,8 +84,11 @@ class NextStep:
 class Ingestion:
     """One ingest (table + ingest id + topics) and the steps of a batch."""
 
-    def __init__(self, config: IngestConfig, submitter: Submitter, kafka: KafkaOffsets | None = None):
+    def __init__(self, config: IngestConfig, submitter: Submitter, kafka: KafkaOffsets | None = None,
+                 one_of_several: bool = False):
         self.config = config
+        # a fan-out's tables: each log line of a batch names its table
+        self.table_prefix = f"{config.table_uri}: " if one_of_several else ""
         self.submitter = submitter
         self._kafka = kafka  # None: a client of config.kafka_config per use
         # deltalake's storage options, as the dict its calls take (the spec keeps a read-only mapping)
@@ -209,18 +212,24 @@ class Ingestion:
         return result
 
     def _run(self, run: RunIdentity, interval: Interval | None, held: HeldLease | None = None) -> IngestResult:
+        step, ledger = self.prepare(run, interval)
+        if step.result is not None:
+            return self.mirror(step.result)
+        return self.mirror(self.execute(step.plan, held, ledger.features.pinned()))
+
+    def prepare(self, run: RunIdentity, interval: Interval | None = None) -> tuple[NextStep, Ledger]:
+        """Steps 1-2 under the table's lease: the table checked and tidied, the run's next step
+        decided (:meth:`next_step`) and a new plan logged before any of it is read."""
         ledger = self.ledger()
         self.check_dead_letter_table()
         self.complete_dead_letters(ledger)  # before orphans are collected: its files are staged
         self.collect_orphans()
         step = self.next_step(run, ledger, interval)
-        if step.result is not None:
-            return self.mirror(step.result)
         if step.action is NextAction.PLAN:
             # under the lease (a preview's next_step never reaches it): a kill here leaves only the lease behind
             failpoint("while_planning")
             self.plans.record(step.plan)  # step 2: log the plan before any of it is read
-        return self.mirror(self.execute(step.plan, held, ledger.features.pinned()))
+        return step, ledger
 
     def next_step(self, run: RunIdentity, ledger: Ledger | None = None,
                   interval: Interval | None = None) -> NextStep:
@@ -280,17 +289,24 @@ class Ingestion:
         """Run one attempt of a logged plan on Spark and verify the outcome in the log (an
         interval without records in an existing table commits its boundaries without Spark).
         ``features``: the table's as planned, carried by the attempt (else its driver reads them)."""
+        attempt = self.attempt_of(plan, held, features)
+        if plan.interval is not None and not plan.data_ranges and self.ledger().table is not None:
+            return self.verify(attempt, self.commit_boundaries(attempt), spark_started=False)
+        return self.verify(attempt, self.runner.submit(attempt))
+
+    def attempt_of(self, plan: BatchPlan, held: HeldLease | None = None,
+                   features: PinnedFeatures | None = None) -> Attempt:
+        """A new attempt of ``plan`` (named in the lease ``held``: status and the UI show who holds the
+        table), and its log line: what it reads."""
         attempt = self.config.attempt(plan.with_attempt(new_attempt_id()), features=features)
         if held is not None:
-            held.attempt(attempt.attempt_id)  # the lease names it: status and the UI show who holds the table
-        log.info("batch %s attempt %s: plan %s (%d offsets)%s", plan.batch, attempt.attempt_id,
+            held.attempt(attempt.attempt_id)
+        log.info("%sbatch %s attempt %s: plan %s (%d offsets)%s", self.table_prefix, plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges) or "offsets only",
                  sum(r.end - r.start for r in plan.data_ranges),
                  f" for interval {plan.interval}" + (f", idle partitions closed: {', '.join(map(str, plan.closed_idle))}"
                                                      if plan.closed_idle else "") if plan.interval else "")
-        if plan.interval is not None and not plan.data_ranges and self.ledger().table is not None:
-            return self.verify(attempt, self.commit_boundaries(attempt), spark_started=False)
-        return self.verify(attempt, self.runner.submit(attempt))
+        return attempt
 
     def commit_boundaries(self, attempt: Attempt) -> BaseException | None:
         """Steps 3-5 of an interval with no records: nothing to read or stage, so the driver's

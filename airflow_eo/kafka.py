@@ -235,3 +235,37 @@ class KafkaOffsets:
             else:
                 starts[tp] = check_start(tp, wanted, bounds[tp])
         return starts
+
+    def topics(self) -> tuple[str, ...]:
+        """Every topic the cluster has (internal ones included; a pattern leaves them out)."""
+        return tuple(self.metadata().topics)
+
+
+class PinnedKafka(KafkaOffsets):
+    """One answer per question for the whole run: the tables of one read plan against the same
+    metadata and bounds, so every table's batch ends at the same offsets (one plan, logged with
+    each table)."""
+
+    def __init__(self, config: Mapping[str, object], timeout: float = 30.0):
+        super().__init__(config, timeout)
+        self._metadata = None
+        self._bounds: dict[TopicPartition, PartitionBounds] = {}
+        self._at: dict[tuple[TopicPartition, int], int] = {}
+
+    def metadata(self):
+        if self._metadata is None:
+            self._metadata = super().metadata()
+        return self._metadata
+
+    def bounds(self, tps: list[TopicPartition]) -> dict[TopicPartition, PartitionBounds]:
+        missing = [tp for tp in tps if tp not in self._bounds]
+        if missing:
+            self._bounds.update(super().bounds(missing))
+        return {tp: self._bounds[tp] for tp in tps}
+
+    def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
+        missing = [tp for tp in tps if (tp, timestamp_ms) not in self._at]
+        if missing:
+            for tp, offset in super().offsets_for_timestamp(missing, timestamp_ms).items():
+                self._at[(tp, timestamp_ms)] = offset
+        return {tp: self._at[(tp, timestamp_ms)] for tp in tps}

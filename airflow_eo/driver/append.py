@@ -1,6 +1,6 @@
 """The append sink's Spark step, the base of every write mode's (:mod:`airflow_eo.driver.stages`).
 
-:func:`airflow_eo.driver.main._stage_with_spark` asks it for what a write mode adds to the steps every
+:func:`airflow_eo.driver.batch._stage_with_spark` asks it for what a write mode adds to the steps every
 batch takes: before the transform (:meth:`SparkStage.source`: dedup drops repeated keys, merge builds its
 change view), after it (:meth:`SparkStage.output`), the write (:meth:`SparkStage.write`: Spark's Parquet
 writer, or a merge's winners and rewritten files) and what the sink's commit rule takes beside the files

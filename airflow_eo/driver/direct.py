@@ -82,7 +82,8 @@ def projected_columns(transform: Transform) -> tuple[str, ...] | None:
 def direct_columns(spec: IngestSpec) -> tuple[str, ...] | None:
     """The Kafka columns a batch of ``spec`` stages on the direct path, or None when its rows need
     Spark (see the module); an interval batch also needs ``timestamp`` (:meth:`DirectStage.of`)."""
-    if spec.decode.enabled or not sink_of(spec.sink).direct:  # decoding, or a write mode that needs Spark
+    # decoding, a filter, or a write mode that needs Spark
+    if spec.decode.enabled or spec.transform.filter or not sink_of(spec.sink).direct:
         return None
     columns = projected_columns(spec.transform)
     if columns is None or not set(KEY_COLUMNS) <= set(columns) or not set(spec.table.partition_by) <= set(columns):
@@ -115,6 +116,8 @@ class DirectStage:
     @staticmethod
     def needs_spark(attempt: Attempt, features: TableFeatures | None = None) -> bool:
         """Whether ``attempt`` runs Spark at all (not when the driver reads its batch itself)."""
+        if attempt.companions:  # a fan-out's one read serves several tables: through Spark's cache
+            return True
         direct = DirectStage.of(attempt, features)
         return direct is None or not direct.in_driver
 

@@ -1,6 +1,6 @@
 """Which Spark step stages a sink's batch: one registration per :class:`~airflow_eo.sinks.base.SinkKind`.
 
-:func:`airflow_eo.driver.main._stage_with_spark` runs the steps every batch takes (read, decode, the
+:func:`airflow_eo.driver.batch._stage_with_spark` runs the steps every batch takes (read, decode, the
 transform, the table's rules, the dead letters, the late records) once, and asks the table's
 :class:`~airflow_eo.driver.append.SparkStage` for what its write mode adds: the append's
 (:mod:`airflow_eo.driver.append`, the base), dedup's (:class:`airflow_eo.driver.dedup.DedupStage`) and

@@ -81,6 +81,20 @@ def apply_transform(transform: Transform, df, view: str = SOURCE_VIEW, partition
     return out
 
 
+def keep(condition: str | None, df):
+    """The records of ``df`` the sink's ``filter`` keeps (all without one): a Spark SQL condition
+    over the decoded source's columns."""
+    if not condition:
+        return df
+    try:
+        out = df.where(condition)
+        _ = out.schema  # analysis errors surface here on Spark Connect, which analyses lazily
+    except Exception as exc:  # AnalysisException, ParseException: the user's SQL
+        raise ConfigError(f"filter {condition!r} failed: {_first_line(exc)}. Fix the condition (it reads the "
+                          f"columns of '{SOURCE_VIEW}'); nothing was committed") from exc
+    return out
+
+
 def join_by_offset(out, extra, columns: tuple[str, ...]):
     """``out`` with ``columns`` of ``extra`` (a DataFrame with the key columns too), matched by
     source offset: for a column the transform left out (a left join, one more shuffle)."""

@@ -31,7 +31,10 @@ class IngestSpec:
     merge: MergeSpec = field(default_factory=MergeSpec)
 
     def __post_init__(self):
-        decode = self.decode.with_default_subjects(self.source.topics)
+        if bool(self.source.topics) == bool(self.source.topic_pattern):
+            raise ConfigError("give topics (a list) or topic_pattern (a regular expression), one of them: "
+                              + ("both were given" if self.source.topics else "neither was given"))
+        decode = self.decode.with_default_subjects(self.source.topics) if self.source.topics else self.decode
         object.__setattr__(self, "decode", replace(decode, tombstones=self.merge.enabled)
                            if decode.tombstones != self.merge.enabled else decode)
         self.sink  # noqa: B018 - built (and so its own rules checked) once, here

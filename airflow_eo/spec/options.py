@@ -150,6 +150,20 @@ def topic_list(value: Any) -> tuple[str, ...]:
     return topics
 
 
+def topic_regex(value: Any) -> str | None:
+    """A topic pattern: a regular expression Python compiles (Kafka's Java client matches a
+    pattern against the whole topic name; so does :func:`re.fullmatch`)."""
+    pattern = str(value).strip() if value is not None else ""
+    if not pattern:
+        return None
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"topic_pattern {pattern!r} is not a regular expression ({exc}): give one a topic name "
+                          "fully matches, e.g. 'orders\\..*'") from None
+    return pattern
+
+
 def normalize_table_uri(table_uri: str) -> str:
     """Absolute ``file://``-less path for local tables, the URI unchanged otherwise."""
     if not table_uri:

@@ -17,7 +17,7 @@ from airflow_eo.spec.options import (
     FROM_EARLIEST, TXN_RETENTION, CdcFormat, Cli, Mode, WriteMode,
     check_partition_by, check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer,
     key_format_of, merge_key_of, normalize_table_uri, number, option, optional_enum_value, optional_table_uri,
-    schema_version_of, starting_position, switch, table_properties_of, text, topic_list, validate_ingest_id,
+    schema_version_of, starting_position, switch, table_properties_of, text, topic_list, topic_regex, validate_ingest_id,
     value_format_of,
 )
 
@@ -60,8 +60,12 @@ class TableSpec:
 class SourceSpec:
     """The topics and where partitions never read start."""
 
-    topics: tuple[str, ...] = option("topics", "Kafka topics (comma-separated or a list)", templated=True,
-                                     parse=topic_list, dump=list)
+    topics: tuple[str, ...] = option("topics", "Kafka topics (comma-separated or a list); or topic_pattern",
+                                     (), templated=True, parse=topic_list, dump=list)
+    topic_pattern: str | None = option(
+        "topic_pattern", "instead of topics: a regular expression every topic read fully matches (as Kafka's Java "
+        "client matches; internal topics never), resolved when a run plans: a topic created later is read from its "
+        "starting_offsets", None, templated=True, metavar="REGEX", parse=topic_regex)
     starting_offsets: StartingPosition = option(
         "starting_offsets", "where partitions the table never read start: earliest, latest, "
         '{"timestamp": ms} or {"topic": {"0": 42}} (-2 earliest, -1 latest); resolved once, committed with the '
@@ -105,6 +109,10 @@ class Transform:
                              "offset)", None, templated=True, parse=text)
     callable: str | None = option("transform", "or a Python callable 'package.module:function' "
                                   "(DataFrame → DataFrame)", None, parse=text)
+
+    filter: str | None = option("filter", "Spark SQL condition over the view `source` (the decoded records): only "
+                                "the records it keeps reach the table (applied before transform_sql); a batch "
+                                "it keeps nothing of still commits its offsets", None, templated=True, parse=text)
 
     def __post_init__(self):
         if self.sql and self.callable:

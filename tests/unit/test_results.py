@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
 
-from airflow_eo.driver.main import commit_staged
+from airflow_eo.driver.batch import commit_staged
 from airflow_eo.errors import SparkJobError
 from airflow_eo.ingest import Ingestion
 from airflow_eo.outcomes import RunStatus

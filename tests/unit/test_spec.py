@@ -164,8 +164,18 @@ def test_merge_options_parse_and_the_delete_rule_follows_the_format():
 
 
 def test_a_required_option_missing_names_its_flag():
-    with pytest.raises(ConfigError, match="missing required option.*topics.*--topics"):
+    with pytest.raises(ConfigError, match="missing required option.*ingest_id.*--ingest-id"):
+        IngestSpec.of(table_uri="/t", topics="a")
+
+
+def test_an_ingest_reads_topics_or_a_pattern_one_of_them():
+    with pytest.raises(ConfigError, match="give topics .* or topic_pattern .*neither was given"):
         IngestSpec.of(table_uri="/t", ingest_id="i")
+    with pytest.raises(ConfigError, match="both were given"):
+        IngestSpec.of(table_uri="/t", ingest_id="i", topics="a", topic_pattern="a.*")
+    with pytest.raises(ConfigError, match="topic_pattern '\\(' is not a regular expression"):
+        IngestSpec.of(table_uri="/t", ingest_id="i", topic_pattern="(")
+    assert IngestSpec.of(table_uri="/t", ingest_id="i", topic_pattern="orders\\..*").source.topic_pattern == "orders\\..*"
 
 
 def test_the_config_keeps_secrets_apart_and_reads_options_by_name():

@@ -16,7 +16,7 @@ import pytest
 from airflow_eo.decoding.decoder import record_decoder
 from airflow_eo.decoding.reader_schemas import pin, reader_schemas
 from airflow_eo.decoding.registry import SchemaRegistry
-from airflow_eo.driver.main import commit_staged
+from airflow_eo.driver.batch import commit_staged
 from airflow_eo.errors import ConfigError, SparkJobError
 from airflow_eo.ingest import Ingestion
 from airflow_eo.outcomes import RunStatus
