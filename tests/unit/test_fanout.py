@@ -1,0 +1,117 @@
+"""The fan-out loop without Spark or a broker: Kafka is a fake, the Spark job a submitter that commits
+each table's batch (no rows, its offsets) through the real commit step, as the driver does."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_eo.attempt import Attempt, Secrets
+from airflow_eo.driver.batch import commit_staged
+from airflow_eo.driver.reader import KAFKA_SCHEMA
+from airflow_eo.errors import ConfigError, error_line
+from airflow_eo.fanout import FanOut
+from airflow_eo.offsets import RunIdentity, TopicPartition
+from airflow_eo.sinks import sink_of
+from airflow_eo.spec.fanout import FanOutSpec
+from airflow_eo.table.commit import StagedBatch
+from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.plan_log import PlanLog
+from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.storage import TableLocation
+from tests.unit.fakes import FakeKafka
+
+
+class CommittingSubmitter:
+    """Runs a fan-out attempt as the driver would, minus the read: each table's commit in turn; a
+    table in ``refuse`` records its error in its own marker and the job fails after the others."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()):
+        self.refuse, self.jobs = refuse, []
+
+    def submit(self, first: Attempt, secrets: Secrets) -> None:
+        attempts = [first] + [StagingArea(TableLocation.of(c.table_uri)).read_attempt(c.attempt_id)
+                              for c in first.companions]
+        self.jobs.append([a.table_uri for a in attempts])
+        errors = []
+        for attempt in attempts:
+            staging = StagingArea(TableLocation.of(attempt.table_uri))
+            if attempt.table_uri in self.refuse:
+                error = ConfigError("a CHECK constraint refused the batch; nothing was committed")
+                staging.record_error(attempt.attempt_id, error_line(error))
+                errors.append(error)
+                continue
+            sink = sink_of(attempt.spec.sink)
+            batch = StagedBatch(attempt.plan, (), {}, KAFKA_SCHEMA)
+            commit_staged(attempt, staging, batch, sink.findings(attempt, None, None, None, ()), None, None, sink)
+        if errors:
+            raise errors[0]
+
+
+def offsets(uri: str, topic: str, partitions: int = 2) -> list[int | None]:
+    found = Ledger.open(uri).committed_offsets("fan", [TopicPartition(topic, p) for p in range(partitions)])
+    return [found[TopicPartition(topic, p)] for p in range(partitions)]
+
+
+@pytest.fixture
+def kafka() -> FakeKafka:
+    kafka = FakeKafka(events=2)
+    for p in range(2):
+        kafka.produce(TopicPartition("events", p), *range(10))
+    return kafka
+
+
+def fan_out(tmp_path, kafka, submitter, *names: str, **sink_options) -> FanOut:
+    spec = FanOutSpec.of(ingest_id="fan", topics="events", sinks=[
+        {"table_uri": str(tmp_path / n), **sink_options.get(n, {})} for n in names])
+    return FanOut(spec, Secrets({"bootstrap.servers": "fake:9092"}), submitter, kafka)
+
+
+def test_one_job_commits_every_table_to_the_same_end_each_plan_logged_in_its_table(tmp_path, kafka):
+    submitter = CommittingSubmitter()
+    result = fan_out(tmp_path, kafka, submitter, "b", "a").run(RunIdentity("r1"))
+    uris = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert submitter.jobs == [uris]  # one Spark job, the first table's attempt naming the other
+    assert [t.table_uri for t in result.tables] == uris and result.status == "committed"
+    assert result.to_dict()["table_uris"] == uris and len(result.to_dict()["tables"]) == 2
+    for uri in uris:
+        assert offsets(uri, "events") == [10, 10]
+        assert PlanLog(TableLocation.of(uri)).load("r1").batch == 1
+    again = fan_out(tmp_path, kafka, submitter, "b", "a").run(RunIdentity("r1"))
+    assert again.status == "already_committed" and len(submitter.jobs) == 1
+
+
+def test_a_refusing_table_stays_behind_and_catches_up_from_its_own_offsets(tmp_path, kafka):
+    refusing = CommittingSubmitter(refuse=(str(tmp_path / "strict"),))
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'strict'}: a CHECK constraint refused"):
+        fan_out(tmp_path, kafka, refusing, "raw", "strict").run(RunIdentity("r1"))
+    assert offsets(str(tmp_path / "raw"), "events") == [10, 10]
+    assert offsets(str(tmp_path / "strict"), "events") == [None, None]
+    kafka.produce(TopicPartition("events", 0), 10, 11)
+    submitter = CommittingSubmitter()
+    result = fan_out(tmp_path, kafka, submitter, "raw", "strict").run(RunIdentity("r2"))
+    assert {t.table_uri: [r["start"] for r in t.ranges] for t in result.tables} == {
+        str(tmp_path / "raw"): [10], str(tmp_path / "strict"): [0, 0]}
+    assert offsets(str(tmp_path / "raw"), "events") == offsets(str(tmp_path / "strict"), "events") == [12, 10]
+
+
+def test_a_sink_added_later_starts_from_its_own_starting_offsets(tmp_path, kafka):
+    fan_out(tmp_path, kafka, CommittingSubmitter(), "raw").run(RunIdentity("r1"))
+    kafka.produce(TopicPartition("events", 1), 10)
+    result = fan_out(tmp_path, kafka, CommittingSubmitter(), "raw", "new",
+                     new={"starting_offsets": "latest"}).run(RunIdentity("r2"))
+    by_table = {t.table_uri: t for t in result.tables}
+    assert by_table[str(tmp_path / "raw")].status == "committed"
+    assert offsets(str(tmp_path / "raw"), "events") == [10, 11]
+    assert offsets(str(tmp_path / "new"), "events") == [10, 11]  # latest: it starts at the end, reads nothing
+
+
+def test_a_pattern_that_matches_nothing_yet_writes_no_table(tmp_path):
+    spec = FanOutSpec.of(ingest_id="fan", topic_pattern="orders.*", sinks=[{"table_uri": str(tmp_path / "{topic}")}])
+
+    class NoTopics(FakeKafka):
+        def topics(self):
+            return ("events", "__consumer_offsets")
+
+    result = FanOut(spec, Secrets({"bootstrap.servers": "fake:9092"}), CommittingSubmitter(), NoTopics()).run(
+        RunIdentity("r1"))
+    assert result.tables == () and result.status == "nothing_new"
