@@ -162,8 +162,8 @@ class FanOut:
     def _read_once(self, tables: list[_Table]) -> list[IngestResult | AirflowEoError]:
         """One Spark attempt for every table that reads: the first table's names the others; each
         table's outcome from its own log (and its attempt's marker, when the job failed)."""
-        attempts = [t.attempt for t in tables]
-        assert all(a is not None for a in attempts)
+        attempts = [t.attempt for t in tables if t.attempt is not None]
+        assert len(attempts) == len(tables)  # every table that reads has its attempt
         first = replace(attempts[0], companions=tuple(Companion(a.table_uri, a.attempt_id) for a in attempts[1:]))
         for table, attempt in zip(tables[1:], attempts[1:]):  # the driver reads them beside their tables
             table.ingestion.staging.begin_attempt(attempt)

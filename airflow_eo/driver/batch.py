@@ -66,10 +66,12 @@ class Staged:
 @dataclass(frozen=True)
 class SharedRead:
     """Records a fan-out read once for several tables (:mod:`airflow_eo.driver.fanout`): this table's
-    share of them (its own ranges, decoded) and the reader schemas they were decoded with."""
+    share of them (its own ranges, decoded) and the reader schemas they were decoded with; or, for a
+    table whose rows the read tasks wrote themselves (the direct path), its staged files and rows."""
 
-    source: object  # a DataFrame
+    source: object = None  # a DataFrame
     reader_schemas: tuple = ()
+    staged: "tuple[list[StagedFile], dict[str, int]] | None" = None
 
 
 def run_staged_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea,
@@ -82,17 +84,20 @@ def run_staged_attempt(spark, attempt: Attempt, secrets: Secrets, staging: Stagi
     features = features_of(attempt, storage_options)
     sink = sink_of(attempt.spec.sink)
     # identity or a projection of the Kafka columns: the read tasks write (a shared read is read already)
-    direct = DirectStage.of(attempt, features) if shared is None else None
+    direct = DirectStage.of(attempt, features) if shared is None or shared.staged is not None else None
     if spark is None and (direct is None or not direct.in_driver):
         raise ValueError(f"batch {plan.batch} needs Spark ({planned_offsets} offsets; the driver reads a direct "
                          f"batch of at most {attempt.spark.driver_read_max_offsets} itself) but was given no session")
     if direct is not None:
-        if direct.in_driver:
-            log.info("batch %s: %d offsets (driver_read_max_offsets %d): the driver reads and stages them itself, "
-                     "no Spark job", plan.batch, planned_offsets, attempt.spark.driver_read_max_offsets)
-        with Progress(None if direct.in_driver else spark, plan.batch, planned_offsets):
-            planned = time.monotonic()
-            files, rows = direct.stage(spark, attempt, secrets, staging.loc, staging.attempt_path(plan))
+        planned = time.monotonic()
+        if shared is not None and shared.staged is not None:  # a fan-out's read tasks wrote them
+            files, rows = shared.staged
+        else:
+            if direct.in_driver:
+                log.info("batch %s: %d offsets (driver_read_max_offsets %d): the driver reads and stages them "
+                         "itself, no Spark job", plan.batch, planned_offsets, attempt.spark.driver_read_max_offsets)
+            with Progress(None if direct.in_driver else spark, plan.batch, planned_offsets):
+                files, rows = direct.stage(spark, attempt, secrets, staging.loc, staging.attempt_path(plan))
         late = None
         if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
             late = late_records(files, staging.loc, direct.arrow_schema, plan.interval.start_ms, None)

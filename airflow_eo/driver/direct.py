@@ -47,7 +47,8 @@ from airflow_eo.spec import KEY_COLUMNS, IngestSpec, Transform
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
 from airflow_eo.sinks import sink_of
-from airflow_eo.driver.writer import staged_from_reports, task_writer, written_struct
+from airflow_eo.driver.writer import TaskFiles, staged_from_reports, task_writer, written_struct
+from airflow_eo.offsets import OffsetRange
 from airflow_eo.table.features import TableFeatures
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation
@@ -162,6 +163,109 @@ def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int,
     with for_session(spark):
         frame = task_frame(spark, tasks).mapInArrow(read_and_write, written_struct())
     return staged_from_reports(location, target, frame.collect())
+
+# the column a fan-out's read tasks report their files in, beside the records they also hand on
+REPORT_COLUMN = "__airflow_eo_report"
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One table's share of a fan-out's read that the read tasks write themselves: its planned ranges
+    and the Kafka columns it keeps, staged under ``target``."""
+
+    table_uri: str
+    target: str
+    columns: tuple[str, ...]
+    partition_by: tuple[str, ...]
+    ranges: tuple[OffsetRange, ...]
+
+
+def share_of(batch: pa.RecordBatch, spans: dict[tuple[str, int], tuple[int, int]]) -> pa.RecordBatch | None:
+    """The records of ``batch`` within ``spans`` (per topic and partition: start, end); None if none.
+
+    >>> batch = pa.RecordBatch.from_pydict({"topic": ["t"] * 4, "partition": [0] * 4, "offset": [4, 5, 6, 7]})
+    >>> share_of(batch, {("t", 0): (5, 7)}).column("offset").to_pylist()
+    [5, 6]
+    >>> share_of(batch, {("t", 1): (0, 9)}) is None
+    True
+    """
+    import pyarrow.compute as pc
+
+    if batch.num_rows == 0:
+        return None
+    topics, partitions, offsets = batch.column("topic"), batch.column("partition"), batch.column("offset")
+    first = (topics[0].as_py(), partitions[0].as_py())
+    if pc.all(pc.equal(topics, first[0])).as_py() and pc.all(pc.equal(partitions, first[1])).as_py():
+        span = spans.get(first)  # a reader batch holds one partition's records: the usual case
+        if span is None:
+            return None
+        low, high = pc.min_max(offsets).values()
+        if span[0] <= low.as_py() and high.as_py() < span[1]:
+            return batch
+        keep = pc.and_(pc.greater_equal(offsets, span[0]), pc.less(offsets, span[1]))
+    else:
+        keep = pa.array([False] * batch.num_rows)
+        for (topic, partition), (start, end) in spans.items():
+            keep = pc.or_(keep, pc.and_(pc.and_(pc.equal(topics, topic), pc.equal(partitions, partition)),
+                                        pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end))))
+    share = batch.filter(keep)
+    return share if share.num_rows else None
+
+
+def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int, storage_options: dict | None,
+                    destinations: list[Destination], keep_records: bool):
+    """One read of ``ranges`` for several tables: each read task writes every destination's share of
+    the records it read (:class:`Destination`) as that table's staged files, and reports them in
+    :data:`REPORT_COLUMN` rows (JSON of a :data:`~airflow_eo.driver.writer.WRITTEN_SCHEMA` row and
+    its ``destination``); with ``keep_records`` the records come out too (report null), for the
+    tables whose rows need Spark. A DataFrame: the read runs when it is first computed."""
+    import json
+
+    from airflow_eo.compat import spark_schema_of
+    from airflow_eo.driver.session import for_session
+
+    tasks = read_tasks(ranges, max_offsets_per_task)
+    read = task_reader(tasks, dict(kafka_config))
+    out_schema = pa.schema([*KAFKA_SCHEMA, pa.field(REPORT_COLUMN, pa.string())])
+    schemas = [pa.schema([KAFKA_SCHEMA.field(c) for c in d.columns]) for d in destinations]
+    spans = [{(r.topic, r.partition): (r.start, r.end) for r in d.ranges} for d in destinations]
+
+    def read_and_write(batches):
+        files = [TaskFiles(d.table_uri, storage_options, d.target, schema, d.partition_by)
+                 for d, schema in zip(destinations, schemas)]
+        try:
+            for records in read(batches):
+                for table_files, destination, span in zip(files, destinations, spans):
+                    share = share_of(records, span)
+                    if share is not None:
+                        table_files.add(share.select(list(destination.columns)))
+                if keep_records:
+                    yield pa.RecordBatch.from_arrays([*records.columns, pa.nulls(records.num_rows, pa.string())],
+                                                     schema=out_schema)
+        finally:
+            for table_files in files:
+                table_files.close()
+        for i, table_files in enumerate(files):
+            report = table_files.report()
+            if report is not None:
+                rows = [json.dumps({**row, "destination": i}) for row in report.to_pylist()]
+                yield pa.RecordBatch.from_arrays([*(pa.nulls(len(rows), f.type) for f in KAFKA_SCHEMA),
+                                                  pa.array(rows, pa.string())], schema=out_schema)
+
+    with for_session(spark):
+        return task_frame(spark, tasks).mapInArrow(read_and_write, spark_schema_of(out_schema))
+
+
+def reports_by_destination(rows: list, destinations: int) -> list[list[dict]]:
+    """The report rows :func:`read_for_tables` collected, per destination."""
+    import json
+
+    out: list[list[dict]] = [[] for _ in range(destinations)]
+    for row in rows:
+        report = json.loads(row[0])
+        out[report.pop("destination")].append(report)
+    return out
+
 
 def warm_up(spark, tasks: int, rounds: int = 3) -> None:
     """Run what a direct batch's read tasks run, without Kafka, ``rounds`` times on ``tasks`` tasks at

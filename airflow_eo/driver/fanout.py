@@ -24,7 +24,9 @@ from dataclasses import replace
 
 from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.driver.cdc import decoding_attempt
-from airflow_eo.driver.batch import SharedRead, run_staged_attempt
+from airflow_eo.driver.batch import SharedRead, features_of, run_staged_attempt
+from airflow_eo.driver.direct import REPORT_COLUMN, Destination, DirectStage, read_for_tables, reports_by_destination
+from airflow_eo.driver.writer import staged_from_reports
 from airflow_eo.driver.source import read_plan
 from airflow_eo.errors import error_line
 from airflow_eo.faults import failpoint
@@ -64,9 +66,10 @@ def run_fan_out(spark, first: Attempt, secrets: Secrets) -> CommitOutcome:
     """Run ``first`` and its companions: one read per group of tables that decode alike, then each
     table's steps 2-5. Returns ``first``'s outcome; raises the first table's error after every
     other table had its turn."""
-    attempts = [(first, StagingArea(TableLocation.of(first.table_uri, secrets.storage_options)))]
+    storage = dict(secrets.storage_options) if secrets.storage_options else None
+    attempts = [(first, StagingArea(TableLocation.of(first.table_uri, storage)))]
     for companion in first.companions:
-        staging = StagingArea(TableLocation.of(companion.table_uri, secrets.storage_options))
+        staging = StagingArea(TableLocation.of(companion.table_uri, storage))
         attempts.append((staging.read_attempt(companion.attempt_id), staging))
     for attempt, staging in attempts:
         staging.driver_started(attempt.attempt_id)  # from here on, this process commits or nobody does
@@ -111,25 +114,48 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
     from airflow_eo.decoding.decoder import record_decoder
 
     (columns, reader_schemas), tombstones = group
+    storage = dict(secrets.storage_options) if secrets.storage_options else None
     first = attempts[0][0]
     if tombstones:
         columns = tuple(replace(c, tombstones=True) for c in columns)
     decoder, pinned = record_decoder(columns, secrets.schema_registry, first.plan)
     ranges = union_ranges([r for a, _ in attempts for r in a.plan.data_ranges])
+    # the tables whose rows the read tasks write themselves (no decoding: identity or a projection)
+    direct = {a.attempt_id: stage for a, _ in attempts if decoder is None
+              for stage in [DirectStage.of(a, features_of(a, secrets.storage_options))] if stage is not None}
+    destinations = [Destination(a.table_uri, s.attempt_path(a.plan), direct[a.attempt_id].columns, a.partition_by,
+                                tuple(a.plan.data_ranges)) for a, s in attempts if a.attempt_id in direct]
+    through_spark = len(direct) < len(attempts)
     started = time.monotonic()
     failpoint("before_read")
-    source = read_plan(spark, ranges, dict(secrets.kafka_config), first.spark.max_offsets_per_task, decoder=decoder)
-    source = source.persist(StorageLevel.MEMORY_AND_DISK)
+    if destinations:
+        frame = read_for_tables(spark, ranges, dict(secrets.kafka_config), first.spark.max_offsets_per_task,
+                                storage, destinations, keep_records=through_spark)
+    else:
+        frame = read_plan(spark, ranges, dict(secrets.kafka_config), first.spark.max_offsets_per_task, decoder=decoder)
+    if through_spark:
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        records = source.count()  # the one read: every table's stage reads the cache
-        log.info("fan-out: read %d records of %d table(s) once in %.2fs (%s)", records, len(attempts),
-                 time.monotonic() - started, ", ".join(str(r) for r in ranges) or "offsets only")
+        if destinations:  # the one read; with tables through Spark, their records are cached by it
+            reports = reports_by_destination(frame.where(f"`{REPORT_COLUMN}` IS NOT NULL")
+                                             .select(REPORT_COLUMN).collect(), len(destinations))
+            source = frame.where(f"`{REPORT_COLUMN}` IS NULL").drop(REPORT_COLUMN)
+        else:
+            frame.count()
+            reports, source = [], frame
+        log.info("fan-out: read %s once for %d table(s) in %.2fs (%d written by the read tasks)",
+                 ", ".join(str(r) for r in ranges) or "offsets only", len(attempts), time.monotonic() - started,
+                 len(destinations))
+        staged = {d.target: staged_from_reports(TableLocation.of(d.table_uri, storage), d.target, r)
+                  for d, r in zip(destinations, reports)}
         for attempt, staging in attempts:
-            own = attempt.plan.data_ranges
-            share = source if tuple(own) == ranges else source.where(ranges_condition(tuple(own)))
+            own = tuple(attempt.plan.data_ranges)
+            if attempt.attempt_id in direct:
+                shared = SharedRead(reader_schemas=pinned, staged=staged[staging.attempt_path(attempt.plan)])
+            else:
+                shared = SharedRead(source if own == ranges else source.where(ranges_condition(own)), pinned)
             try:
-                outcomes[attempt.attempt_id] = run_staged_attempt(spark, attempt, secrets, staging,
-                                                                  SharedRead(share, pinned))
+                outcomes[attempt.attempt_id] = run_staged_attempt(spark, attempt, secrets, staging, shared)
             except Exception as exc:  # this table stays behind; the others go on
                 staging.record_error(attempt.attempt_id, error_line(exc))
                 log.error("%s: batch %s failed, the other tables go on: %s", attempt.table_uri, attempt.plan.batch,
@@ -138,4 +164,5 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
             if attempt.attempt_id != last:
                 failpoint("between_sink_commits")
     finally:
-        source.unpersist()
+        if through_spark:
+            frame.unpersist()

@@ -119,60 +119,83 @@ class _OpenFile:
 def task_writer(table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema,
                 partition_by: tuple[str, ...] = (), names: ColumnNames | None = None):
     """The function each Spark task runs (pickled to the executors' Python workers; the driver calls it
-    with ``task`` for a batch it reads itself): it streams
-    its Arrow batches into one Parquet file per partition directory they fall into, and yields
-    one row per file (:data:`WRITTEN_SCHEMA`: path, size, modification time, rows, the Delta
-    stats from the file's own footer; the task's rows per Kafka partition as JSON on its first
-    file's row), so the driver reads nothing back. ``names``: the table's column mapping (the files
-    get physical names and field ids, their directories physical partition names)."""
-    names = names or ColumnNames()
-    file_schema = names.physical_arrow_schema(pa.schema([f for f in arrow_schema if f.name not in partition_by]))
+    with ``task`` for a batch it reads itself): it streams its Arrow batches into a :class:`TaskFiles`
+    and yields its report, so the driver reads nothing back."""
 
     def write(batches, task: int | None = None):
+        files = TaskFiles(table_uri, storage_options, target, arrow_schema, partition_by, names, task)
+        try:
+            for batch in batches:
+                files.add(batch)
+        finally:
+            files.close()
+        report = files.report()
+        if report is not None:
+            yield report
+
+    return write
+
+
+class TaskFiles:
+    """One task's Parquet files under ``target``: one file per partition directory its batches fall
+    into; then one report row per file (:data:`WRITTEN_SCHEMA`: path, size, modification time, rows,
+    the Delta stats from the file's own footer; the task's rows per Kafka partition as JSON on its
+    first file's row). ``names``: the table's column mapping (the files get physical names and field
+    ids, their directories physical partition names). Built where the task runs."""
+
+    def __init__(self, table_uri: str, storage_options: dict | None, target: str, arrow_schema: pa.Schema,
+                 partition_by: tuple[str, ...] = (), names: ColumnNames | None = None, task: int | None = None):
+        if task is None:  # a Spark task; the driver reading a batch itself names its task (no pyspark import)
+            from pyspark import TaskContext
+
+            task = TaskContext.get().partitionId() if TaskContext.get() else 0
+        self.names = names or ColumnNames()
+        self.file_schema = self.names.physical_arrow_schema(
+            pa.schema([f for f in arrow_schema if f.name not in partition_by]))
+        self.arrow_schema, self.partition_by, self.target, self.task = arrow_schema, partition_by, target, task
+        self.location = TableLocation.of(table_uri, storage_options)
+        self.open_files: dict[str, _OpenFile] = {}  # directory -> file; empty tasks write none
+        self.kafka_rows: dict[str, int] = {}  # the task's rows per Kafka partition, over all its files
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        batch = batch.cast(self.arrow_schema) if batch.schema != self.arrow_schema else batch
+        for key, n in rows_per_kafka_partition(batch).items():
+            self.kafka_rows[key] = self.kafka_rows.get(key, 0) + n
+        for directory, rows in split_by_partition(batch, self.partition_by, self.names):
+            rows = physical_batch(rows, self.file_schema) if self.names.active else rows
+            entry = self.open_files.get(directory)
+            if entry is None:
+                folder = f"{self.target}/{directory}" if directory else self.target
+                self.location.fs.create_dir(folder, recursive=True)
+                entry = self.open_files[directory] = _OpenFile(
+                    self.location, f"{folder}/part-{self.task:05d}-{uuid.uuid4().hex}.parquet", self.file_schema)
+            entry.add(rows)
+
+    def close(self) -> None:
+        for entry in self.open_files.values():
+            entry.close()
+
+    def report(self) -> pa.RecordBatch | None:
+        """The closed files' report rows (None: the task wrote no file)."""
         import json
         import time
 
         from airflow_eo.table.staging import file_stats
 
-        if task is None:  # a Spark task; the driver reading a batch itself names its task (no pyspark import)
-            from pyspark import TaskContext
-
-            task = TaskContext.get().partitionId() if TaskContext.get() else 0
-        location = TableLocation.of(table_uri, storage_options)
-        open_files: dict[str, _OpenFile] = {}  # directory -> file; empty tasks write none
-        kafka_rows: dict[str, int] = {}  # the task's rows per Kafka partition, over all its files
-        try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                batch = batch.cast(arrow_schema) if batch.schema != arrow_schema else batch
-                for key, n in rows_per_kafka_partition(batch).items():
-                    kafka_rows[key] = kafka_rows.get(key, 0) + n
-                for directory, rows in split_by_partition(batch, partition_by, names):
-                    rows = physical_batch(rows, file_schema) if names.active else rows
-                    entry = open_files.get(directory)
-                    if entry is None:
-                        folder = f"{target}/{directory}" if directory else target
-                        location.fs.create_dir(folder, recursive=True)
-                        entry = open_files[directory] = _OpenFile(
-                            location, f"{folder}/part-{task:05d}-{uuid.uuid4().hex}.parquet", file_schema)
-                    entry.add(rows)
-        finally:
-            for entry in open_files.values():
-                entry.close()
-        if open_files:
-            entries = list(open_files.values())
-            infos = [location.fs.get_file_info(e.path) for e in entries]
-            yield pa.RecordBatch.from_pydict(schema=WRITTEN_SCHEMA, mapping={
-                "path": [e.path for e in entries],
-                "size": [i.size for i in infos],
-                "mtime": [int(i.mtime.timestamp() * 1000) if i.mtime else int(time.time() * 1000) for i in infos],
-                "rows": [e.rows for e in entries],
-                "stats": [json.dumps(file_stats(e.writer.writer.metadata, names)) for e in entries],
-                "partition_rows": [json.dumps(kafka_rows if i == 0 else {}) for i in range(len(entries))],
-            })
-
-    return write
+        if not self.open_files:
+            return None
+        entries = list(self.open_files.values())
+        infos = [self.location.fs.get_file_info(e.path) for e in entries]
+        return pa.RecordBatch.from_pydict(schema=WRITTEN_SCHEMA, mapping={
+            "path": [e.path for e in entries],
+            "size": [i.size for i in infos],
+            "mtime": [int(i.mtime.timestamp() * 1000) if i.mtime else int(time.time() * 1000) for i in infos],
+            "rows": [e.rows for e in entries],
+            "stats": [json.dumps(file_stats(e.writer.writer.metadata, self.names)) for e in entries],
+            "partition_rows": [json.dumps(self.kafka_rows if i == 0 else {}) for i in range(len(entries))],
+        })
 
 
 def staged_from_reports(location: TableLocation, target: str, written: list) -> tuple[list[StagedFile], dict[str, int]]:
