@@ -10,7 +10,7 @@ from airflow_eo.driver.batch import commit_staged
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.errors import ConfigError, error_line
 from airflow_eo.fanout import FanOut
-from airflow_eo.offsets import RunIdentity, TopicPartition
+from airflow_eo.offsets import Interval, RunIdentity, TopicPartition
 from airflow_eo.sinks import sink_of
 from airflow_eo.spec.fanout import FanOutSpec
 from airflow_eo.table.commit import StagedBatch
@@ -115,3 +115,19 @@ def test_a_pattern_that_matches_nothing_yet_writes_no_table(tmp_path):
     result = FanOut(spec, Secrets({"bootstrap.servers": "fake:9092"}), CommittingSubmitter(), NoTopics()).run(
         RunIdentity("r1"))
     assert result.tables == () and result.status == "nothing_new"
+
+
+def test_in_interval_mode_every_table_commits_the_runs_interval_once(tmp_path):
+    base, hour = 1_767_225_600_000, 3_600_000  # 2026-01-01T00:00Z
+    kafka = FakeKafka(events=2)
+    for p in range(2):
+        kafka.produce(TopicPartition("events", p), *(base + k * 600_000 + p for k in range(18)))
+    spec = FanOutSpec.of(ingest_id="fan", topics="events", mode="interval", sinks=[
+        {"table_uri": str(tmp_path / n)} for n in ("a", "b")])
+    submitter = CommittingSubmitter()
+    fan = FanOut(spec, Secrets({"bootstrap.servers": "fake:9092"}), submitter, kafka)
+    result = fan.run(RunIdentity("hour-1"), Interval(base + hour, base + 2 * hour))
+    assert [(t.status, t.batch) for t in result.tables] == [("committed", 1), ("committed", 1)]
+    assert offsets(str(tmp_path / "a"), "events") == offsets(str(tmp_path / "b"), "events") == [12, 12]
+    again = fan.run(RunIdentity("hour-1-cleared"), Interval(base + hour, base + 2 * hour))
+    assert {t.status for t in again.tables} == {"already_committed"} and len(submitter.jobs) == 1
