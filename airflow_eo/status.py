@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import enum
 import logging
 import socket
 import time
@@ -40,6 +41,44 @@ if TYPE_CHECKING:
     from airflow_eo.table.metadata import MergeInfo
 
 log = logging.getLogger(__name__)
+
+
+class TableMode(str, enum.Enum):
+    """How an ingest keys its batches (:mod:`airflow_eo.table.intervals`)."""
+
+    OFFSETS = "offsets"
+    INTERVAL = "interval"
+
+
+@dataclass(frozen=True)
+class IngestState:
+    """What a table's log says of one ingest now: the one read of it that ``airflow-eo status`` and the
+    UI's table list and page share (its mode, its write mode, what maintenance is due, its last audit)."""
+
+    version: int | None
+    last_batch: int
+    mode: TableMode | None  # None before the ingest's first batch
+    write_mode: WriteMode  # from the table's mark (append until a merge marks it)
+    due: tuple[str, ...]  # maintenance that is due, the transaction retention first when it is at risk
+    layout: "Layout"
+    last_audit: "AuditRecord | None"
+
+    @classmethod
+    def read(cls, ledger: Ledger, ingest_id: str, table_layout: "Layout | None" = None) -> "IngestState":
+        from airflow_eo.table.audit_log import AuditLog
+        from airflow_eo.table.maintenance import layout
+
+        last = ledger.last_batch(ingest_id)
+        interval = IntervalLedger(ledger, ingest_id).end_of(last) is not None if last else None
+        table_layout = table_layout or layout(ledger)
+        due = list(table_layout.due)
+        try:
+            ledger.check_txn_retention()
+        except AirflowEoError as exc:
+            due.insert(0, str(exc))
+        return cls(ledger.version, last, None if interval is None else TableMode.INTERVAL if interval
+                   else TableMode.OFFSETS, table_sink(ledger, ingest_id).write_mode, tuple(due), table_layout,
+                   AuditLog(ledger.location()).last(ingest_id))
 
 
 def lag_of(kafka: KafkaOffsets, bounds: Mapping[TopicPartition, PartitionBounds], ledger: Ledger, ingest_id: str,
@@ -191,9 +230,6 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
     partition the table has no offset for counts from ``starting_offsets``, as the next run
     starts it). ``adopt_table`` (the ingest's option): a table created elsewhere that the ingest
     has not written yet is shown as one without its offsets, not refused as another's."""
-    from airflow_eo.table.audit_log import AuditLog
-    from airflow_eo.table.maintenance import layout
-
     ledger = Ledger.open(table_uri, storage_options)
     if not ledger.exists:
         raise TableError(f"there is no Delta table at {ledger.table_uri}: check the path (and --storage-options "
@@ -213,25 +249,19 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
             log.warning("Kafka not reachable, lag unknown: %s", exc)
         partitions = sorted(set(partitions) | set(bounds))
     committed = ledger.committed_offsets(ingest_id, partitions)
-    table_layout = layout(ledger)
-    due = list(table_layout.due)
-    try:
-        ledger.check_txn_retention()
-    except AirflowEoError as exc:
-        due.insert(0, str(exc))
+    state = IngestState.read(ledger, ingest_id)
     intervals = IntervalLedger(ledger, ingest_id)
     return TableStatus(
-        table_uri=ledger.table_uri, ingest_id=ingest_id, version=ledger.version, last_batch=ledger.last_batch(ingest_id),
-        write_mode=table_sink(ledger, ingest_id).write_mode,
-        layout=table_layout, due=tuple(due),
+        table_uri=ledger.table_uri, ingest_id=ingest_id, version=state.version, last_batch=state.last_batch,
+        write_mode=state.write_mode, layout=state.layout, due=state.due,
         partitions=tuple(PartitionStatus(tp.topic, tp.partition, committed[tp],
                                          bounds[tp].end if tp in bounds else None, lag.get(tp)) for tp in partitions),
         attempts=tuple(blocking_attempts(ledger, staging_grace_seconds)),
         batches=tuple(BatchStatus(b.meta.batch, b.version, b.meta.rows, b.meta.operation.value, b.meta.run_key,
                                   tuple(str(r) for r in b.meta.ranges if r.size), b.meta.late_records, b.meta.merge)
                       for b in batches),
-        intervals=tuple(sorted(intervals.committed(), key=lambda c: c.interval)) if intervals.is_interval_table()
-        else (),
-        last_audit=AuditLog(ledger.location()).last(ingest_id),
+        intervals=tuple(sorted(intervals.committed(), key=lambda c: c.interval))
+        if state.mode is TableMode.INTERVAL else (),
+        last_audit=state.last_audit,
         lease=lease_holder(ledger, staging_grace_seconds),
     )

@@ -35,12 +35,13 @@ from urllib.parse import urlsplit, urlunsplit
 from airflow_eo.errors import AirflowEoError
 from airflow_eo.intervals import CommittedInterval
 from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition  # noqa: F401 - Interval: doctest
-from airflow_eo.table.audit_log import AuditLog, AuditRecord
+from airflow_eo.table.audit_log import AuditRecord
 from airflow_eo.table.history import FIRST_WINDOW, CommitHistory
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.lease import LEASE_ERRORS, LeaseHolder, TableLease
 from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.metadata import DATA_OPERATIONS, CommitKind
+from airflow_eo.status import IngestState, TableMode
 from airflow_eo.table.maintenance import Layout, layout
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,6 @@ DAY_MS = 86_400_000
 LIST_COMMITS = 2000  # commits a table's row reads back at most for its 24-hour counts
 PAGE_COMMITS = 500  # commits a table's page reads back at most for its recent batches
 PAGE_BATCHES = 50
-
-
-class TableMode(str, enum.Enum):
-    """How an ingest keys its batches (:mod:`airflow_eo.table.intervals`)."""
-
-    OFFSETS = "offsets"
-    INTERVAL = "interval"
 
 
 class SpanState(str, enum.Enum):
@@ -255,22 +249,14 @@ class TableReader:
         newest = next((c for c in self.history.recent(ledger, limit=FIRST_WINDOW).commits
                        if c.batch is not None and c.batch.ingest_id == ingest_id and c.batch.kind in DATA_OPERATIONS), None)
         in_day = [c.batch for c in day.commits if c.batch is not None and c.batch.ingest_id == ingest_id]
-        interval = IntervalLedger(ledger, ingest_id)
-        is_interval = interval.end_of(last) is not None  # the mode of the last batch (as is_interval_table())
-        table_layout = table_layout or layout(ledger)
-        due = list(table_layout.due)
-        try:
-            ledger.check_txn_retention()
-        except AirflowEoError as exc:
-            due.insert(0, str(exc))
+        read = IngestState.read(ledger, ingest_id, table_layout)  # what `airflow-eo status` reads too
         state = TableState(
-            table_uri=shown, ingest_id=ingest_id, version=ledger.version,
-            mode=TableMode.INTERVAL if is_interval else TableMode.OFFSETS,
-            write_mode=newest.batch.write_mode if newest and newest.batch else None,
+            table_uri=shown, ingest_id=ingest_id, version=read.version, mode=read.mode,
+            write_mode=read.write_mode.value if read.mode is not None else None,
             last_batch=last, last_commit_ms=newest.timestamp_ms if newest else None,
             rows_24h=sum(b.rows for b in in_day if b.kind is CommitKind.BATCH),
             dead_letters_24h=sum(b.dead_letters for b in in_day if b.kind in DATA_OPERATIONS),
-            counts_complete=day.complete, last_audit=AuditLog(ledger.location()).last(ingest_id), due=tuple(due))
+            counts_complete=day.complete, last_audit=read.last_audit, due=read.due)
         if not batches:
             return TableDetail(state)
         ours = ledger.batches(ingest_id, limit=PAGE_COMMITS)  # the page's own read: whole records
@@ -280,10 +266,10 @@ class TableReader:
         committed = ledger.committed_offsets(ingest_id, partitions)
         offsets = tuple(PartitionOffset(tp.topic, tp.partition, committed[tp]) for tp in partitions)
         spans: tuple[Span, ...] = ()
-        if is_interval:  # late records belong to a batch's first commit (a reprocess records none)
+        if read.mode is TableMode.INTERVAL:  # late records belong to a batch's first commit (a reprocess records none)
             late = {r.meta.batch: r.meta.late_records for r in ours if r.meta.operation is CommitKind.BATCH}
-            spans = time_line(interval.committed(), late, now_ms)
-        return TableDetail(state, rows, offsets, spans, table_layout, _lease_holder(ledger))
+            spans = time_line(IntervalLedger(ledger, ingest_id).committed(), late, now_ms)
+        return TableDetail(state, rows, offsets, spans, read.layout, _lease_holder(ledger))
 
 
 def _lease_holder(ledger: Ledger) -> LeaseHolder | None:
