@@ -91,11 +91,6 @@ class FanOutSpec:
     def topic_pattern(self) -> str | None:
         return self.shared.get("topic_pattern") or None
 
-    @property
-    def routes(self) -> bool:
-        """Whether the tables depend on the topics Kafka has now (a pattern, or ``{topic}``)."""
-        return bool(self.topic_pattern) or any(TOPIC in str(s.get(k) or "") for s in self.sinks for k in _TEMPLATED)
-
     def check(self) -> None:
         """Build every table of a stand-in topic list: each sink's options are checked as a
         single table's; no two sinks write one table; one read decodes for every sink."""

@@ -271,10 +271,6 @@ class TableFeatures:
         return self._on("delta.enableChangeDataFeed", "changeDataFeed")
 
     @property
-    def deletion_vectors_enabled(self) -> bool:
-        return self._on("delta.enableDeletionVectors", "deletionVectors")
-
-    @property
     def has_deletion_vectors(self) -> bool:
         return self.files_with_deletion_vectors > 0
 
