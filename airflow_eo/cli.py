@@ -240,10 +240,9 @@ def cmd_status(args) -> int:
     print("last batches:")
     for b in status.batches:
         late = f"  late {b.late}" if b.late else ""
-        m = b.merge
-        merged = f"  +{m.inserted} ~{m.updated} -{m.deleted} rewrote {m.files_rewritten} file(s)" if m else ""
+        counts = f"  {b.counts_text}" if b.counts_text else ""
         print(f"  batch {b.batch:>5}  version {b.version:>5}  rows {b.rows:>9}  {b.operation}  "
-              f"{', '.join(b.ranges)}{late}{merged}")
+              f"{', '.join(b.ranges)}{late}{counts}")
     return 0
 
 

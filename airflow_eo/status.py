@@ -20,7 +20,7 @@ import logging
 import socket
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from airflow_eo.errors import AirflowEoError, TableError
 from airflow_eo.kafka import KafkaOffsets
@@ -28,7 +28,7 @@ from airflow_eo.planning import StartingPosition, backlog, partitions_without_of
 from airflow_eo.offsets import Interval, PartitionBounds, TopicPartition
 from airflow_eo.spec import FROM_EARLIEST
 from airflow_eo.intervals import CommittedInterval, gaps
-from airflow_eo.sinks import table_sink
+from airflow_eo.sinks import recorded_sink, table_sink
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.lease import LEASE_ERRORS, LeaseHolder, TableLease, iso_time
@@ -38,7 +38,6 @@ from airflow_eo.table.staging import DEFAULT_GRACE_SECONDS, StagingArea
 if TYPE_CHECKING:
     from airflow_eo.table.audit_log import AuditRecord
     from airflow_eo.table.maintenance import Layout
-    from airflow_eo.table.metadata import MergeInfo
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,8 @@ class BlockingAttempt:
 
 @dataclass(frozen=True)
 class BatchStatus:
-    """One of the table's last batches; a merge batch also says what it did to the rows."""
+    """One of the table's last batches, and what its sink counts beside its rows (a merge: what it did
+    to the rows by key)."""
 
     batch: int
     version: int
@@ -136,15 +136,17 @@ class BatchStatus:
     run_key: str
     ranges: tuple[str, ...]
     late: int
-    merge: MergeInfo | None = None
+    write_mode: WriteMode
+    counts: tuple[tuple[str, Any], ...] = ()  # the sink's own counts of the batch (Sink.result_counts)
+
+    @property
+    def counts_text(self) -> str:
+        """Those counts in a line ("": its sink counts nothing beside the rows)."""
+        return recorded_sink(self.write_mode).counts_text(dict(self.counts))
 
     def to_dict(self) -> dict:
-        out = {"batch": self.batch, "version": self.version, "rows": self.rows, "operation": self.operation,
-               "run_key": self.run_key, "ranges": list(self.ranges), "late": self.late}
-        if self.merge is not None:
-            out.update(inserted=self.merge.inserted, updated=self.merge.updated, deleted=self.merge.deleted,
-                       files_rewritten=self.merge.files_rewritten)
-        return out
+        return {"batch": self.batch, "version": self.version, "rows": self.rows, "operation": self.operation,
+                "run_key": self.run_key, "ranges": list(self.ranges), "late": self.late, **dict(self.counts)}
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,9 @@ def table_status(table_uri: str, ingest_id: str, kafka_config: Mapping[str, obje
                                          bounds[tp].end if tp in bounds else None, lag.get(tp)) for tp in partitions),
         attempts=tuple(blocking_attempts(ledger, staging_grace_seconds)),
         batches=tuple(BatchStatus(b.meta.batch, b.version, b.meta.rows, b.meta.operation.value, b.meta.run_key,
-                                  tuple(str(r) for r in b.meta.ranges if r.size), b.meta.late_records, b.meta.merge)
+                                  tuple(str(r) for r in b.meta.ranges if r.size), b.meta.late_records,
+                                  b.meta.write_mode,
+                                  tuple(recorded_sink(b.meta.write_mode).result_counts(b.meta).items()))
                       for b in batches),
         intervals=tuple(sorted(intervals.committed(), key=lambda c: c.interval))
         if state.mode is TableMode.INTERVAL else (),

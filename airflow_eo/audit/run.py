@@ -94,11 +94,11 @@ def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
 def merge_counts(ledger: Ledger, ingest_id: str) -> tuple[list[MergeCounts], bool]:
     """Every merge commit the log holds, oldest first, and whether they start at the first batch
     (log cleanup drops old commit details: then the table's rows cannot be summed from them)."""
-    records = [(r, r.meta.merge) for r in ledger.batches(ingest_id, limit=None)
+    records = [(r, recorded_sink(r.meta.write_mode).row_changes(r.meta)) for r in ledger.batches(ingest_id, limit=None)
                if r.meta.operation in (CommitKind.BATCH, CommitKind.REPROCESS)]
-    merged = [(r, m) for r, m in records if m is not None]
-    oldest = merged[-1][0] if merged else None
-    commits = [MergeCounts(r.meta.batch, r.version, m.inserted, m.deleted) for r, m in reversed(merged)]
+    changed = [(r, c) for r, c in records if c is not None]
+    oldest = changed[-1][0] if changed else None
+    commits = [MergeCounts(r.meta.batch, r.version, added, removed) for r, (added, removed) in reversed(changed)]
     return commits, oldest is not None and oldest.meta.batch == 1 and oldest.meta.operation is CommitKind.BATCH
 
 

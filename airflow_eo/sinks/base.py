@@ -125,6 +125,12 @@ class Sink:
         return {}
 
     @classmethod
+    def row_changes(cls, meta: BatchMetadata) -> tuple[int, int] | None:
+        """The rows a commit of this sink added and removed by key, for the audit's sum of a table's rows
+        (None: its rows are its records', which the audit tiles by offset instead)."""
+        return None
+
+    @classmethod
     def counts_text(cls, summary: Mapping[str, Any]) -> str:
         """Those counts in a run's log line, from its result's dict ("": nothing to add)."""
         return ""

@@ -107,6 +107,10 @@ class MergeSink(Sink):
                 "files_rewritten": merge.files_rewritten}
 
     @classmethod
+    def row_changes(cls, meta: BatchMetadata) -> tuple[int, int] | None:
+        return (meta.merge.inserted, meta.merge.deleted) if meta.merge is not None else None
+
+    @classmethod
     def counts_text(cls, summary: Mapping[str, Any]) -> str:
         return ("merged: {inserted} inserted, {updated} updated, {deleted} deleted, {files_rewritten} file(s) "
                 "rewritten").format(**{k: summary.get(k, 0) for k in _COUNTS})
