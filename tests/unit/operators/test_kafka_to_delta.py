@@ -13,50 +13,49 @@ import pytest
 from airflow.providers.common.compat.sdk import DAG, AirflowFailException, TaskDeferred
 from deltalake import write_deltalake
 
-from airflow_eo.config import IngestConfig
 from airflow_eo.errors import ConfigError, IntervalNotClosedError
-from airflow_eo.fanout import FanOutResult
+from airflow_eo.fanout import FanOut, FanOutResult
 from airflow_eo.operators import kafka_to_delta
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator, table_asset
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.result import IngestResult
 from airflow_eo.spec.fanout import FanOutSpec
 from tests.airflow_context import context_for
+from tests.unit.fakes import FakeKafka
 
 SECRET = "s3cr3t-never-in-xcom"
 MERGE = {"write_mode": "merge", "merge_key": "id",
          "transform_sql": "SELECT CAST(key AS STRING) AS id, CAST(value AS STRING) AS body FROM source"}
 
 
-class RecordingFanOut:
-    """The fan-out loop at its boundary: what the operator built it from, and a result in which the
-    first table committed and the others had nothing new (or ``fail`` raised instead)."""
+class RecordingFanOut(FanOut):
+    """The fan-out loop with its run replaced at the boundary (its tables are the real ones): what the
+    operator built it from, and a result in which the first table committed and the others had
+    nothing new (or ``fail`` raised instead)."""
 
     made: list["RecordingFanOut"] = []
     fail: Exception | None = None
+    kafka: FakeKafka | None = None  # the cluster a topic pattern is resolved against
 
     def __init__(self, spec, credentials, submitter, kafka=None):
-        self.spec, self.credentials, self.submitter, self.runs = spec, credentials, submitter, []
+        super().__init__(spec, credentials, submitter, kafka or RecordingFanOut.kafka)
+        self.runs: list = []
         RecordingFanOut.made.append(self)
-
-    def configs(self):
-        return tuple(IngestConfig(s, self.credentials) for s in self.spec.tables(("orders", "refunds")))
 
     def run(self, run, interval=None):
         self.runs.append((run, interval))
         if self.fail is not None:
             raise self.fail
-        tables = sorted(self.configs(), key=lambda c: c.table_uri)
         return FanOutResult(tables=tuple(
             IngestResult(RunStatus.COMMITTED, c.ingest_id, c.table_uri, run.run_key, batch=4, version=9, rows=12,
                          files=1, bytes=2048, ranges=[{"topic": "orders", "partition": 0, "start": 0, "end": 12}])
             if i == 0 else IngestResult(RunStatus.NOTHING_NEW, c.ingest_id, c.table_uri, run.run_key)
-            for i, c in enumerate(tables)))
+            for i, c in enumerate(self.configs())))
 
 
 @pytest.fixture
 def fan_out(monkeypatch):
-    RecordingFanOut.made, RecordingFanOut.fail = [], None
+    RecordingFanOut.made, RecordingFanOut.fail, RecordingFanOut.kafka = [], None, None
     monkeypatch.setattr(kafka_to_delta, "FanOut", RecordingFanOut)
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_UNIT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": "broker-1:9092,broker-2:9092", "sasl.password": SECRET}}))
@@ -143,6 +142,28 @@ def test_lineage_has_the_topics_in_and_each_table_out(fan_out, tmp_path):
     assert facet.status == "committed" and facet.batch is None
     assert [(t["table_uri"], t["status"], t["batch"], t["ranges"]) for t in facet.tables] == \
         [(t["table_uri"], t["status"], t["batch"], t["ranges"]) for t in summary["tables"]]
+
+
+class Cluster(FakeKafka):
+    def topics(self):
+        return (*sorted({tp.topic for tp in self.records}), "__consumer_offsets")
+
+
+def test_a_topic_pattern_writes_a_table_per_matching_topic_each_with_its_asset_at_run_time(fan_out, tmp_path):
+    RecordingFanOut.kafka = Cluster(**{"orders.eu": 1, "orders.us": 2, "refunds": 1})
+    template = str(tmp_path / "orders_{topic}")
+    op = operator(topic_pattern=r"orders\..*", table_uri=template, ingest_id="orders")
+    assert op.fans_out and op.sink_assets == () and op.asset is None  # which tables: known when it runs
+    ctx = context_for(op, "manual__1")
+    summary = op.execute(ctx)
+    (made,) = fan_out
+    assert made.spec.topic_pattern == r"orders\..*" and made.spec.sinks == ({},)
+    assert [t["table_uri"] for t in summary["tables"]] == [template.format(topic="orders.eu"),
+                                                           template.format(topic="orders.us")]
+    assert [a for a, _ in ctx["outlet_events"][op.asset_alias].emitted] == [
+        table_asset(template.format(topic="orders.eu"))]
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert [i.name for i in lineage.inputs] == ["orders.eu", "orders.us"] and len(lineage.outputs) == 2
 
 
 def test_a_reprocess_of_a_fan_out_fails_at_once_naming_the_per_table_command(fan_out, tmp_path):
