@@ -198,7 +198,7 @@ def _spec_file(path: str) -> dict:
 
     options = checked(raw, "")
     if "sinks" in raw:
-        options["sinks"] = [checked(sink, f"sinks[{i}].") for i, sink in enumerate(sinks or [])]
+        options["sinks"] = [checked(sink, f"sink {i + 1}: ") for i, sink in enumerate(sinks or [])]
     return options
 
 

@@ -21,7 +21,8 @@ from airflow_eo.submit.spark_submit import LocalSparkSubmit
 
 SINKS = [{"table_uri": "/data/orders_raw"},
          {"table_uri": "/data/orders_now", "write_mode": "merge", "merge_key": "id",
-          "transform_sql": "SELECT CAST(key AS STRING) AS id, CAST(value AS STRING) AS body FROM source"}]
+          "transform_sql": "SELECT CAST(key AS STRING) AS id, topic, partition, offset, "
+                           "CAST(value AS STRING) AS body FROM source"}]
 
 
 def spec_file(tmp_path, content, name="spec.json") -> str:
@@ -88,8 +89,8 @@ def test_a_schema_given_as_a_file_is_read_beside_the_spec_file(tmp_path):
     ({"topic": "t"}, "topic is not an argument of the operator (did you mean topics?)"),
     ({"topics": "t", "run_key": "k"}, "run_key is not an argument of the operator"),
     ({"topics": "t", "sinks": [{"table_uri": "/a"}, {"table_uri": "/b", "storage_options": {}}]},
-     "sinks[1].storage_options does not go in a spec file"),
-    ({"topics": "t", "sinks": [{"table_uri": "/a", "sinks": []}]}, "sinks[0].sinks is not an argument of the operator"),
+     "sink 2: storage_options does not go in a spec file"),
+    ({"topics": "t", "sinks": [{"table_uri": "/a", "sinks": []}]}, "sink 1: sinks is not an argument of the operator"),
     ({"topics": "t", "sinks": {"table_uri": "/a"}}, "sinks must be a list of objects, one per table"),
     ({"topics": "t", "sinks": ["/a"]}, "sinks must be a list of objects, one per table"),
     (["orders"], "holds a JSON list: write one object of the operator's arguments"),

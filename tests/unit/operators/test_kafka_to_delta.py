@@ -25,7 +25,8 @@ from tests.unit.fakes import FakeKafka
 
 SECRET = "s3cr3t-never-in-xcom"
 MERGE = {"write_mode": "merge", "merge_key": "id",
-         "transform_sql": "SELECT CAST(key AS STRING) AS id, CAST(value AS STRING) AS body FROM source"}
+         "transform_sql": "SELECT CAST(key AS STRING) AS id, topic, partition, offset, "
+                           "CAST(value AS STRING) AS body FROM source"}
 
 
 class RecordingFanOut(FanOut):
