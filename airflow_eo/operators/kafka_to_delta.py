@@ -215,7 +215,7 @@ class KafkaToDeltaOperator(BaseOperator):
         (``table_uri``, ``write_mode``, ``merge_key``, ``transform_sql``, ``filter``, ``partition_by``,
         ``dead_letter_table_uri``, ``ingest_id``, ``topics``: some of the source's…) over the operator's
         own; a ``table_uri`` with ``{topic}`` makes one table per topic. A run reads Kafka once and
-        commits each table exactly once in its own Delta commit (:mod:`airflow_eo.fanout`); its XCom
+        commits each table exactly once in its own Delta commit (``airflow_eo.fanout``); its XCom
         lists each table's result; each table that committed gets an Asset event (its
         ``file://`` / ``s3://`` URI) and is an OpenLineage output. Default: the one table of ``table_uri``.
     """
