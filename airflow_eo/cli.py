@@ -83,25 +83,51 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
     return dict(v.split("=", 1) for v in values or [])
 
 
-def _config(args, interval=None):
-    """The IngestConfig a command line describes: the spec's options (flags derived from its
-    fields) and the secrets from their flags or environment."""
+def _config(args, interval=None, options: dict | None = None):
+    """The IngestConfig of one table a command line describes: the spec's options (flags derived
+    from its fields, over a ``--spec`` file's keys) and the secrets from their flags or environment."""
     from airflow_eo.config import IngestConfig
+
+    return IngestConfig(credentials=_secrets(args), **(_options(args, interval) if options is None else options))
+
+
+def _secrets(args):
+    """The secrets of a command line: from their own flags or the environment, never from a spec file."""
+    from airflow_eo.attempt import Secrets
+
+    return Secrets(_kafka_config(args), _storage_options(args), _schema_registry(args))
+
+
+def _options(args, interval=None) -> dict:
+    """The spec's options a command line gives (raw values): a ``--spec`` file's keys, each
+    overridden by its flag where one is given beside it."""
     from airflow_eo.spec import options_from_args
 
-    options = options_from_args(args, _read_text)
+    flags = options_from_args(args, _read_text)  # only the flags typed: every flag defaults to None
+    path = getattr(args, "spec", None)
+    options = {**(_spec_file(path) if path else {}), **flags}
+    if path and options.get("sinks"):
+        _note_sink_overrides(path, flags, options["sinks"])
     if interval is not None:
         options.setdefault("mode", "interval")
-    return IngestConfig(kafka_config=_kafka_config(args), storage_options=_storage_options(args),
-                        schema_registry=_schema_registry(args), **options)
+    return options
 
 
-def _ingestion(args, interval=None):
-    """The Ingestion (and its submitter) a command line describes: spark-submit or a Spark Connect server."""
-    from airflow_eo.ingest import Ingestion
+def _fans_out(options: dict) -> bool:
+    """Several tables (``sinks``) or the topics of a pattern: the fan-out loop (:mod:`airflow_eo.fanout`)."""
+    return options.get("sinks") is not None or bool(options.get("topic_pattern"))
+
+
+def _fan_out_spec(options: dict):
+    from airflow_eo.spec.fanout import FanOutSpec
+
+    return FanOutSpec.of(**options)
+
+
+def _submitter(args):
+    """spark-submit, or a Spark Connect server (``--remote``); SIGTERM stops its work."""
     from airflow_eo.submit.spark_submit import LocalSparkSubmit
 
-    config = _config(args, interval)
     conf = _pairs(args.conf, "--conf")
     if args.remote:  # the warm path: each batch on a long-lived Spark Connect server
         from airflow_eo.submit.connect import ConnectSubmitter
@@ -111,7 +137,90 @@ def _ingestion(args, interval=None):
     else:
         submitter = LocalSparkSubmit(master=args.master, conf=conf)
     _stop_spark_on_sigterm(submitter)
-    return Ingestion(config, submitter)
+    return submitter
+
+
+def _ingestion(args, interval=None, options: dict | None = None):
+    """The Ingestion (and its submitter) a command line describes: spark-submit or a Spark Connect server."""
+    from airflow_eo.ingest import Ingestion
+
+    config = _config(args, interval, options)  # a bad option is refused before Spark's client starts
+    return Ingestion(config, _submitter(args))
+
+
+# --spec FILE: the operator's arguments as JSON. The keys a spec file must not hold, each with where
+# it goes instead: secrets stay on their flags and environment (a file is copied, committed, shared).
+_NOT_IN_SPEC_FILE = {
+    "kafka_config": f"it may hold secrets: give it by --kafka-config @file.json or ${Env.KAFKA_CONFIG}",
+    "storage_options": f"they may hold credentials: give them by --storage-options @file.json or ${Env.STORAGE_OPTIONS}",
+    "schema_registry": f"give the URL by --schema-registry and credentials in ${Env.SCHEMA_REGISTRY}",
+    "bootstrap_servers": "give them by --bootstrap-servers (or in the Kafka config)",
+    "kafka_conn_id": "a command line has no Airflow connections: give --bootstrap-servers and --kafka-config",
+    "storage_conn_id": f"a command line has no Airflow connections: give --storage-options or ${Env.STORAGE_OPTIONS}",
+    "schema_registry_conn_id": "a command line has no Airflow connections: give --schema-registry",
+    "spark_conn_id": "give --master or --remote",
+    "spark_conf": "give --conf KEY=VALUE (repeatable)",
+}
+
+
+def _spec_file(path: str) -> dict:
+    """The options of ``--spec FILE``: a JSON object whose keys are the operator's argument names
+    (the spec's options, and ``sinks``: a list of objects of the same options, one per table). An
+    option read from a file (``avro_schema``) may be ``"@path"``, relative to the spec file."""
+    from airflow_eo.spec import OPTIONS, option_of
+
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"--spec {path}: cannot read it ({exc.strerror})") from None
+    except ValueError as exc:  # json.JSONDecodeError, or bytes that are no text
+        raise ConfigError(f"--spec {path} is not JSON ({exc}): write one object of the operator's arguments, "
+                          'e.g. {"topics": ["orders"], "sinks": [{"table_uri": "/data/orders"}]}') from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--spec {path} holds a JSON {type(raw).__name__}: write one object of the operator's "
+                          'arguments, e.g. {"topics": ["orders"], "sinks": [{"table_uri": "/data/orders"}]}')
+    sinks = raw.get("sinks")
+    if "sinks" in raw and (not isinstance(sinks, list) or not all(isinstance(s, dict) for s in sinks)):
+        raise ConfigError(f"--spec {path}: sinks must be a list of objects, one per table "
+                          '(e.g. [{"table_uri": "/data/orders"}]), not ' + json.dumps(sinks)[:80])
+    here = os.path.dirname(os.path.abspath(path))
+
+    def checked(options: dict, where: str) -> dict:
+        for key in options:
+            if key in _NOT_IN_SPEC_FILE:
+                raise ConfigError(f"--spec {path}: {where}{key} does not go in a spec file: {_NOT_IN_SPEC_FILE[key]}")
+            if key not in OPTIONS and not (key == "sinks" and not where):
+                raise ConfigError(f"--spec {path}: {where}{key} is not an argument of the operator{_did_you_mean(key)}"
+                                  ": the keys are the ingest options (docs/reference/options.md) and sinks")
+        return {key: _read_text(os.path.join(here, value[1:])) if option_of(key).from_file and isinstance(value, str)
+                and value.startswith("@") else value for key, value in options.items() if key != "sinks"}
+
+    options = checked(raw, "")
+    if "sinks" in raw:
+        options["sinks"] = [checked(sink, f"sink {i + 1}: ") for i, sink in enumerate(sinks or [])]
+    return options
+
+
+def _did_you_mean(key: str) -> str:
+    import difflib
+
+    from airflow_eo.spec import OPTIONS
+
+    close = difflib.get_close_matches(key, [*OPTIONS, "sinks"], n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _note_sink_overrides(path: str, flags: dict, sinks: list[dict]) -> None:
+    """A flag overrides the spec file's top-level key; a sink that sets the key itself keeps its own
+    value (a sink's keys overlay the shared ones): say so, as the flag does not reach that table."""
+    from airflow_eo.spec import option_of
+
+    for key in flags:
+        kept = [str(s.get("table_uri", i)) for i, s in enumerate(sinks) if key in s]
+        if kept and key != "topics":  # a sink's topics pick from the source's: the flag still applies
+            log.info("%s overrides %s of %s; the sink(s) of %s set their own %s and keep it", option_of(key).flag,
+                     key, path, ", ".join(kept), key)
 
 
 def _interval(args):
@@ -123,26 +232,45 @@ def _interval(args):
 
 
 def cmd_ingest(args) -> int:
+    """One batch; with ``sinks`` or ``topic_pattern`` one read into each of the tables (:mod:`airflow_eo.fanout`)."""
     from airflow_eo.offsets import RunIdentity
 
     interval = _interval(args)
-    run_key = args.run_key or f"cli-{uuid.uuid4().hex}"
-    result = _ingestion(args, interval).run(RunIdentity(run_key), interval)
+    run = RunIdentity(args.run_key or f"cli-{uuid.uuid4().hex}")
+    options = _options(args, interval)
+    if _fans_out(options):
+        from airflow_eo.fanout import FanOut
+
+        spec = _fan_out_spec(options)  # a bad option is refused before Spark's client starts
+        result = FanOut(spec, _secrets(args), _submitter(args)).run(run, interval)
+    else:
+        result = _ingestion(args, interval, options).run(run, interval)
     _print(result.to_dict(), args.json)
     return 0
 
 
 def cmd_plan(args) -> int:
-    """What ``ingest`` with the same options would read and write next, writing nothing (:mod:`airflow_eo.preview`)."""
+    """What ``ingest`` with the same options would read and write next, writing nothing
+    (:mod:`airflow_eo.preview`); of a fan-out, each of its tables."""
     from airflow_eo.ingest import Ingestion
     from airflow_eo.offsets import RunIdentity
     from airflow_eo.preview import NO_SPARK, plan_preview
 
     interval = _interval(args)
     # no --run-key: a run of its own (ingest's default), so no logged plan is replayed
-    preview = plan_preview(Ingestion(_config(args, interval), NO_SPARK), RunIdentity(args.run_key or ""), interval,
-                           count_records=not args.no_count)
-    print(json.dumps(preview.to_dict(), default=str) if args.json else "\n".join(preview.lines()))
+    run = RunIdentity(args.run_key or "")
+    options = _options(args, interval)
+    if not _fans_out(options):
+        preview = plan_preview(Ingestion(_config(args, interval, options), NO_SPARK), run, interval,
+                               count_records=not args.no_count)
+        print(json.dumps(preview.to_dict(), default=str) if args.json else "\n".join(preview.lines()))
+        return 0
+    from airflow_eo.fanout import FanOut
+
+    configs = FanOut(_fan_out_spec(options), _secrets(args), NO_SPARK).configs()  # the tables now
+    previews = [plan_preview(Ingestion(c, NO_SPARK), run, interval, count_records=not args.no_count) for c in configs]
+    print(json.dumps({"tables": [p.to_dict() for p in previews]}, default=str) if args.json else
+          "\n\n".join("\n".join(p.lines()) for p in previews))
     return 0
 
 
@@ -390,8 +518,15 @@ def _add_reprocess(sub) -> None:
 
 
 def _ingest_arguments(p) -> None:
-    """What ``ingest`` and ``plan`` both take: the spec's options, Kafka, Spark, storage, registry, interval."""
-    add_arguments(p)  # every option of the spec (airflow_eo.spec), with its help and default
+    """What ``ingest`` and ``plan`` both take: the spec's options (or a spec file of them), Kafka, Spark,
+    storage, registry, interval."""
+    p.add_argument("--spec", metavar="FILE", help="the ingest's options as a JSON object keyed by the operator's "
+                   "argument names, with `sinks`: a list of objects, one per table (one read into each); a flag "
+                   "given beside it overrides its key. Secrets never go in it: Kafka config, storage options and "
+                   "registry credentials stay on their flags and environment")
+    # every option of the spec (airflow_eo.spec), with its help and default; the required ones are
+    # checked once flags and spec file are merged (the file may hold them)
+    add_arguments(p, require=False)
     _kafka_args(p)
     _spark_args(p)
     _storage_args(p)

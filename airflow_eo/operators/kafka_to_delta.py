@@ -19,6 +19,11 @@ mapped ingests of different tables run in parallel and runs of one table take tu
 plan (:mod:`airflow_eo.table.lease`); interval runs of disjoint intervals never conflict, and an
 offset run that still races loses at the compare-and-set commit with a (retryable) conflict.
 
+Fan-out: with ``sinks`` (a list of tables, each with its own options over the operator's) or
+``topic_pattern``, a run reads Kafka once and commits each table exactly once in its own Delta
+commit (:mod:`airflow_eo.fanout`); its XCom lists each table's result, each table that committed
+gets its Asset event, and lineage has the topics as inputs and each table as an output.
+
 Interval mode waits for its interval to close: a deferrable operator (``deferrable``, default
 Airflow's ``[operators] default_deferrable``, which a deployment with a triggerer turns on)
 defers to :class:`~airflow_eo.triggers.interval_closed.IntervalClosedTrigger` until every
@@ -51,7 +56,9 @@ from urllib.parse import urlencode
 # Asset and AssetAlias are Dataset and DatasetAlias on Airflow 2.11 (common-compat resolves them)
 from airflow.providers.common.compat.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink, conf
 
+from airflow_eo.attempt import Secrets
 from airflow_eo.errors import AirflowEoError, ConfigError, IntervalNotClosedError
+from airflow_eo.fanout import FanOut
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
@@ -69,6 +76,7 @@ from airflow_eo.spec import (
     OPTIONS, all_options, default_of, dump_option, operator_param_docs, operator_signature, required, templated_options,
     normalize_table_uri,
 )
+from airflow_eo.spec.fanout import FanOutSpec
 from airflow_eo.spec.options import topic_list
 from airflow_eo.table.storage import is_local
 from airflow_eo.triggers.interval_closed import IntervalClosedTrigger
@@ -102,6 +110,9 @@ def table_columns(table_uri: str, storage_options: dict | None) -> tuple[tuple[s
 
 def summary_link(summary: dict | None) -> str:
     """A link to the table, with the batch, version and ranges of a run in its fragment."""
+    if summary and "tables" in summary:  # a fan-out: its first table that changed, else its first
+        tables = summary["tables"]
+        summary = next((t for t in tables if RunStatus(t["status"]).wrote_commit), tables[0] if tables else None)
     if not summary:
         return ""
     uri = summary["table_uri"]
@@ -130,8 +141,30 @@ class LineageSource:
     @classmethod
     def before_run(cls, operator: "KafkaToDeltaOperator") -> "LineageSource":
         """From the (rendered) arguments alone, when ``execute`` failed before it knew more."""
-        return cls(normalize_table_uri(operator.table_uri), operator.ingest_id or f"{operator.dag_id}.{operator.task_id}",
-                   topic_list(operator.topics))
+        return cls(normalize_table_uri(operator.table_uri), operator.default_ingest_id(), topic_list(operator.topics))
+
+    @classmethod
+    def tables_before_run(cls, operator: "KafkaToDeltaOperator") -> tuple["LineageSource", ...]:
+        """A fan-out's tables known from its (rendered) arguments alone: those without ``{topic}``."""
+        topics = topic_list(operator.topics) if operator.topics else ()
+        return tuple(cls(uri, operator.default_ingest_id(), topics) for uri in static_tables(operator.sinks,
+                                                                                           operator.table_uri))
+
+
+def static_tables(sinks: Any, table_uri: str | None) -> tuple[str, ...]:
+    """The tables of a fan-out known before it runs: each sink's ``table_uri`` (else the shared one)
+    that names one table (no ``{topic}``, no Jinja left); none while ``sinks`` is still a template."""
+    if not isinstance(sinks, (list, tuple)):
+        return (normalize_table_uri(table_uri),) if isinstance(table_uri, str) and "{" not in table_uri else ()
+    uris = (s.get("table_uri", table_uri) if isinstance(s, dict) else None for s in sinks)
+    return tuple(dict.fromkeys(normalize_table_uri(u) for u in uris if isinstance(u, str) and "{" not in u))
+
+
+def optional(signature: inspect.Signature, *names: str) -> inspect.Signature:
+    """``signature`` with the keywords ``names`` defaulting to None: a fan-out's sinks carry the
+    ``table_uri`` an operator of one table requires (``__init__`` checks that one is given)."""
+    return signature.replace(parameters=[p.replace(default=None) if p.name in names and p.default is p.empty else p
+                                         for p in signature.parameters.values()])
 
 
 class DeltaBatchLink(BaseOperatorLink):
@@ -178,10 +211,17 @@ class KafkaToDeltaOperator(BaseOperator):
         triggerer (:class:`~airflow_eo.triggers.interval_closed.IntervalClosedTrigger`) instead of
         failing for a retry; default Airflow's ``[operators] default_deferrable``.
     :param poll_interval: seconds between the trigger's checks of whether the interval closed.
+    :param sinks: the tables of a fan-out (templated), one object per table with that table's options
+        (``table_uri``, ``write_mode``, ``merge_key``, ``transform_sql``, ``filter``, ``partition_by``,
+        ``dead_letter_table_uri``, ``ingest_id``, ``topics``: some of the source's…) over the operator's
+        own; a ``table_uri`` with ``{topic}`` makes one table per topic. A run reads Kafka once and
+        commits each table exactly once in its own Delta commit (``airflow_eo.fanout``); its XCom
+        lists each table's result; each table that committed gets an Asset event (its
+        ``file://`` / ``s3://`` URI) and is an OpenLineage output. Default: the one table of ``table_uri``.
     """
 
-    template_fields: Sequence[str] = (*templated_options(), "spark_conf", "spark_env_vars", "reprocess_run_id")
-    template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json"}
+    template_fields: Sequence[str] = (*templated_options(), "spark_conf", "spark_env_vars", "reprocess_run_id", "sinks")
+    template_fields_renderers = {"transform_sql": "sql", "spark_conf": "json", "spark_env_vars": "json", "sinks": "json"}
     operator_extra_links = (DeltaBatchLink(),)
     ui_color = "#c9e8f5"
 
@@ -202,6 +242,7 @@ class KafkaToDeltaOperator(BaseOperator):
         asset: Asset | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 60.0,
+        sinks: list[dict[str, Any]] | None = None,
         **kwargs,
     ):
         # the spec's options (airflow_eo.spec), each a keyword of its own name (in the signature
@@ -226,25 +267,56 @@ class KafkaToDeltaOperator(BaseOperator):
         self.storage_conn_id = storage_conn_id
         self.storage_options = storage_options
         self.schema_registry_conn_id = schema_registry_conn_id
-        self.asset = asset if asset is not None or "{{" in self.table_uri else table_asset(self.table_uri)
+        self.sinks = sinks
+        if sinks is None and self.table_uri is None:  # the signature cannot say it: sinks carry their own
+            raise TypeError("missing keyword argument 'table_uri' (or sinks, each with its table_uri)")
+        if self.fans_out and asset is not None:
+            raise ConfigError("asset names the Asset of the one table of table_uri; with sinks or topic_pattern each "
+                              "table gets the Asset of its own table_uri: drop asset")
+        # the one table's Asset; a fan-out's, each table's: those known now, the {topic} ones at run time
+        self.asset = asset if asset is not None or self.fans_out or "{{" in self.table_uri else \
+            table_asset(self.table_uri)
+        self.sink_assets = tuple(table_asset(uri) for uri in static_tables(sinks, self.table_uri)) \
+            if self.fans_out else ()
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.submitter = None
         self.summary: dict | None = None
         self.lineage_source: LineageSource | None = None
+        self.lineage_sources: tuple[LineageSource, ...] = ()  # a fan-out's: one per table
 
-    __init__.__signature__ = operator_signature(inspect.signature(__init__))  # type: ignore[attr-defined]
+    __init__.__signature__ = optional(operator_signature(inspect.signature(__init__)),  # type: ignore[attr-defined]
+                                      "table_uri")
+
+    @property
+    def fans_out(self) -> bool:
+        """Several tables (``sinks``) or the topics of a pattern: the fan-out loop (:mod:`airflow_eo.fanout`)."""
+        return self.sinks is not None or bool(getattr(self, "topic_pattern", None))
+
+    def default_ingest_id(self) -> str:
+        return self.ingest_id or f"{self.dag_id}.{self.task_id}"
 
     # -- building blocks (each replaceable in tests at its boundary) ------------------
+    def options(self) -> dict[str, Any]:
+        """This operator's (rendered) options by name, raw."""
+        options = {opt.name: getattr(self, opt.name) for opt in all_options()}
+        options["ingest_id"] = self.default_ingest_id()
+        return options
+
+    def credentials(self) -> Secrets:
+        """The secrets the run needs, from the connections (never in the spec, XCom or logs)."""
+        return Secrets(kafka_config_of(self.kafka_conn_id), self.resolved_storage_options(),
+                       schema_registry_config_of(self.schema_registry_conn_id) if self.schema_registry_conn_id else None)
+
     def ingest_config(self) -> IngestConfig:
         """The spec from this operator's (rendered) options, in one call; secrets from the connections."""
-        options = {opt.name: getattr(self, opt.name) for opt in all_options()}
-        options["ingest_id"] = self.ingest_id or f"{self.dag_id}.{self.task_id}"
-        return IngestConfig(
-            kafka_config=kafka_config_of(self.kafka_conn_id), storage_options=self.resolved_storage_options(),
-            schema_registry=schema_registry_config_of(self.schema_registry_conn_id)
-            if self.schema_registry_conn_id else None, **options,
-        )
+        return IngestConfig(credentials=self.credentials(), **self.options())
+
+    def fan_out(self, submitter) -> FanOut:
+        """The fan-out of this operator's options and ``sinks``: the options left unset (None) are
+        the spec's defaults, each sink's own options overlay the rest."""
+        options = {name: value for name, value in self.options().items() if value is not None}
+        return FanOut(FanOutSpec.of(sinks=self.sinks, **options), self.credentials(), submitter)
 
     def resolved_storage_options(self) -> dict[str, str] | None:
         """The ``storage_conn_id`` connection's options, overridden by ``storage_options``."""
@@ -299,45 +371,81 @@ class KafkaToDeltaOperator(BaseOperator):
         run = self.run_identity(context)
         self.submitter = self.make_submitter()
         try:
-            config = self.ingest_config()
-            self.lineage_source = LineageSource.of(config)
-            ingestion = Ingestion(config, self.submitter)
             target = self.reprocess_target(context, run)
-            if target is None:
-                interval = self.data_interval(context)
-                try:
-                    result = ingestion.run(run, interval)
-                except IntervalNotClosedError as exc:
-                    if not self.deferrable or interval is None:
-                        raise
-                    self.defer_until_closed(config, interval, exc)
-            else:
-                from airflow_eo.reprocess import Reprocessor
-
-                self.log.info("reprocess requested for run %s", target)
-                result = Reprocessor(ingestion).run(run, target_run_key=target)
+            result = self._fan_out(context, run, target) if self.fans_out else self._ingest(context, run, target)
         except AirflowEoError as exc:
             raise_for_airflow(self.log, exc)
         self.summary = summary = result.to_dict()
-        self.lineage_source = replace(self.lineage_source, columns=self.committed_columns(config))
+        for table in summary.get("tables", [summary]):  # a fan-out's summary lists each table's
+            self.report_table(table, context)
+        return summary
+
+    def _ingest(self, context, run: RunIdentity, target: str | None):
+        """One table: an ingest, or the reprocess of ``target``."""
+        config = self.ingest_config()
+        self.lineage_source = LineageSource.of(config)
+        ingestion = Ingestion(config, self.submitter)
+        if target is not None:
+            from airflow_eo.reprocess import Reprocessor
+
+            self.log.info("reprocess requested for run %s", target)
+            result = Reprocessor(ingestion).run(run, target_run_key=target)
+        else:
+            result = self._run_or_defer(ingestion.run, run, self.data_interval(context), config)
+        self.lineage_source = replace(self.lineage_source,
+                                      columns=self.committed_columns(config.table_uri, config.storage_options))
+        return result
+
+    def _fan_out(self, context, run: RunIdentity, target: str | None):
+        """One read into each table of the fan-out (:mod:`airflow_eo.fanout`)."""
+        if target is not None:
+            raise ConfigError("reprocess replaces the batch of one table: with sinks or topic_pattern, reprocess each "
+                              f"table by itself (airflow-eo reprocess TABLE --ingest-id ID --run-key {target}, "
+                              "docs/reprocess.md)")
+        fan_out = self.fan_out(self.submitter)
+        configs = fan_out.configs()  # the tables now (a pattern resolved): lineage's, and where a wait looks
+        topics = tuple(dict.fromkeys(t for c in configs for t in c.topics))
+        bootstrap = LineageSource.of(configs[0]).bootstrap_servers if configs else None
+        self.lineage_sources = tuple(LineageSource(c.table_uri, c.ingest_id, topics, bootstrap) for c in configs)
+        result = self._run_or_defer(fan_out.run, run, self.data_interval(context), configs[0] if configs else None,
+                                    topics)
+        storage = configs[0].storage_options if configs else None  # every table's: the operator's connection
+        self.lineage_sources = tuple(LineageSource(t.table_uri, t.ingest_id, topics, bootstrap,
+                                                   self.committed_columns(t.table_uri, storage)) for t in result.tables)
+        return result
+
+    def _run_or_defer(self, run_batch, run: RunIdentity, interval: Interval | None, config: IngestConfig | None,
+                      topics: Sequence[str] | None = None):
+        """``run_batch(run, interval)``; in interval mode, while the interval is open, deferred until it closes."""
+        try:
+            return run_batch(run, interval)
+        except IntervalNotClosedError as exc:
+            if not self.deferrable or interval is None or config is None:
+                raise
+            self.defer_until_closed(config, interval, exc, topics)
+
+    def report_table(self, summary: dict, context) -> None:
+        """One table's result: its log lines, metrics and (when the run changed it) Asset event."""
         counts = recorded_sink(summary.get("write_mode") or "append").counts_text(summary)
-        self.log.info("airflow-eo %s: batch %s, table version %s, %s rows, ranges %s, lag %s%s",
-                      summary["status"], summary["batch"], summary["version"], summary["rows"],
-                      json.dumps(summary["ranges"]), json.dumps(summary["lag"]), f", {counts}" if counts else "")
+        self.log.info("airflow-eo %s: %sbatch %s, table version %s, %s rows, ranges %s, lag %s%s",
+                      summary["status"], f"table {summary['table_uri']}, " if self.fans_out else "", summary["batch"],
+                      summary["version"], summary["rows"], json.dumps(summary["ranges"]), json.dumps(summary["lag"]),
+                      f", {counts}" if counts else "")
         self.log.info("Delta batch: %s", summary_link(summary))
         emit_run_metrics(summary)
         if RunStatus(summary["status"]).wrote_commit and "outlet_events" in context:
-            context["outlet_events"][self.asset_alias].add(self.asset or table_asset(self.table_uri),
-                                                           extra=asset_event_extra(summary))
-        return summary
+            asset = self.asset or table_asset(summary["table_uri"])
+            context["outlet_events"][self.asset_alias].add(asset, extra=asset_event_extra(summary))
 
-    def defer_until_closed(self, config: IngestConfig, interval: Interval, why: IntervalNotClosedError) -> NoReturn:
+    def defer_until_closed(self, config: IngestConfig, interval: Interval, why: IntervalNotClosedError,
+                           topics: Sequence[str] | None = None) -> NoReturn:
         """Wait in the triggerer for the interval to close, then plan (:meth:`execute_complete`).
-        Nothing was planned or logged for the run yet, so the resumed run plans as a first try would."""
+        Nothing was planned or logged for the run yet, so the resumed run plans as a first try would.
+        A fan-out waits on its first table for all its ``topics`` (the interval closes in Kafka, not in a table)."""
         self.log.info("%s; deferring until every partition has a record past the interval's end or close_after "
                       "passes (checked every %.0f s)", str(why).split("; it closes when")[0], self.poll_interval)
         self.defer(trigger=IntervalClosedTrigger(
-            table_uri=config.table_uri, ingest_id=config.ingest_id, topics=list(config.topics),
+            table_uri=config.table_uri, ingest_id=config.ingest_id, topics=list(topics or config.topics),
             interval_start_ms=interval.start_ms, interval_end_ms=interval.end_ms, close_after=config.close_after,
             kafka_conn_id=self.kafka_conn_id, storage_conn_id=self.storage_conn_id,
             storage_options=self.storage_options, poll_interval=self.poll_interval, adopt_table=config.adopt_table,
@@ -377,16 +485,17 @@ class KafkaToDeltaOperator(BaseOperator):
             raise ConfigError("mode='interval': a preview needs the run's data interval: call dry_run(context) with "
                               "the run's context, or run airflow-eo plan with --interval-start and --interval-end")
         try:
-            preview = plan_preview(Ingestion(self.ingest_config(), NO_SPARK), run, interval)
+            configs = self.fan_out(NO_SPARK).configs() if self.fans_out else (self.ingest_config(),)
+            previews = [plan_preview(Ingestion(config, NO_SPARK), run, interval) for config in configs]
         except AirflowEoError as exc:
             raise_for_airflow(self.log, exc)
-        print("\n".join(preview.lines()))
-        return preview
+        print("\n\n".join("\n".join(preview.lines()) for preview in previews))
+        return previews if self.fans_out else previews[0]
 
-    def committed_columns(self, config: IngestConfig) -> tuple[tuple[str, str], ...]:
-        """The table's columns after the run, for lineage (read here, in the task: see below)."""
+    def committed_columns(self, table_uri: str, storage_options) -> tuple[tuple[str, str], ...]:
+        """A table's columns after the run, for lineage (read here, in the task: see below)."""
         try:
-            return table_columns(config.table_uri, config.storage_options)
+            return table_columns(table_uri, storage_options)
         except Exception as exc:  # lineage never fails a run that committed
             self.log.info("lineage will name no columns: the table's schema could not be read (%s)", exc)
             return ()
@@ -397,16 +506,20 @@ class KafkaToDeltaOperator(BaseOperator):
     # lookup would share the supervisor's socket with the task; so no table, Kafka or connection here.
     def get_openlineage_facets_on_start(self):  # the provider passes no task instance here
         """Output: the table (nothing of Kafka is known before ``execute`` resolved the connection)."""
-        from airflow_eo.operators.lineage import ingest_lineage
-
-        return ingest_lineage(None, self.lineage_source or LineageSource.before_run(self))
+        return self._lineage(None)
 
     def get_openlineage_facets_on_complete(self, task_instance):
         """Inputs: the topics (``kafka://<bootstrap>``); output: the table with its schema and
-        row/byte counts; run facet ``airflow_eo``: batch, version and committed offset ranges."""
-        from airflow_eo.operators.lineage import ingest_lineage
+        row/byte counts (a fan-out: each table); run facet ``airflow_eo``: batch, version and
+        committed offset ranges (a fan-out: each table's)."""
+        return self._lineage(self.summary)
 
-        return ingest_lineage(self.summary, self.lineage_source or LineageSource.before_run(self))
+    def _lineage(self, summary: dict | None):
+        from airflow_eo.operators.lineage import fan_out_lineage, ingest_lineage
+
+        if self.fans_out:
+            return fan_out_lineage(summary, self.lineage_sources or LineageSource.tables_before_run(self))
+        return ingest_lineage(summary, self.lineage_source or LineageSource.before_run(self))
 
     def get_openlineage_facets_on_failure(self, task_instance):
         return self.get_openlineage_facets_on_complete(task_instance)

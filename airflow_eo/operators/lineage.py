@@ -1,4 +1,5 @@
-"""OpenLineage for an ingest run: the Kafka topics in, the Delta table out, the offsets committed.
+"""OpenLineage for an ingest run: the Kafka topics in, the Delta table out (a fan-out: each of its
+tables), the offsets committed.
 
 Used by :meth:`KafkaToDeltaOperator.get_openlineage_facets_on_complete` (and ``_on_failure``)
 when apache-airflow-providers-openlineage is installed (``airflow-eo[openlineage]``).
@@ -17,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 from urllib.parse import urlparse
 
 import attr
@@ -54,6 +55,7 @@ class AirflowEoBatchRunFacet(RunFacet):
     version: int | None = None
     ranges: list = attr.field(factory=list)  # [{"topic", "partition", "start", "end"}]
     merge: dict | None = None  # write_mode=merge: {"inserted", "updated", "deleted", "files_rewritten"}
+    tables: list | None = None  # a fan-out: each table's {"table_uri", "ingest_id", "status", "batch", ...}
 
     @staticmethod
     def _get_schema() -> str:
@@ -84,21 +86,46 @@ def table_dataset(table_uri: str, columns: list[tuple[str, str]], summary: dict 
                          outputFacets=output_facets)
 
 
+def _batch(summary: dict) -> dict:
+    """What the ``airflow_eo`` facet says of one table's batch."""
+    # the run imported the sinks already (this reads what its run wrote): no import at DAG parse time
+    from airflow_eo.sinks import recorded_sink
+
+    return {"status": summary["status"], "batch": summary.get("batch"), "version": summary.get("version"),
+            "ranges": list(summary.get("ranges") or []),
+            "merge": recorded_sink(summary.get("write_mode") or "append").counts_facet(summary)}
+
+
+def _inputs(bootstrap_servers: str | None, topics: Sequence[str]) -> list[InputDataset]:
+    """The topics read (without bootstrap servers, Kafka's namespace is unknown: none)."""
+    return [kafka_dataset(bootstrap_servers, t) for t in topics] if bootstrap_servers else []
+
+
 def ingest_lineage(summary: dict | None, source: LineageSource) -> OperatorLineage:
     """Inputs, output and the batch facet of one run (``summary`` is None before the run ends or
-    when it failed early; without bootstrap servers, Kafka's namespace is unknown: no inputs)."""
+    when it failed early)."""
+    run_facets = {"airflow_eo": AirflowEoBatchRunFacet(ingest_id=source.ingest_id, **_batch(summary))} if summary else {}
+    return OperatorLineage(inputs=_inputs(source.bootstrap_servers, source.topics),
+                           outputs=[table_dataset(source.table_uri, list(source.columns), summary)],
+                           run_facets=run_facets)
+
+
+def fan_out_lineage(summary: dict | None, tables: Sequence[LineageSource]) -> OperatorLineage:
+    """A fan-out's run: one input per topic it reads, one output per table (the run's tables, from
+    ``summary``: each with its schema and counts; before the run, the ``tables`` known), and the
+    ``airflow_eo`` facet listing each table's batch."""
+    sources = {t.table_uri: t for t in tables}
+    results = list((summary or {}).get("tables") or [])
+    outputs = [table_dataset(r["table_uri"], list(getattr(sources.get(r["table_uri"]), "columns", ())), r)
+               for r in results] or [table_dataset(t.table_uri, list(t.columns), None) for t in tables]
+    bootstrap = next((t.bootstrap_servers for t in tables if t.bootstrap_servers), None)
     run_facets = {}
     if summary:
-        # the run imported the sinks already (this reads what its run wrote): no import at DAG parse time
-        from airflow_eo.sinks import recorded_sink
-
         run_facets["airflow_eo"] = AirflowEoBatchRunFacet(
-            ingest_id=source.ingest_id, status=summary["status"], batch=summary.get("batch"),
-            version=summary.get("version"), ranges=list(summary.get("ranges") or []),
-            merge=recorded_sink(summary.get("write_mode") or "append").counts_facet(summary))
-    inputs = [kafka_dataset(source.bootstrap_servers, t) for t in source.topics] if source.bootstrap_servers else []
-    return OperatorLineage(inputs=inputs, outputs=[table_dataset(source.table_uri, list(source.columns), summary)],
-                           run_facets=run_facets)
+            ingest_id=tables[0].ingest_id if tables else "", status=summary["status"],
+            tables=[{"table_uri": r["table_uri"], "ingest_id": r["ingest_id"], **_batch(r)} for r in results])
+    return OperatorLineage(inputs=_inputs(bootstrap, list(dict.fromkeys(t for s in tables for t in s.topics))),
+                           outputs=outputs, run_facets=run_facets)
 
 
 # The assertions an audit makes of a table: each finding kind that is drift, named for OpenLineage.

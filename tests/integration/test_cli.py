@@ -129,3 +129,39 @@ def test_cli_interval_mode_with_dedup_then_status(kafka_config, tmp_path, capsys
     assert main(["status", table, "--ingest-id", "cli", *common]) == 0
     out = capsys.readouterr().out
     assert "intervals: 1 committed, 0 gap(s)" in out
+
+
+def test_cli_ingest_with_a_spec_file_writes_each_sink_once_and_plan_previews_each(kafka_config, tmp_path, capsys):
+    """``--spec`` with two sinks: one spark-submit reads the topic once into a raw table and a
+    merge table; a flag beside the file overrides its key; ``plan`` previews each table; each table
+    is an ordinary one for ``status``."""
+    topic = new_topic(kafka_config, 1)
+    producer = Producer(kafka_config)
+    for i in range(12):
+        producer.produce(topic, key=str(i % 3).encode(), value=f'{{"n": {i}}}'.encode(), partition=0)
+    producer.flush(30)
+    raw, latest = str(tmp_path / "raw"), str(tmp_path / "latest")
+    spec = tmp_path / "events.json"
+    spec.write_text(json.dumps({"topics": [topic], "ingest_id": "cli_fan", "max_records_per_run": 5, "sinks": [
+        {"table_uri": raw},
+        {"table_uri": latest, "write_mode": "merge", "merge_key": "id",
+         "transform_sql": "SELECT CAST(key AS STRING) AS id, topic, partition, offset, "
+                           "CAST(value AS STRING) AS body FROM source"}]}))
+    common = ["--spec", str(spec), "--bootstrap-servers", kafka_config["bootstrap.servers"], "--json"]
+
+    assert main(["plan", *common, "--max-records-per-run", "100"]) == 0
+    previews = json.loads(capsys.readouterr().out)["tables"]
+    assert [(p["sinks"][0]["uri"], p["offsets"]) for p in previews] == [(latest, 12), (raw, 12)]
+    assert not (tmp_path / "raw").exists()  # a preview writes nothing
+
+    assert main(["ingest", *common, "--max-records-per-run", "100", "--master", "local[1]", "--run-key", "fan-1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == "committed" and summary["table_uris"] == [latest, raw]
+    assert [(t["status"], t["rows"], t["write_mode"]) for t in summary["tables"]] == \
+        [("committed", 3, "merge"), ("committed", 12, "append")]  # 12 records, not the file's 5
+    assert sorted(read_table(latest, ["id"])["id"].to_pylist()) == ["0", "1", "2"]
+    assert read_table(raw).num_rows == 12
+    for table in (raw, latest):
+        assert main(["status", table, "--ingest-id", "cli_fan", "--bootstrap-servers",
+                     kafka_config["bootstrap.servers"], "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["partitions"][0]["committed"] == 12

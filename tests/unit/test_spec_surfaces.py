@@ -21,14 +21,14 @@ from airflow_eo.spec import OPTIONS, Cli, all_options, options_from_args, option
 OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "options.md"
 
 # what each surface has of its own: connections, Spark, secrets, run identity (no spec option)
-CLI_OWN = {"help", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "storage_options",
+CLI_OWN = {"help", "spec", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "storage_options",
            "schema_registry", "interval_start", "interval_end", "json"}
 REPROCESS_OWN = {"help", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "range",
                  "request_key", "storage_options", "schema_registry", "json"}
 JOB_OWN = {"help", "table_uri", "attempt_id", "run_key"}
 OPERATOR_OWN = {"kafka_conn_id", "spark_conn_id", "spark_conf", "spark_env_vars", "spark_hook_kwargs", "reprocess",
                 "reprocess_run_id", "reprocess_dag_id", "storage_conn_id", "storage_options",
-                "schema_registry_conn_id", "asset", "deferrable", "poll_interval"}
+                "schema_registry_conn_id", "asset", "deferrable", "poll_interval", "sinks"}
 
 
 def ingest_parser(command: str = "ingest") -> argparse.ArgumentParser:

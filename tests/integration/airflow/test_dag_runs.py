@@ -162,3 +162,37 @@ def test_mapped_ingest_of_two_tables_commits_each_table_once(world, kafka_config
         table = read_table(kwargs["table_uri"])
         assert duplicates(table) == {}
         assert set(keys_of(table)) == set(broker_records(kafka_config["bootstrap.servers"], kwargs["topics"][0]))
+
+
+def test_a_fan_out_task_commits_each_sink_and_emits_each_tables_asset_event(world, kafka_config, tmp_path):
+    """``sinks`` through Airflow: the DAG (sinks serialised as a template field) runs one spark-submit
+    that writes a raw table and a merge table; the XCom lists both; each table's Asset gets its event
+    through the task's alias, and a run with nothing new emits none."""
+    from airflow.sdk import DAG
+
+    from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
+    from tests.integration.airflow.dagtest import asset_events
+
+    topic = new_topic(kafka_config, 2)
+    produce(kafka_config, topic, 16, partitions=2)
+    raw, latest = str(tmp_path / "fan_raw"), str(tmp_path / "fan_latest")
+    with DAG("eo_fan", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+        KafkaToDeltaOperator(task_id="ingest", topics=[topic], ingest_id="fan", spark_conf=SPARK_CONF, sinks=[
+            {"table_uri": raw, "transform_sql": SQL},
+            {"table_uri": latest, "write_mode": "merge", "merge_key": "p",
+             "transform_sql": "SELECT partition AS p, topic, partition, offset FROM source"}])
+    dr, states = run_dag(dag, logical_date=None)
+    assert states["ingest"][0] == "success"
+    summary = xcom("eo_fan", dr.run_id, "ingest")
+    assert summary["status"] == "committed" and summary["table_uris"] == sorted([raw, latest])
+    assert {t["table_uri"]: (t["status"], t["rows"]) for t in summary["tables"]} == \
+        {raw: ("committed", 16), latest: ("committed", 2)}
+    assert read_table(raw).num_rows == 16 and duplicates(read_table(raw)) == {} and read_table(latest).num_rows == 2
+    for table in (raw, latest):
+        (event,) = asset_events(f"file://{table}")
+        assert event[1] == dr.run_id and event[0]["status"] == "committed"
+
+    dr2, states = run_dag(dag, logical_date=None)
+    assert states["ingest"][0] == "success"
+    assert {t["status"] for t in xcom("eo_fan", dr2.run_id, "ingest")["tables"]} == {"nothing_new"}
+    assert [len(asset_events(f"file://{t}")) for t in (raw, latest)] == [1, 1]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
-from types import SimpleNamespace
 
 import airflow.providers.apache.spark.hooks.spark_submit as spark_submit_hooks
 import pytest
@@ -19,6 +18,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow_eo.attempt import Secrets
 from airflow_eo.driver.main import run_recorded_attempt
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
+from tests.airflow_context import context_for  # noqa: F401 - the operator tests' context
 
 SECRET = "s3cr3t-value-never-logged"
 
@@ -70,23 +70,3 @@ def make_operator(dag_id, table_uri, topic, conn_id, **kwargs):
         kwargs.setdefault("transform_sql", "SELECT topic, partition, offset, CAST(value AS STRING) AS body FROM source")
         return KafkaToDeltaOperator(task_id="ingest", topics=[topic], table_uri=table_uri, kafka_conn_id=conn_id,
                                     **kwargs)
-
-
-class OutletEvents:
-    """Airflow's outlet event accessors, recording what ``add`` emits through an alias. Keyed by the
-    alias's name, as Airflow's own accessors are: Airflow 3.0's ``AssetAlias`` is not hashable."""
-
-    def __init__(self):
-        self.by_name: dict[str, SimpleNamespace] = {}
-
-    def __getitem__(self, alias):
-        if alias.name not in self.by_name:
-            emitted: list = []
-            self.by_name[alias.name] = SimpleNamespace(extra=None, emitted=emitted,
-                                                       add=lambda asset, extra=None: emitted.append((asset, extra)))
-        return self.by_name[alias.name]
-
-
-def context_for(op, run_id, try_number=1, params=None):
-    ti = SimpleNamespace(dag_id=op.dag_id, run_id=run_id, task_id=op.task_id, map_index=-1, try_number=try_number)
-    return {"ti": ti, "params": params or {}, "outlet_events": OutletEvents()}

@@ -133,3 +133,39 @@ def test_a_spark_connect_connection_runs_the_batch_on_the_warm_server(kafka_env,
         {"conn_type": "spark_connect", "host": host, "port": int(port), "password": "t0k3n-secret"}))
     with_token = make_operator("unit_dag_warm2", table_uri, topic, kafka_env, spark_conn_id="spark_token")
     assert "token=t0k3n-secret" in with_token.make_submitter().url and "t0k3n-secret" in masked
+
+
+def test_operator_with_sinks_reads_once_into_each_table_and_reports_each(hooks, kafka_env, kafka_config, tmp_path):
+    """``sinks``: one Spark job (the hook is called once) commits a raw table and a merge table; the
+    XCom lists both, each gets its Asset event and is a lineage output; a retry starts no job."""
+    from datetime import datetime
+
+    from airflow.providers.common.compat.sdk import DAG
+
+    from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator, table_asset
+
+    topic = new_topic(kafka_config)
+    produce(kafka_config, topic, 15)
+    raw, latest = str(tmp_path / "raw"), str(tmp_path / "latest")
+    with DAG("unit_fan", schedule=None, start_date=datetime(2026, 1, 1)):
+        op = KafkaToDeltaOperator(task_id="ingest", topics=[topic], kafka_conn_id=kafka_env, sinks=[
+            {"table_uri": raw, "transform_sql": "SELECT topic, partition, offset, CAST(value AS STRING) AS body "
+                                                "FROM source"},
+            {"table_uri": latest, "write_mode": "merge", "merge_key": "p",
+             "transform_sql": "SELECT partition AS p, topic, partition, offset FROM source"}])
+    ctx = context_for(op, "manual__1")
+    summary = op.execute(ctx)
+    assert len(hooks) == 1  # one read for both tables
+    assert summary["status"] == "committed" and summary["table_uris"] == [latest, raw]
+    assert [(t["status"], t["rows"]) for t in summary["tables"]] == [("committed", 3), ("committed", 15)]
+    assert read_table(raw).num_rows == 15 and duplicates(read_table(raw)) == {}
+    assert read_table(latest).num_rows == 3  # one row per partition
+    assert [a for a, _ in ctx["outlet_events"][op.asset_alias].emitted] == [table_asset(latest), table_asset(raw)]
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert [i.name for i in lineage.inputs] == [topic] and [o.name for o in lineage.outputs] == [latest, raw]
+    assert [f.name for f in lineage.outputs[0].facets["schema"].fields] == ["p", "topic", "partition", "offset"]
+    assert SECRET not in json.dumps(summary)
+
+    again = op.execute(retry := context_for(op, "manual__1", try_number=2))
+    assert [t["status"] for t in again["tables"]] == ["already_committed"] * 2 and len(hooks) == 1
+    assert retry["outlet_events"][op.asset_alias].emitted == []
