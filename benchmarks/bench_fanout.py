@@ -138,9 +138,9 @@ def load_events(kafka_config: dict, topic: str, records: int, partitions: int, v
 
 def fanout_sinks(root: str) -> list[dict]:
     """The fan-out's three tables under ``root``: raw append, projected append, merge by key."""
-    return [{"table_uri": f"{root}/raw"},
+    return [{"table_uri": f"{root}/append"},
             {"table_uri": f"{root}/projected", "transform_sql": PROJECTED_SQL},
-            {"table_uri": f"{root}/current", "write_mode": "merge", "merge_key": ["id"], "transform_sql": MERGE_SQL}]
+            {"table_uri": f"{root}/merge", "write_mode": "merge", "merge_key": ["id"], "transform_sql": MERGE_SQL}]
 
 
 # -- the parts ---------------------------------------------------------------------------------
