@@ -31,7 +31,8 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_eo.table.commit import BatchCommit, StagedBatch, commit
+from airflow_eo.sinks.append import BatchCommit
+from airflow_eo.table.commit import StagedBatch, commit
 from airflow_eo.ingest import Ingestion
 from airflow_eo.config import IngestConfig
 from airflow_eo.driver.reader import KAFKA_SCHEMA

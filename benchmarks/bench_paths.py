@@ -126,6 +126,16 @@ def raw_single_consumer(kafka_config: dict, ranges: list[OffsetRange]) -> dict:
 SPARK_TASKS = ("--driver-read-max-offsets", "0")
 
 
+def command_env(kafka_config: dict, token: str | None = None) -> dict:
+    """The environment of an ``airflow-eo`` command: the Kafka secrets, and the Connect token if any
+    (never on the command line)."""
+    env = {**os.environ, **Secrets(kafka_config).to_env(), Env.SPARK_LOCAL_IP: "127.0.0.1"}
+    env.pop(TOKEN_ENV, None)
+    if token:
+        env[TOKEN_ENV] = token
+    return env
+
+
 def cli_ingest(table_uri: str, topic: str, kafka_config: dict, records: int, remote: str | None = None,
                master: str = "local[*]", token: str | None = None, expect_error: bool = False,
                extra: tuple[str, ...] = (), starts: dict[int, int] | None = None) -> dict:
@@ -136,12 +146,8 @@ def cli_ingest(table_uri: str, topic: str, kafka_config: dict, records: int, rem
     if starts:
         cmd += ["--starting-offsets", json.dumps({topic: {str(p): o for p, o in starts.items()}})]
     cmd += ["--remote", remote] if remote else ["--master", master, "--conf", "spark.ui.enabled=false"]
-    env = {**os.environ, **Secrets(kafka_config).to_env(), Env.SPARK_LOCAL_IP: "127.0.0.1"}
-    env.pop(TOKEN_ENV, None)
-    if token:
-        env[TOKEN_ENV] = token
     started = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, env=command_env(kafka_config, token), capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if expect_error:
         if done.returncode == 0:
@@ -389,7 +395,7 @@ def warnings(results: dict, load: Load) -> list[str]:
                    f"{len(load.judged())} timed steps of {JUDGED_SECONDS} s or more (median {statistics.median(cores):.2f}, up to {worst['other_cores']:.2f} "
                    f"during {worst['step']}; load average {worst['load_1min_before']:.2f} before it of "
                    f"{os.cpu_count()} cores): re-measure on an idle machine")
-    for part in ("warm_paths", "cold_paths"):
+    for part in ("warm_paths", "cold_paths", "fanout", "routing"):
         for key, summary in results.get(part, {}).items():
             if isinstance(summary, dict) and "raw_min" in summary and summary["raw_max"] > RAW_SPREAD * summary["raw_min"]:
                 out.append(f"raw consumer times of {part}.{key} spread {summary['raw_min']:.2f}-{summary['raw_max']:.2f} s "

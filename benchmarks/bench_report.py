@@ -81,6 +81,9 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         warm = {**warm, **results["merge"]["targets"]}
     if "shared" in results:
         warm = {**warm, **results["shared"]["targets"]}
+    for part in ("fanout", "routing"):
+        if part in results:
+            warm = {**warm, **results[part]["targets"]}
     if "racing.racing" in med:  # the target: racing runs cost what the same runs one after another do
         warm = {**warm, "racing/sequential<=1.2": r["racing_over_sequential"] <= 1.2}
     if "ui.list" in med:  # the target: the list of 50 tables x 10,000 commits in under 1 s

@@ -32,7 +32,11 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
   column against the same batch without them, and a merge batch into a table with the change data
   feed on against the same batch without it;
 * racing runs (``bench_racing``): a backfill of 6 hourly intervals of one table started at once
-  against the same 6 ``airflow-eo ingest`` commands one after another (spark-submit).
+  against the same 6 ``airflow-eo ingest`` commands one after another (spark-submit);
+* fan-out and routing (``bench_fanout``, warm server, whole commands, each after one plain consumer):
+  1M records into three tables (append, projected append, merge) in one ``ingest --spec`` against one
+  append of them and against the three tables' own ingests; 8 topics x 150,000 records routed into
+  a table per topic (``{topic}``, ``topic_pattern``) in one ingest against 8 ingests started at once.
 
 Prints the paths' table (raw time beside each ratio, warnings when the machine was busy), then
 medians and min-max of everything, and writes the same as JSON (``--out``)::
@@ -43,6 +47,8 @@ medians and min-max of everything, and writes the same as JSON (``--out``)::
     .venv/bin/python benchmarks/benchmark.py --only warm            # the warm-path part alone (./dev bench --only warm)
     .venv/bin/python benchmarks/benchmark.py --only cold            # spark-submit and the unreachable broker
     .venv/bin/python benchmarks/benchmark.py --only racing --racing-records 6000 --repetitions 1  # racing, small
+    .venv/bin/python benchmarks/benchmark.py --only fanout --only routing --fanout-records 20000 \\
+        --routing-topics 3 --routing-records 5000 --repetitions 1        # fan-out and routing, small
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ import bench_shared  # noqa: E402
 import bench_paths  # noqa: E402
 import bench_racing  # noqa: E402
 import bench_ui  # noqa: E402
+import bench_fanout  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.driver.session import classic_process  # noqa: E402
@@ -84,7 +91,7 @@ from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 DATA_TOPIC = "bench-data"
 # The parts, in the order a full run takes them: each a method of Bench (a new part is a method and a name here)
 PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge",
-         "shared", "racing"]
+         "shared", "racing", "fanout", "routing"]
 
 
 def say(message: str) -> None:
@@ -137,6 +144,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shared-merge-changes", type=int, default=100_000, help="records of its merge batch")
     p.add_argument("--racing-intervals", type=int, default=6, help="hourly intervals of the racing part's backfill")
     p.add_argument("--racing-records", type=int, default=600_000, help="records of all the racing part's intervals")
+    p.add_argument("--fanout-records", type=int, default=1_000_000,
+                   help="records the fan-out part ingests into three tables (10 per key)")
+    p.add_argument("--routing-topics", type=int, default=8, help="topics (and tables) of the routing part")
+    p.add_argument("--routing-records", type=int, default=150_000, help="records of each routed topic")
+    p.add_argument("--routing-partitions", type=int, default=4, help="partitions of each routed topic")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -568,6 +580,13 @@ class Bench:
     def racing(self) -> None:
         self.results["racing"] = bench_racing.run(self, say)
 
+    # -- one ingest into several tables: fan-out and routing against the ingests they replace --------
+    def fanout(self) -> None:
+        self.results["fanout"] = bench_fanout.fanout(self, say, interleaved)
+
+    def routing(self) -> None:
+        self.results["routing"] = bench_fanout.routing(self, say, interleaved)
+
 
 def machine() -> dict:
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
@@ -585,12 +604,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bench.stop_broker()
         shutil.rmtree(work, ignore_errors=True)
-    r = ratios(bench.times, args)
+    r = {**ratios(bench.times, args), **bench_fanout.ratios(bench.results)}
     report = {"machine": machine(), "args": vars(args), "seconds_total": time.monotonic() - started,
               "load_average_at_end": os.getloadavg(), "times": {k: summary(v) for k, v in bench.times.items()},
               "ratios": r, **bench.results}
     report["targets"] = targets(r, bench.times, bench.results)
-    report["rows"] = bench_paths.rows({**bench.results, "records": args.records, "small_records": args.small_records})  # the warm and cold paths' table (docs/performance.md)
+    report["rows"] = (bench_paths.rows({**bench.results, "records": args.records, "small_records": args.small_records})
+                      + bench_fanout.rows(bench.results))  # the paths', fan-out's and routing's table (docs/performance.md)
     report["other_load"] = bench.load.steps
     report["warnings"] = bench_paths.warnings(bench.results, bench.load)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

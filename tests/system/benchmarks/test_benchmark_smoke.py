@@ -1,10 +1,12 @@
 """Smoke run of ``benchmarks/benchmark.py`` on a tiny data set: every section is measured
-and its numbers are sane. Real broker, real spark-submit (three of them), a real Spark Connect
-server, real Delta tables.
+and its numbers are sane. Real broker, real spark-submit (three of them), real Spark Connect
+servers (the warm path's, the fan-out's and the routing part's), real Delta tables.
 
 Kept small (5,000 records, one repetition, no scaling, 10x memory or large warm batch, a 200-commit
 planning table with a 5-commit tail, a 300-commit long log, 2,000 changes merged into 20,000
-rows, a racing backfill of 2 intervals) so it fits a ~4 minute budget on an idle 2-core machine.
+rows, a racing backfill of 2 intervals, a fan-out of 3,000 records, 3 routed topics of 1,000 records)
+so it fits a ~6 minute budget on an idle 2-core machine (the fan-out and routing parts start a
+Connect server each).
 """
 
 import json
@@ -26,6 +28,7 @@ def test_benchmark_smoke(tmp_path):
            "--merge-spread-files", "4", "--out", str(out)]
     cmd += ["--ui-tables", "3", "--ui-commits", "120"]  # the UI page's list: 3 tables of 120 commits
     cmd += ["--racing-intervals", "2", "--racing-records", "600"]  # 2 intervals at once, then one after another
+    cmd += ["--fanout-records", "3000", "--routing-topics", "3", "--routing-records", "1000"]  # one ingest, several tables
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -57,10 +60,13 @@ def test_benchmark_smoke(tmp_path):
     # the paths' table: every row of docs/performance.md's first table but the large batch (--warm-scale 0)
     rows = {row["metric"]: row for row in report["rows"]}
     targets = {metric: row for metric, row in rows.items() if row["must"]}
-    assert len(targets) == 7 and all(row["met"] in (True, False) for row in targets.values())
-    # beside them, without a target: the small batches run as Spark tasks (the driver reads them otherwise)
+    assert len(targets) == 9 and all(row["met"] in (True, False) for row in targets.values())
+    # beside them, without a target: the small batches run as Spark tasks (the driver reads them otherwise),
+    # the fan-out's tables as ingests of their own and the routed topics' ingests started at once
     assert {metric for metric, row in rows.items() if row["met"] is None} == {
-        f"{path}, 100-record batch as Spark tasks (--driver-read-max-offsets 0)" for path in ("warm", "cold")}
+        *(f"{path}, 100-record batch as Spark tasks (--driver-read-max-offsets 0)" for path in ("warm", "cold")),
+        "fan-out, the same 3 tables as 3 ingests one after another / one append",
+        "routing, 3 topics x 1,000 records into 3 tables, 3 ingest --remote at once: raw / wall"}
     assert rows["warm, 5,000 records, steady state: raw / whole command"]["raw"]  # the raw time beside the ratio
     # the first batch starts when the fresh server's ready file appears (what a deployment's restart sees)
     assert "warm, first 5,000-record batch from ready (a fresh server's ready file) / steady batch" in targets
@@ -90,3 +96,10 @@ def test_benchmark_smoke(tmp_path):
     for key in ("ui.list_first_view", "ui.list", "ui.table_page_first_view", "ui.table_page"):  # through Airflow's app
         assert 0 < times[key]["min"] <= times[key]["max"] < 600, (key, times[key])
     assert report["ui"]["tables"] == 3 and "ui_list_3x120<1s" in report["targets"]
+    # one ingest into several tables (each side checked by the part: every table's rows, the merge table's keys)
+    for key in ("fanout.fanout", "fanout.append", "fanout.separate", "routing.one_ingest", "routing.separate_at_once"):
+        assert 0 < times[key]["median"] < 600 and 0 < times[f"{key}.raw"]["median"] < 600, key
+    assert report["fanout"]["records"] == 3000 and report["fanout"]["keys"] == 300
+    assert ratios["fanout_over_append"] > 0 and ratios["routing_raw_over_one_ingest"] > 0
+    assert {"fanout(3 tables)/append<=1.5", "routing raw/command>=0.8"} <= set(report["targets"])
+    assert rows["fan-out, 3,000 records into 3 tables (append, projected, merge) in one ingest / one append"]["raw"]
