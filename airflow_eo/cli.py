@@ -114,8 +114,10 @@ def _options(args, interval=None) -> dict:
 
 
 def _fans_out(options: dict) -> bool:
-    """Several tables (``sinks``) or the topics of a pattern: the fan-out loop (:mod:`airflow_eo.fanout`)."""
-    return options.get("sinks") is not None or bool(options.get("topic_pattern"))
+    """Several tables, a pattern's topics or a table per topic: the fan-out loop (:mod:`airflow_eo.fanout`)."""
+    from airflow_eo.spec.fanout import fans_out
+
+    return fans_out(options)
 
 
 def _fan_out_spec(options: dict):

@@ -76,7 +76,7 @@ from airflow_eo.spec import (
     OPTIONS, all_options, default_of, dump_option, operator_param_docs, operator_signature, required, templated_options,
     normalize_table_uri,
 )
-from airflow_eo.spec.fanout import FanOutSpec
+from airflow_eo.spec.fanout import FanOutSpec, fans_out
 from airflow_eo.spec.options import topic_list
 from airflow_eo.table.storage import is_local
 from airflow_eo.triggers.interval_closed import IntervalClosedTrigger
@@ -290,8 +290,10 @@ class KafkaToDeltaOperator(BaseOperator):
 
     @property
     def fans_out(self) -> bool:
-        """Several tables (``sinks``) or the topics of a pattern: the fan-out loop (:mod:`airflow_eo.fanout`)."""
-        return self.sinks is not None or bool(getattr(self, "topic_pattern", None))
+        """Several tables, a pattern's topics or a table per topic: the fan-out loop (:mod:`airflow_eo.fanout`)."""
+        return fans_out({"sinks": self.sinks, "topic_pattern": getattr(self, "topic_pattern", None),
+                         "table_uri": getattr(self, "table_uri", None),
+                         "dead_letter_table_uri": getattr(self, "dead_letter_table_uri", None)})
 
     def default_ingest_id(self) -> str:
         return self.ingest_id or f"{self.dag_id}.{self.task_id}"

@@ -48,6 +48,17 @@ SINK_OPTIONS = frozenset({name for name, (group, _) in OPTIONS.items() if group 
 _TEMPLATED = ("table_uri", "dead_letter_table_uri")
 
 
+def fans_out(options: Mapping[str, Any]) -> bool:
+    """Whether an ingest of these options (the operator's arguments) runs the fan-out loop: several
+    tables (``sinks``), the topics of a pattern, or a table per topic (``{topic}`` in a table URI).
+
+    >>> fans_out({"table_uri": "/t", "topics": "a"}), fans_out({"table_uri": "/t/{topic}", "topics": "a,b"})
+    (False, True)
+    """
+    return options.get("sinks") is not None or bool(options.get("topic_pattern")) or \
+        any(TOPIC in str(options.get(k) or "") for k in _TEMPLATED)
+
+
 def matching_topics(pattern: str, topics: Sequence[str]) -> tuple[str, ...]:
     """The topics ``pattern`` fully matches, internal ones never, sorted.
 
@@ -121,12 +132,14 @@ class FanOutSpec:
         subjects = _subjects(self.shared, tuple(topics)) if topics else {}
         out: list[IngestSpec] = []
         for i, sink in enumerate(self.sinks):
-            options = {**base, **subjects, **sink}
+            routed = any(TOPIC in str({**base, **sink}.get(k) or "") for k in _TEMPLATED)
+            # a table per topic decodes by its topic's registry subjects; a table of several topics by the source's
+            options = {**base, **sink} if routed else {**base, **subjects, **sink}
             own = tuple(t for t in topic_list(sink["topics"]) if t in topics) if sink.get("topics") else tuple(topics)
             if not own:
                 continue
             try:
-                if any(TOPIC in str(options.get(k) or "") for k in _TEMPLATED):
+                if routed:
                     out.extend(IngestSpec.of(**{**options, "topics": [topic],
                                                 **{k: str(options[k]).replace(TOPIC, topic)
                                                    for k in _TEMPLATED if options.get(k)}}) for topic in own)
@@ -161,7 +174,8 @@ def _check_sink(index: int, sink: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _subjects(shared: Mapping[str, Any], topics: tuple[str, ...]) -> dict[str, Any]:
     """The registry subjects the source decodes with, defaulted from its first topic as a single
-    table's are (Confluent's TopicNameStrategy): every table of one read decodes alike."""
+    table's are (Confluent's TopicNameStrategy): the tables of several topics decode alike (a table
+    per topic defaults to its own topic's subjects; the read then decodes each topic by its own)."""
     own = {k: v for k, v in shared.items() if OPTIONS.get(k, ("",))[0] == "decode"}
     decode = IngestSpec.of(**own, topics=list(topics), table_uri="/fan-out/t", ingest_id="subjects",
                            dead_letter_table_uri="/fan-out/dead-letters").decode

@@ -44,10 +44,12 @@ def test_a_pattern_is_a_full_match_and_never_matches_internal_topics():
     assert matching_topics(".*", ["__consumer_offsets", "__transaction_state", "a"]) == ("a",)
 
 
-def test_every_table_of_one_read_decodes_with_the_same_registry_subjects():
-    spec = FanOutSpec.of(ingest_id="i", topics="a,b", value_format="avro", dead_letter_table_uri="/dl/{topic}",
-                         sinks=[{"table_uri": "/t/{topic}"}])
-    assert {t.decode.value_subject for t in spec.tables(spec.topics)} == {"a-value"}
+def test_tables_of_several_topics_decode_by_the_sources_subjects_a_table_per_topic_by_its_own():
+    spec = FanOutSpec.of(ingest_id="i", topics="a,b", value_format="avro", sinks=[
+        {"table_uri": "/t/{topic}", "dead_letter_table_uri": "/dl/{topic}"},
+        {"table_uri": "/all", "dead_letter_table_uri": "/dl/all"}])
+    assert {t.table_uri: t.decode.value_subject for t in spec.tables(spec.topics)} == {
+        "/t/a": "a-value", "/t/b": "b-value", "/all": "a-value"}
 
 
 @pytest.mark.parametrize("sinks, options, message", [
