@@ -41,6 +41,7 @@ from airflow_eo.config import IngestConfig
 from airflow_eo.errors import AirflowEoError, SparkJobError, error_from_line
 from airflow_eo.ingest import Ingestion, NextStep
 from airflow_eo.kafka import KafkaOffsets, PinnedKafka
+from airflow_eo.logs import about_table
 from airflow_eo.offsets import Interval, RunIdentity
 from airflow_eo.outcomes import RunStatus
 from airflow_eo.result import IngestResult
@@ -114,7 +115,7 @@ class FanOut:
         if not configs:
             log.info("no topic matches %r yet: no table to write", self.spec.topic_pattern)
             return FanOutResult(())
-        tables = [_Table(Ingestion(c, self.submitter, kafka, one_of_several=len(configs) > 1)) for c in configs]
+        tables = [_Table(Ingestion(c, self.submitter, kafka)) for c in configs]
         log.info("run %s: %d table(s): %s", run.run_key, len(tables), ", ".join(c.table_uri for c in configs))
         with ExitStack() as turns:
             for table in tables:  # in table_uri order
@@ -128,21 +129,23 @@ class FanOut:
 
     def _run(self, run: RunIdentity, interval: Interval | None, tables: list[_Table]) -> list[IngestResult]:
         for table in tables:  # every table's plan is logged before anything is read
-            table.step, table.ledger = table.ingestion.prepare(run, interval)
+            with about_table(table.ingestion.config.table_uri):
+                table.step, table.ledger = table.ingestion.prepare(run, interval)
         results: dict[str, IngestResult] = {}
         failures: list[tuple[str, AirflowEoError]] = []
         reading: list[_Table] = []
         for table in tables:
             assert table.step is not None and table.ledger is not None
             ingestion, step = table.ingestion, table.step
-            if step.result is not None:
-                results[ingestion.config.table_uri] = step.result
-            elif step.plan.interval is not None and not step.plan.data_ranges and table.ledger.table is not None:
-                results[ingestion.config.table_uri] = ingestion.execute(step.plan, table.held,
-                                                                        table.ledger.features.pinned())
-            else:
-                table.attempt = ingestion.attempt_of(step.plan, table.held, table.ledger.features.pinned())
-                reading.append(table)
+            with about_table(ingestion.config.table_uri):
+                if step.result is not None:
+                    results[ingestion.config.table_uri] = step.result
+                elif step.plan.interval is not None and not step.plan.data_ranges and table.ledger.table is not None:
+                    results[ingestion.config.table_uri] = ingestion.execute(step.plan, table.held,
+                                                                            table.ledger.features.pinned())
+                else:
+                    table.attempt = ingestion.attempt_of(step.plan, table.held, table.ledger.features.pinned())
+                    reading.append(table)
         if reading:
             for table, outcome in zip(reading, self._read_once(reading)):
                 uri = table.ingestion.config.table_uri
@@ -152,7 +155,8 @@ class FanOut:
                     failures.append((uri, outcome))
         for table in tables:
             if table.ingestion.config.table_uri in results:
-                table.ingestion.mirror(results[table.ingestion.config.table_uri])
+                with about_table(table.ingestion.config.table_uri):
+                    table.ingestion.mirror(results[table.ingestion.config.table_uri])
         if failures:
             for uri, error in failures:
                 log.error("%s stays behind (the other tables went on): %s", uri, error)
@@ -175,10 +179,11 @@ class FanOut:
         outcomes: list[IngestResult | AirflowEoError] = []
         for table, attempt in zip(tables, attempts):
             own = None if error is None else _own_error(table.ingestion, attempt, error)
-            try:
-                outcomes.append(table.ingestion.verify(attempt, own))
-            except AirflowEoError as exc:
-                outcomes.append(exc)
+            with about_table(attempt.table_uri):
+                try:
+                    outcomes.append(table.ingestion.verify(attempt, own))
+                except AirflowEoError as exc:
+                    outcomes.append(exc)
         return outcomes
 
 

@@ -84,11 +84,8 @@ class NextStep:
 class Ingestion:
     """One ingest (table + ingest id + topics) and the steps of a batch."""
 
-    def __init__(self, config: IngestConfig, submitter: Submitter, kafka: KafkaOffsets | None = None,
-                 one_of_several: bool = False):
+    def __init__(self, config: IngestConfig, submitter: Submitter, kafka: KafkaOffsets | None = None):
         self.config = config
-        # a fan-out's tables: each log line of a batch names its table
-        self.table_prefix = f"{config.table_uri}: " if one_of_several else ""
         self.submitter = submitter
         self._kafka = kafka  # None: a client of config.kafka_config per use
         # deltalake's storage options, as the dict its calls take (the spec keeps a read-only mapping)
@@ -301,7 +298,7 @@ class Ingestion:
         attempt = self.config.attempt(plan.with_attempt(new_attempt_id()), features=features)
         if held is not None:
             held.attempt(attempt.attempt_id)
-        log.info("%sbatch %s attempt %s: plan %s (%d offsets)%s", self.table_prefix, plan.batch, attempt.attempt_id,
+        log.info("batch %s attempt %s: plan %s (%d offsets)%s", plan.batch, attempt.attempt_id,
                  ", ".join(str(r) for r in plan.data_ranges) or "offsets only",
                  sum(r.end - r.start for r in plan.data_ranges),
                  f" for interval {plan.interval}" + (f", idle partitions closed: {', '.join(map(str, plan.closed_idle))}"

@@ -30,6 +30,7 @@ from airflow_eo.driver.writer import staged_from_reports
 from airflow_eo.driver.source import read_plan
 from airflow_eo.errors import error_line
 from airflow_eo.faults import failpoint
+from airflow_eo.logs import about_table
 from airflow_eo.offsets import OffsetRange
 from airflow_eo.table.commit import CommitOutcome
 from airflow_eo.table.staging import StagingArea
@@ -154,13 +155,13 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
                 shared = SharedRead(reader_schemas=pinned, staged=staged[staging.attempt_path(attempt.plan)])
             else:
                 shared = SharedRead(source if own == ranges else source.where(ranges_condition(own)), pinned)
-            try:
-                outcomes[attempt.attempt_id] = run_staged_attempt(spark, attempt, secrets, staging, shared)
-            except Exception as exc:  # this table stays behind; the others go on
-                staging.record_error(attempt.attempt_id, error_line(exc))
-                log.error("%s: batch %s failed, the other tables go on: %s", attempt.table_uri, attempt.plan.batch,
-                          error_line(exc))
-                errors.append(exc)
+            with about_table(attempt.table_uri):
+                try:
+                    outcomes[attempt.attempt_id] = run_staged_attempt(spark, attempt, secrets, staging, shared)
+                except Exception as exc:  # this table stays behind; the others go on
+                    staging.record_error(attempt.attempt_id, error_line(exc))
+                    log.error("batch %s failed, the other tables go on: %s", attempt.plan.batch, error_line(exc))
+                    errors.append(exc)
             if attempt.attempt_id != last:
                 failpoint("between_sink_commits")
     finally:
