@@ -9,7 +9,7 @@ environment variables whose names are defined here and nowhere else (:class:`Env
 
 Example::
 
-    >>> from airflow_eo.planning import BatchPlan, RunIdentity
+    >>> from airflow_eo.core.planning import BatchPlan, RunIdentity
     >>> spec = IngestSpec.of(table_uri="/data/orders", ingest_id="orders", topics="orders",
     ...                      transform_sql="SELECT * FROM source")
     >>> attempt = Attempt(BatchPlan("orders", 1, (), RunIdentity("r1"), attempt_id="3f2a9c0d1e6b4a52"), spec)
@@ -25,9 +25,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from airflow_eo.errors import ConfigError
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.spec import (
     IngestSpec,
 )
@@ -145,7 +145,7 @@ class AttemptKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Companion:
-    """Another table's attempt that shares this attempt's read (a fan-out: :mod:`airflow_eo.fanout`),
+    """Another table's attempt that shares this attempt's read (a fan-out: :mod:`airflow_eo.loop.fanout`),
     recorded beside its own table."""
 
     table_uri: str

@@ -27,7 +27,7 @@ import sys
 import uuid
 
 from airflow_eo.attempt import Env
-from airflow_eo.errors import AirflowEoError, ConfigError
+from airflow_eo.core.errors import AirflowEoError, ConfigError
 from airflow_eo.spec import add_arguments
 
 log = logging.getLogger("airflow_eo")
@@ -86,7 +86,7 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
 def _config(args, interval=None, options: dict | None = None):
     """The IngestConfig of one table a command line describes: the spec's options (flags derived
     from its fields, over a ``--spec`` file's keys) and the secrets from their flags or environment."""
-    from airflow_eo.config import IngestConfig
+    from airflow_eo.loop.config import IngestConfig
 
     return IngestConfig(credentials=_secrets(args), **(_options(args, interval) if options is None else options))
 
@@ -114,7 +114,7 @@ def _options(args, interval=None) -> dict:
 
 
 def _fans_out(options: dict) -> bool:
-    """Several tables, a pattern's topics or a table per topic: the fan-out loop (:mod:`airflow_eo.fanout`)."""
+    """Several tables, a pattern's topics or a table per topic: the fan-out loop (:mod:`airflow_eo.loop.fanout`)."""
     from airflow_eo.spec.fanout import fans_out
 
     return fans_out(options)
@@ -144,7 +144,7 @@ def _submitter(args):
 
 def _ingestion(args, interval=None, options: dict | None = None):
     """The Ingestion (and its submitter) a command line describes: spark-submit or a Spark Connect server."""
-    from airflow_eo.ingest import Ingestion
+    from airflow_eo.loop.ingest import Ingestion
 
     config = _config(args, interval, options)  # a bad option is refused before Spark's client starts
     return Ingestion(config, _submitter(args))
@@ -226,7 +226,7 @@ def _note_sink_overrides(path: str, flags: dict, sinks: list[dict]) -> None:
 
 
 def _interval(args):
-    from airflow_eo.intervals import interval_of
+    from airflow_eo.core.intervals import interval_of
 
     if (args.interval_start is None) != (args.interval_end is None):
         raise ConfigError("give both --interval-start and --interval-end (interval mode), or neither")
@@ -234,14 +234,14 @@ def _interval(args):
 
 
 def cmd_ingest(args) -> int:
-    """One batch; with ``sinks`` or ``topic_pattern`` one read into each of the tables (:mod:`airflow_eo.fanout`)."""
-    from airflow_eo.offsets import RunIdentity
+    """One batch; with ``sinks`` or ``topic_pattern`` one read into each of the tables (:mod:`airflow_eo.loop.fanout`)."""
+    from airflow_eo.core.offsets import RunIdentity
 
     interval = _interval(args)
     run = RunIdentity(args.run_key or f"cli-{uuid.uuid4().hex}")
     options = _options(args, interval)
     if _fans_out(options):
-        from airflow_eo.fanout import FanOut
+        from airflow_eo.loop.fanout import FanOut
 
         spec = _fan_out_spec(options)  # a bad option is refused before Spark's client starts
         result = FanOut(spec, _secrets(args), _submitter(args)).run(run, interval)
@@ -253,10 +253,10 @@ def cmd_ingest(args) -> int:
 
 def cmd_plan(args) -> int:
     """What ``ingest`` with the same options would read and write next, writing nothing
-    (:mod:`airflow_eo.preview`); of a fan-out, each of its tables."""
-    from airflow_eo.ingest import Ingestion
-    from airflow_eo.offsets import RunIdentity
-    from airflow_eo.preview import NO_SPARK, plan_preview
+    (:mod:`airflow_eo.loop.preview`); of a fan-out, each of its tables."""
+    from airflow_eo.loop.ingest import Ingestion
+    from airflow_eo.core.offsets import RunIdentity
+    from airflow_eo.loop.preview import NO_SPARK, plan_preview
 
     interval = _interval(args)
     # no --run-key: a run of its own (ingest's default), so no logged plan is replayed
@@ -267,7 +267,7 @@ def cmd_plan(args) -> int:
                                count_records=not args.no_count)
         print(json.dumps(preview.to_dict(), default=str) if args.json else "\n".join(preview.lines()))
         return 0
-    from airflow_eo.fanout import FanOut
+    from airflow_eo.loop.fanout import FanOut
 
     configs = FanOut(_fan_out_spec(options), _secrets(args), NO_SPARK).configs()  # the tables now
     previews = [plan_preview(Ingestion(c, NO_SPARK), run, interval, count_records=not args.no_count) for c in configs]
@@ -277,9 +277,9 @@ def cmd_plan(args) -> int:
 
 
 def cmd_reprocess(args) -> int:
-    """Replace one committed batch's rows (the operator's reprocess, :mod:`airflow_eo.reprocess`)."""
-    from airflow_eo.offsets import RunIdentity
-    from airflow_eo.reprocess import Reprocessor, parse_range
+    """Replace one committed batch's rows (the operator's reprocess, :mod:`airflow_eo.loop.reprocess`)."""
+    from airflow_eo.core.offsets import RunIdentity
+    from airflow_eo.loop.reprocess import Reprocessor, parse_range
 
     if (args.run_key is None) == (not args.range):
         raise ConfigError("name the batch to reprocess by --run-key KEY or by its --range options, not both")

@@ -27,9 +27,9 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from airflow_eo.errors import ConfigError, KafkaUnavailableError
-from airflow_eo.planning import StartingPosition, check_start
-from airflow_eo.offsets import EARLIEST, LATEST, PartitionBounds, TopicPartition
+from airflow_eo.core.errors import ConfigError, KafkaUnavailableError
+from airflow_eo.core.planning import StartingPosition, check_start
+from airflow_eo.core.offsets import EARLIEST, LATEST, PartitionBounds, TopicPartition
 
 log = logging.getLogger(__name__)
 

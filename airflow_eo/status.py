@@ -1,7 +1,7 @@
 """Status: how far a table is behind Kafka, and what its last batches were.
 
 The lag is computed in one place (:func:`measure_lag`, over the pure
-:func:`airflow_eo.planning.backlog`) and used by the run summary of the operator and the
+:func:`airflow_eo.core.planning.backlog`) and used by the run summary of the operator and the
 CLI, by ``airflow-eo status``, and by the backlog sensor and its trigger: per partition,
 Kafka's last stable offset minus the table's committed offset; a partition the table never
 read counts from where the next run would start it (``starting_offsets``).
@@ -22,12 +22,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from airflow_eo.errors import AirflowEoError, TableError
+from airflow_eo.core.errors import AirflowEoError, TableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import StartingPosition, backlog, partitions_without_offsets
-from airflow_eo.offsets import Interval, PartitionBounds, TopicPartition
+from airflow_eo.core.planning import StartingPosition, backlog, partitions_without_offsets
+from airflow_eo.core.offsets import Interval, PartitionBounds, TopicPartition
 from airflow_eo.spec import FROM_EARLIEST
-from airflow_eo.intervals import CommittedInterval, gaps
+from airflow_eo.core.intervals import CommittedInterval, gaps
 from airflow_eo.sinks import recorded_sink, table_sink
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.intervals import IntervalLedger

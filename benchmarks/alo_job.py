@@ -19,7 +19,7 @@ from airflow_eo.attempt import Secrets
 from airflow_eo.spec import DEFAULT_MAX_OFFSETS_PER_TASK
 from airflow_eo.driver.direct import read_and_stage
 from airflow_eo.driver.session import build_session
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.storage import TableLocation
 
 

@@ -45,7 +45,7 @@ import bench_paths
 from bench_memory import PeakPss
 from airflow_eo.attempt import Env, Secrets
 from airflow_eo.audit import SPARK_THRESHOLD_COLD, SPARK_THRESHOLD_WARM
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.submit.connect_server import ConnectServer
 
 TOPIC = "bench-audit"

@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from confluent_kafka import Producer  # noqa: E402
 
 from airflow_eo.spec import Transform  # noqa: E402
-from airflow_eo.ingest import Ingestion  # noqa: E402
-from airflow_eo.config import IngestConfig
-from airflow_eo.offsets import RunIdentity  # noqa: E402
+from airflow_eo.loop.ingest import Ingestion  # noqa: E402
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.offsets import RunIdentity  # noqa: E402
 from tests.helpers import ORDER_DDL, ORDER_SCHEMA, order, produce_avro, send  # noqa: E402
 
 SCHEMA, DDL = ORDER_SCHEMA, ORDER_DDL

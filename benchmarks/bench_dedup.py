@@ -82,9 +82,9 @@ def ingest(spark, kafka_config: dict, table_uri: str, topic: str, dedup: bool, j
     ``join_back``: the transform leaves ``_dedup_key`` out, so the driver joins it back."""
     from airflow_eo.spec import Transform
     from airflow_eo.driver.main import InProcessSubmitter
-    from airflow_eo.ingest import Ingestion
-    from airflow_eo.config import IngestConfig
-    from airflow_eo.offsets import RunIdentity
+    from airflow_eo.loop.ingest import Ingestion
+    from airflow_eo.loop.config import IngestConfig
+    from airflow_eo.core.offsets import RunIdentity
 
     # the same columns either way: plain stores a null key; with dedup the transform keeps the
     # key column (as docs/how-to/dedup.md advises) or the driver joins it back

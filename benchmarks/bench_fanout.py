@@ -31,7 +31,7 @@ import time
 
 import bench_kafka
 from airflow_eo.demo.broker import EmbeddedBroker
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from bench_paths import AIRFLOW_EO, SQL, ServerCommand, _row, command_env, pairs_summary, raw_single_consumer
 
 FANOUT_TOPIC = "bench-fanout"

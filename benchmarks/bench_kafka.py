@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 
 # noida-db answers a fetch with everything up to the end of the partition, ignoring the
 # client's fetch.max.bytes: at ~2.5 M records of 200 bytes one response is ~500 MB, beyond

@@ -33,12 +33,12 @@ import pyarrow.parquet as pq
 
 from airflow_eo.sinks.append import BatchCommit
 from airflow_eo.table.commit import StagedBatch, commit
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.table.plan_log import PlanLog
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.table.staging import StagingArea, new_attempt_id
 from airflow_eo.table.storage import TableLocation
 

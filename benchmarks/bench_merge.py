@@ -123,9 +123,9 @@ def ingest(spark, kafka_config: dict, table_uri: str, topic: str, merge: bool, j
     """One exactly-once batch of the whole topic into ``table_uri`` (in this process's session);
     ``join_back``: the transform leaves the change column out, so the driver joins it back."""
     from airflow_eo.driver.main import InProcessSubmitter
-    from airflow_eo.ingest import Ingestion
-    from airflow_eo.config import IngestConfig
-    from airflow_eo.offsets import RunIdentity
+    from airflow_eo.loop.ingest import Ingestion
+    from airflow_eo.loop.config import IngestConfig
+    from airflow_eo.core.offsets import RunIdentity
 
     config = IngestConfig(table_uri=table_uri, ingest_id=INGEST_ID, topics=[topic], kafka_config=kafka_config,
                           transform_sql=SQL.format(CHANGE if merge and not join_back else ""),
@@ -148,7 +148,7 @@ def run(args, work: str, kafka_config: dict, spark, say, record, interleaved) ->
     from bench_paths import raw_single_consumer
 
     import bench_kafka
-    from airflow_eo.offsets import OffsetRange
+    from airflow_eo.core.offsets import OffsetRange
 
     rows, count = args.merge_rows, args.merge_changes
     built = {side: os.path.join(work, f"merge-built-{side}") for side in ("merge", "append")}

@@ -34,7 +34,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from bench_memory import tree_pss_mb
 from airflow_eo.attempt import Env, Secrets
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 
 AIRFLOW_EO = os.path.join(os.path.dirname(sys.executable), "airflow-eo")
 TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
@@ -247,9 +247,9 @@ def warm_at_least_once(url: str, token: str, kafka_config: dict, ranges: list[Of
 def warm_exactly_once(url: str, token: str, table_uri: str, topic: str, kafka_config: dict, records: int) -> dict:
     """The same batch through the exactly-once loop in this process: the fair pair of
     :func:`warm_at_least_once` (no command start-up on either side)."""
-    from airflow_eo.ingest import Ingestion
-    from airflow_eo.config import IngestConfig
-    from airflow_eo.offsets import RunIdentity
+    from airflow_eo.loop.ingest import Ingestion
+    from airflow_eo.loop.config import IngestConfig
+    from airflow_eo.core.offsets import RunIdentity
     from airflow_eo.spec.parts import Transform
     from airflow_eo.submit.connect import ConnectSubmitter
 
@@ -285,9 +285,9 @@ def server_memory(url: str, token: str, pid: int, work: str, topic: str, kafka_c
                   checkpoints: tuple[int, ...] = (10,)) -> dict:
     """Run ``batches`` small batches (one table, consecutive ranges of 10 records) in this process;
     the server's PSS after each checkpoint and at the end (no state may leak between runs)."""
-    from airflow_eo.ingest import Ingestion
-    from airflow_eo.config import IngestConfig
-    from airflow_eo.offsets import RunIdentity
+    from airflow_eo.loop.ingest import Ingestion
+    from airflow_eo.loop.config import IngestConfig
+    from airflow_eo.core.offsets import RunIdentity
     from airflow_eo.spec.parts import Transform
     from airflow_eo.submit.connect import ConnectSubmitter
 

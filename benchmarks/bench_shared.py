@@ -45,9 +45,9 @@ def constrained_table(table_uri: str, rules: bool) -> None:
 
 def ingest(spark, kafka_config: dict, table_uri: str, topic: str, ingest_id: str = INGEST_ID, **options) -> dict:
     from airflow_eo.driver.main import InProcessSubmitter
-    from airflow_eo.ingest import Ingestion
-    from airflow_eo.config import IngestConfig
-    from airflow_eo.offsets import RunIdentity
+    from airflow_eo.loop.ingest import Ingestion
+    from airflow_eo.loop.config import IngestConfig
+    from airflow_eo.core.offsets import RunIdentity
 
     config = IngestConfig(table_uri=table_uri, ingest_id=ingest_id, topics=[topic], kafka_config=kafka_config,
                           **options)

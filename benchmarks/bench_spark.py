@@ -18,10 +18,10 @@ import uuid
 
 import psutil
 
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.result import IngestResult
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.loop.result import IngestResult
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.attempt import Secrets
 from airflow_eo.submit.spark_submit import LocalSparkSubmit, job_environment, spark_submit_binary
 

@@ -41,8 +41,8 @@ def build_table(path: str, commits: int, partitions: int = 4, say=print) -> dict
     from deltalake.transaction import CommitProperties
 
     from airflow_eo.driver.reader import KAFKA_SCHEMA
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.offsets import OffsetRange, RunIdentity
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.core.offsets import OffsetRange, RunIdentity
     from airflow_eo.table.metadata import METADATA_KEY
     from airflow_eo.table.app_ids import batch_app_id, partition_app_id
     from airflow_eo.table.maintenance import MaintenancePlan, maintain

@@ -85,7 +85,7 @@ import bench_fanout  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.driver.session import classic_process  # noqa: E402
-from airflow_eo.offsets import Interval, OffsetRange  # noqa: E402
+from airflow_eo.core.offsets import Interval, OffsetRange  # noqa: E402
 from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 
 DATA_TOPIC = "bench-data"

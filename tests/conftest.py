@@ -89,7 +89,7 @@ def table_uri(tmp_path) -> str:
 def build_config(table_uri: str, topics, kafka_config: dict, *, ingest_id: str = "test", **options):
     """The ingest's config: ``topics`` (one name or several) into ``table_uri``; ``options`` are its
     settings (``max_records_per_run=...``, ``transform=...``)."""
-    from airflow_eo.config import IngestConfig
+    from airflow_eo.loop.config import IngestConfig
 
     names = [topics] if isinstance(topics, str) else list(topics)
     # Tests run their batches as Spark tasks, on the Spark path they name, as their size would not:
@@ -103,7 +103,7 @@ def build_config(table_uri: str, topics, kafka_config: dict, *, ingest_id: str =
 def build_ingestion(table_uri: str, topics, kafka_config: dict, submitter, *, ingest_id: str = "test", **options):
     """An ``Ingestion`` (:func:`build_config`) that runs its attempts with ``submitter``. The one place
     tests build it."""
-    from airflow_eo.ingest import Ingestion
+    from airflow_eo.loop.ingest import Ingestion
     from airflow_eo.spec import DEFAULT_DRIVER_READ_MAX_OFFSETS
 
     if isinstance(submitter, DriverSubmitter):  # the spec's own default: small batches read by the driver

@@ -3,7 +3,7 @@ compared in (:mod:`.slices`, :mod:`.coordinates`) and the run that feeds it (:mo
 
 from __future__ import annotations
 
-from airflow_eo.errors import KafkaUnavailableError, ReadIncompleteError
+from airflow_eo.core.errors import KafkaUnavailableError, ReadIncompleteError
 
 SLICE_OFFSETS = 1_000_000  # offsets of one partition compared at a time: ~50 MB of arrays at most
 # Offsets checked from which the slices run as Spark tasks (when the audit is given Spark): where

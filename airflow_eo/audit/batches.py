@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from airflow_eo.audit import read_failed, retention_took, stalled
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.offsets import TopicPartition
 
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
 # baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount

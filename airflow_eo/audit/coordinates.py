@@ -26,7 +26,7 @@ import numpy as np
 from airflow_eo.audit.batches import BatchOffsets, NeedRecords, client_options
 from airflow_eo.audit import read_failed, retention_took, stalled
 from airflow_eo.kafka import client_config, new_consumer
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.offsets import TopicPartition
 from airflow_eo.table.files import add_actions_of
 from airflow_eo.table.storage import TableLocation
 

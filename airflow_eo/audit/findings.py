@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from airflow_eo.offsets import OffsetRange, SkippedRange, TopicPartition
+from airflow_eo.core.offsets import OffsetRange, SkippedRange, TopicPartition
 
 # offsets listed per finding; the count is always exact
 MAX_LISTED = 50

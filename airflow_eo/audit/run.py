@@ -40,9 +40,9 @@ from airflow_eo.audit.findings import (
     check_merge_counts, check_tiling, merge_slices, plan_slices, unverifiable,
 )
 from airflow_eo.audit.slices import InProcessSlices, SliceRunner, SliceTask
-from airflow_eo.errors import ConfigError, KafkaUnavailableError, TableError
+from airflow_eo.core.errors import ConfigError, KafkaUnavailableError, TableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.offsets import OffsetRange, PartitionBounds, TopicPartition
+from airflow_eo.core.offsets import OffsetRange, PartitionBounds, TopicPartition
 from airflow_eo.table.compaction import MAINTENANCE_KEY
 from airflow_eo.table.audit_log import AuditLog
 from airflow_eo.table.features import TableUse

@@ -41,7 +41,7 @@ from functools import lru_cache
 from airflow_eo.decoding.avro_columns import NotColumnar, to_column
 from airflow_eo.decoding.avro_types import canonical, converter, is_columnar, parse, spark_type
 from airflow_eo.decoding.registry import WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
-from airflow_eo.errors import IncompatibleSchemaError
+from airflow_eo.core.errors import IncompatibleSchemaError
 from airflow_eo.spec.columns import ColumnSpec, InlineAvro, Source  # noqa: F401 - Source, InlineAvro: the example
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 
 # logical types that have no column type of their own: read as their underlying type
 _PLAIN_LOGICAL = {"uuid", "time-millis", "time-micros"}

@@ -32,7 +32,7 @@ from airflow_eo.decoding.avro import AvroColumn
 from airflow_eo.decoding.avro_types import check_schema
 from airflow_eo.decoding.reader_schemas import reader_schemas
 from airflow_eo.decoding.registry import SchemaRegistry
-from airflow_eo.planning import BatchPlan, ReaderSchema
+from airflow_eo.core.planning import BatchPlan, ReaderSchema
 from airflow_eo.spec.columns import (  # noqa: F401 - Format: the example
     REASON_COLUMN, ColumnSpec, Format, InlineAvro, RegistryAvro, Source, column_of, require_registry,
 )

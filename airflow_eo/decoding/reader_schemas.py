@@ -4,7 +4,7 @@
 end offset": a retry after a new version was registered would decode the same records with
 another reader schema. So the subject's version is resolved when the batch is planned
 (:func:`pin`: one registry call per registry column), logged with the plan
-(:attr:`airflow_eo.planning.BatchPlan.reader_schemas`) and recorded in the batch's commit
+(:attr:`airflow_eo.core.planning.BatchPlan.reader_schemas`) and recorded in the batch's commit
 (:class:`airflow_eo.table.metadata.BatchFindings`); every attempt of that plan — a retry, a
 clear, a reprocess months later — reads the pinned schema by its id (:func:`reader_schemas`).
 
@@ -25,8 +25,8 @@ import logging
 from typing import Mapping
 
 from airflow_eo.decoding.registry import SchemaRegistry
-from airflow_eo.errors import ConfigError
-from airflow_eo.planning import BatchPlan, ReaderSchema
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.planning import BatchPlan, ReaderSchema
 from airflow_eo.spec.columns import ColumnSpec, RegistryAvro, Source, require_registry
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import functools
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from airflow_eo.errors import AirflowEoError, ConfigError, SchemaRegistryUnavailableError
+from airflow_eo.core.errors import AirflowEoError, ConfigError, SchemaRegistryUnavailableError
 
 
 @functools.cache

@@ -35,7 +35,7 @@ import enum
 
 from airflow_eo.attempt import Attempt
 from airflow_eo.spec import KEY_COLUMNS, CdcFormat, IngestSpec
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec.columns import REASON_COLUMN
 
 DATA, KEY_DATA = "data", "key_data"  # the decoders' columns (airflow_eo.driver.decode)

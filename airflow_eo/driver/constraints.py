@@ -16,7 +16,7 @@ stores it); one it gives must equal it (``<=>``, as the protocol says). Each row
   (Spark's observed metrics: no second pass when there are none); :meth:`Enforced.raise_if_violated`
   then fails the batch before its commit, naming the rule and the first offending record (lowest
   topic, partition, offset; found by one more pass, on this failing path only):
-  :class:`~airflow_eo.errors.ConstraintViolationError`, no retry, nothing committed (the staged
+  :class:`~airflow_eo.core.errors.ConstraintViolationError`, no retry, nothing committed (the staged
   files are orphans the next run collects).
 
 The driver's own read (the direct path, no Spark) has no SQL engine, so a table with rules takes
@@ -41,7 +41,7 @@ from airflow_eo.spec import KEY_COLUMNS
 from airflow_eo.spec.columns import REASON_COLUMN
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.dedup import observed_metrics
-from airflow_eo.errors import ConfigError, ConstraintViolationError
+from airflow_eo.core.errors import ConfigError, ConstraintViolationError
 from airflow_eo.table.features import Constraint, ConstraintKind, TableFeatures
 
 log = logging.getLogger(__name__)

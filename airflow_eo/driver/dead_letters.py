@@ -31,8 +31,8 @@ from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.spec import DeadLetterSpec
 from airflow_eo.spec.columns import REASON_COLUMN
 from airflow_eo.driver.decode import decode, functions_for
-from airflow_eo.errors import DeadLetterThresholdError
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.errors import DeadLetterThresholdError
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.sinks.dead_letters import ensure_table
 from airflow_eo.table.staging import attempt_dir_name
 from airflow_eo.table.storage import TableLocation

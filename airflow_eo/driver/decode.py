@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 
 from airflow_eo.driver.session import for_session
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec.columns import REASON_COLUMN, ColumnSpec, JsonColumn
 
 CORRUPT_COLUMN = "_airflow_eo_corrupt"

@@ -48,9 +48,9 @@ from airflow_eo.driver.append import SparkStage
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.scan import TableFiles, read_table_files
 from airflow_eo.driver.transforms import join_by_offset
-from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import parse_duration
-from airflow_eo.planning import BatchPlan, read_slices
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.intervals import parse_duration
+from airflow_eo.core.planning import BatchPlan, read_slices
 from airflow_eo.table.files import TableFile, snapshot_files
 from airflow_eo.table.ledger import Ledger, batch_of_path
 from airflow_eo.table.storage import TableLocation

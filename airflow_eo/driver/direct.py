@@ -48,7 +48,7 @@ from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
 from airflow_eo.sinks import sink_of
 from airflow_eo.driver.writer import TaskFiles, staged_from_reports, task_writer, written_struct
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.features import TableFeatures
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.storage import TableLocation

@@ -1,6 +1,6 @@
 """A fan-out attempt: one read, each table's stage and compare-and-set commit in turn.
 
-The ingest loop (:mod:`airflow_eo.fanout`) records one attempt per table beside its table; the first
+The ingest loop (:mod:`airflow_eo.loop.fanout`) records one attempt per table beside its table; the first
 names the others (:attr:`airflow_eo.attempt.Attempt.companions`) and is the one Spark runs. Here the
 union of their planned ranges is read once (:func:`airflow_eo.driver.source.read_plan`), kept in
 Spark's cache, and each table takes its own ranges of it through the steps a single table's batch
@@ -28,10 +28,10 @@ from airflow_eo.driver.batch import SharedRead, features_of, run_staged_attempt
 from airflow_eo.driver.direct import REPORT_COLUMN, Destination, DirectStage, read_for_tables, reports_by_destination
 from airflow_eo.driver.writer import staged_from_reports
 from airflow_eo.driver.source import read_plan
-from airflow_eo.errors import error_line
+from airflow_eo.core.errors import error_line
 from airflow_eo.faults import failpoint
 from airflow_eo.logs import about_table
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.commit import CommitOutcome
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation

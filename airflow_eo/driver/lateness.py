@@ -1,6 +1,6 @@
 """Late records: rows of an interval batch whose Kafka timestamp is before the interval.
 
-Interval mode assigns records by offset (:mod:`airflow_eo.intervals`), so a record that
+Interval mode assigns records by offset (:mod:`airflow_eo.core.intervals`), so a record that
 arrived late is ingested once, in the interval where it arrived; this counts them for the
 batch's commit metadata (``late: {records, oldest_ms}``). When the table keeps the
 ``timestamp`` column, the staged files are read (only that column, and only files whose

@@ -28,7 +28,7 @@ from airflow_eo.driver.batch import features_of, run_staged_attempt
 from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.fanout import run_fan_out
 from airflow_eo.driver.session import build_session, classic_process
-from airflow_eo.errors import ConfigError, error_line
+from airflow_eo.core.errors import ConfigError, error_line
 from airflow_eo.spec import add_arguments, options_from_args
 from airflow_eo.table.commit import CommitOutcome
 from airflow_eo.table.staging import StagingArea
@@ -43,7 +43,7 @@ def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
     """Execute a recorded attempt: read, decode, transform, stage, compare-and-set commit.
 
     A failure is also recorded in the attempt's marker as one typed line, so a caller that
-    only sees an exit code (spark-submit) re-raises the same error (:mod:`airflow_eo.errors`)."""
+    only sees an exit code (spark-submit) re-raises the same error (:mod:`airflow_eo.core.errors`)."""
     if attempt.companions:  # one read for several tables
         return run_fan_out(spark, attempt, secrets)
     staging = StagingArea(TableLocation.of(attempt.table_uri, secrets.storage_options))
@@ -110,9 +110,9 @@ def main(argv: list[str]) -> int:
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0
         # Standalone: this driver plans too, running the same loop as `airflow-eo ingest`.
-        from airflow_eo.ingest import Ingestion
-        from airflow_eo.config import IngestConfig
-        from airflow_eo.offsets import RunIdentity
+        from airflow_eo.loop.ingest import Ingestion
+        from airflow_eo.loop.config import IngestConfig
+        from airflow_eo.core.offsets import RunIdentity
 
         config = IngestConfig(credentials=secrets, **options_from_args(args, _read_text))  # with --table-uri
         result = Ingestion(config, InProcessSubmitter(job.session())).run(RunIdentity(run_key=args.run_key))

@@ -46,8 +46,8 @@ from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, select_winners
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.scan import over_files
 from airflow_eo.driver.transforms import join_by_offset
-from airflow_eo.errors import ConfigError, MergeKeyError
-from airflow_eo.planning import read_slices
+from airflow_eo.core.errors import ConfigError, MergeKeyError
+from airflow_eo.core.planning import read_slices
 from airflow_eo.sinks.merge import FileSwap, MergeStaged
 from airflow_eo.spec import CdcFormat
 from airflow_eo.table.files import StagedFile, TableFile

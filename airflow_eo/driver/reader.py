@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from airflow_eo.errors import DataLossError, ReadIncompleteError
+from airflow_eo.core.errors import DataLossError, ReadIncompleteError
 from airflow_eo.kafka import client_config, new_consumer
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 
 BATCH_ROWS = 10_000
 # librdkafka prefetches up to queued.min.messages (default 100,000) per partition; while the

@@ -2,7 +2,7 @@
 
 Spark's own Kafka source (spark-sql-kafka) is a JVM jar that cannot be installed on the
 machines this project targets, and it plans its own offsets. The reader here reads exactly
-the ranges of a :class:`~airflow_eo.planning.BatchPlan`, nothing more: ``mapInArrow`` over a
+the ranges of a :class:`~airflow_eo.core.planning.BatchPlan`, nothing more: ``mapInArrow`` over a
 one-row-per-task range DataFrame, each Spark task reading its share of the ranges
 (:func:`read_tasks`) with ``read_committed`` through one consumer
 (:func:`airflow_eo.driver.reader.read_ranges`), which yields Arrow batches. It needs no Python
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from airflow_eo.planning import read_slices
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.planning import read_slices
+from airflow_eo.core.offsets import OffsetRange
 
 # A task reads at least this many offsets when the batch has them (and never more than
 # max_offsets_per_task): below it a task's fixed cost outweighs reading in parallel.
@@ -33,7 +33,7 @@ MIN_OFFSETS_PER_TASK = 100_000
 
 def read_tasks(ranges: Iterable[OffsetRange], max_offsets_per_task: int,
                min_offsets_per_task: int = MIN_OFFSETS_PER_TASK) -> list[tuple[OffsetRange, ...]]:
-    """The Spark read tasks of ``ranges``: the slices of :func:`~airflow_eo.planning.read_slices`
+    """The Spark read tasks of ``ranges``: the slices of :func:`~airflow_eo.core.planning.read_slices`
     in order, consecutive ones sharing a task until it holds ``min_offsets_per_task``, no task
     above ``max_offsets_per_task`` (so two slices of one partition never share a task: each
     but a partition's last is that long).

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 
 from airflow_eo.spec import KEY_COLUMNS, Transform
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 
 SOURCE_VIEW = "source"
 

@@ -22,7 +22,7 @@ from typing import Any
 from airflow.providers.apache.kafka.hooks.base import CALLBACK_CONFIG_KEYS, KafkaBaseHook
 
 from airflow_eo.compat import kafka_hook_config, msk_iam_region
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.kafka import MSK_IAM_CALLBACK, MSK_IAM_REGION, SECRET_HINTS
 
 

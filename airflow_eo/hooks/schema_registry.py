@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 
 
 def schema_registry_config_of(conn_id: str) -> dict:

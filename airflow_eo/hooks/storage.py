@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 
 # Extras of an Airflow ``aws`` connection that map onto deltalake storage options.
 _EXTRA_TO_OPTION = {

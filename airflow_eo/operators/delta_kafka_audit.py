@@ -26,7 +26,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperat
 
 from airflow_eo.audit.findings import AuditReport, FindingKind
 from airflow_eo.audit.run import AuditRequest, Selection, run_audit
-from airflow_eo.errors import AirflowEoError
+from airflow_eo.core.errors import AirflowEoError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.spark import audit_spark_for
 from airflow_eo.hooks.storage import storage_options_of

@@ -22,7 +22,7 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import BaseOperator
 
-from airflow_eo.errors import AirflowEoError
+from airflow_eo.core.errors import AirflowEoError
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.task_end import released_at_end

@@ -6,7 +6,7 @@ from typing import NoReturn
 
 from airflow.providers.common.compat.sdk import AirflowFailException
 
-from airflow_eo.errors import AirflowEoError, error_line
+from airflow_eo.core.errors import AirflowEoError, error_line
 
 
 def raise_for_airflow(log, exc: AirflowEoError) -> NoReturn:

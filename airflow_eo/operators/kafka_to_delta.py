@@ -1,8 +1,8 @@
 """KafkaToDeltaOperator: one exactly-once batch from Kafka topics into a Delta table.
 
-The operator is thin: it builds an :class:`~airflow_eo.config.IngestConfig` from its
+The operator is thin: it builds an :class:`~airflow_eo.loop.config.IngestConfig` from its
 (templated) arguments and the ``kafka`` / ``spark`` connections, runs
-:class:`~airflow_eo.ingest.Ingestion` with a :class:`~airflow_eo.submit.spark_hook.SparkSubmitHookSubmitter`
+:class:`~airflow_eo.loop.ingest.Ingestion` with a :class:`~airflow_eo.submit.spark_hook.SparkSubmitHookSubmitter`
 and returns the run's summary (XCom), which is also the extra of the table's Asset event
 and what the "Delta batch" extra link shows.
 
@@ -21,7 +21,7 @@ offset run that still races loses at the compare-and-set commit with a (retryabl
 
 Fan-out: with ``sinks`` (a list of tables, each with its own options over the operator's) or
 ``topic_pattern``, a run reads Kafka once and commits each table exactly once in its own Delta
-commit (:mod:`airflow_eo.fanout`); its XCom lists each table's result, each table that committed
+commit (:mod:`airflow_eo.loop.fanout`); its XCom lists each table's result, each table that committed
 gets its Asset event, and lineage has the topics as inputs and each table as an output.
 
 Interval mode waits for its interval to close: a deferrable operator (``deferrable``, default
@@ -57,21 +57,21 @@ from urllib.parse import urlencode
 from airflow.providers.common.compat.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink, conf
 
 from airflow_eo.attempt import Secrets
-from airflow_eo.errors import AirflowEoError, ConfigError, IntervalNotClosedError
-from airflow_eo.fanout import FanOut
+from airflow_eo.core.errors import AirflowEoError, ConfigError, IntervalNotClosedError
+from airflow_eo.loop.fanout import FanOut
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.outcomes import RunStatus
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.sinks import recorded_sink
 from airflow_eo.operators.failures import raise_for_airflow
 from airflow_eo.operators.metrics import emit_run_metrics
 from airflow_eo.operators.task_end import released_at_end
-from airflow_eo.intervals import interval_of
-from airflow_eo.offsets import Interval, RunIdentity
+from airflow_eo.core.intervals import interval_of
+from airflow_eo.core.offsets import Interval, RunIdentity
 from airflow_eo.spec import (
     OPTIONS, all_options, default_of, dump_option, operator_param_docs, operator_signature, required, templated_options,
     normalize_table_uri,
@@ -215,7 +215,7 @@ class KafkaToDeltaOperator(BaseOperator):
         (``table_uri``, ``write_mode``, ``merge_key``, ``transform_sql``, ``filter``, ``partition_by``,
         ``dead_letter_table_uri``, ``ingest_id``, ``topics``: some of the source's…) over the operator's
         own; a ``table_uri`` with ``{topic}`` makes one table per topic. A run reads Kafka once and
-        commits each table exactly once in its own Delta commit (``airflow_eo.fanout``); its XCom
+        commits each table exactly once in its own Delta commit (``airflow_eo.loop.fanout``); its XCom
         lists each table's result; each table that committed gets an Asset event (its
         ``file://`` / ``s3://`` URI) and is an OpenLineage output. Default: the one table of ``table_uri``.
     """
@@ -290,7 +290,7 @@ class KafkaToDeltaOperator(BaseOperator):
 
     @property
     def fans_out(self) -> bool:
-        """Several tables, a pattern's topics or a table per topic: the fan-out loop (:mod:`airflow_eo.fanout`)."""
+        """Several tables, a pattern's topics or a table per topic: the fan-out loop (:mod:`airflow_eo.loop.fanout`)."""
         return fans_out({"sinks": self.sinks, "topic_pattern": getattr(self, "topic_pattern", None),
                          "table_uri": getattr(self, "table_uri", None),
                          "dead_letter_table_uri": getattr(self, "dead_letter_table_uri", None)})
@@ -388,7 +388,7 @@ class KafkaToDeltaOperator(BaseOperator):
         self.lineage_source = LineageSource.of(config)
         ingestion = Ingestion(config, self.submitter)
         if target is not None:
-            from airflow_eo.reprocess import Reprocessor
+            from airflow_eo.loop.reprocess import Reprocessor
 
             self.log.info("reprocess requested for run %s", target)
             result = Reprocessor(ingestion).run(run, target_run_key=target)
@@ -399,7 +399,7 @@ class KafkaToDeltaOperator(BaseOperator):
         return result
 
     def _fan_out(self, context, run: RunIdentity, target: str | None):
-        """One read into each table of the fan-out (:mod:`airflow_eo.fanout`)."""
+        """One read into each table of the fan-out (:mod:`airflow_eo.loop.fanout`)."""
         if target is not None:
             raise ConfigError("reprocess replaces the batch of one table: with sinks or topic_pattern, reprocess each "
                               f"table by itself (airflow-eo reprocess TABLE --ingest-id ID --run-key {target}, "
@@ -466,7 +466,7 @@ class KafkaToDeltaOperator(BaseOperator):
     def dry_run(self, context=None):
         """Print what the next run of this task would read and write, writing nothing: Airflow's
         dry run (the template fields, as ``BaseOperator.dry_run`` logs them), then the plan preview
-        (:mod:`airflow_eo.preview`: batch, ranges and records per partition, interval, reader schemas,
+        (:mod:`airflow_eo.loop.preview`: batch, ranges and records per partition, interval, reader schemas,
         the tables it writes). It reads the table and Kafka through the task's connections; it logs no
         plan, stages nothing, waits for no turn and starts no Spark job. Returns the preview.
 
@@ -474,7 +474,7 @@ class KafkaToDeltaOperator(BaseOperator):
         has no command that calls it: call ``dag.get_task("ingest").dry_run()`` (a new run), or pass a
         task ``context`` (rendered) to preview that run: its logged plan if it has one, its data interval
         in interval mode."""
-        from airflow_eo.preview import NO_SPARK, plan_preview
+        from airflow_eo.loop.preview import NO_SPARK, plan_preview
 
         super().dry_run()
         unrendered = [f for f in ("table_uri", "topics", "ingest_id") if "{{" in str(getattr(self, f) or "")]

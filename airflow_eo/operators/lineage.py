@@ -29,7 +29,7 @@ from openlineage.client.facet_v2 import (
 )
 from openlineage.client.naming.dataset import S3, Kafka, LocalFileSystem
 
-from airflow_eo.outcomes import RunStatus
+from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.table.storage import is_local
 
 

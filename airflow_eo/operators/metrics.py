@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow_eo.outcomes import RunStatus
+from airflow_eo.core.outcomes import RunStatus
 
 PREFIX = "airflow_eo"
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from airflow.providers.common.compat.sdk import BaseSensorOperator
 
-from airflow_eo.errors import AirflowEoError
+from airflow_eo.core.errors import AirflowEoError
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.spec import parse_option

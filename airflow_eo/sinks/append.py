@@ -15,9 +15,9 @@ from typing import Any
 from deltalake.transaction import AddAction, Transaction
 
 from airflow_eo.attempt import Attempt
-from airflow_eo.errors import CommitConflictError
-from airflow_eo.planning import CommitCheck
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import CommitConflictError
+from airflow_eo.core.planning import CommitCheck
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.sinks.base import Sink, SinkKind
 from airflow_eo.table.commit import (
     CommitOutcome, StagedBatch, add_actions, batch_lost_race, check_features, compare_offsets,

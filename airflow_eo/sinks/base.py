@@ -26,8 +26,8 @@ import enum
 from typing import Any, ClassVar, Mapping
 
 from airflow_eo.attempt import Attempt, AttemptKind
-from airflow_eo.errors import ConfigError
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.spec import SinkSpec, WriteMode
 from airflow_eo.table.commit import CommitRule, StagedBatch
 from airflow_eo.table.features import TableUse

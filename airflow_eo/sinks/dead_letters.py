@@ -17,9 +17,9 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import Transaction
 
 from airflow_eo.attempt import Attempt
-from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan, CommitCheck
+from airflow_eo.core.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.planning import BatchPlan, CommitCheck
 from airflow_eo.table.commit import COMMITTED, CommitOutcome, StagedBatch, add_actions, commit, outcome_of
 from airflow_eo.table.engine_merge import EngineMerge
 from airflow_eo.sinks.base import Sink, SinkKind

@@ -20,9 +20,9 @@ import pyarrow as pa
 from deltalake.transaction import Transaction
 
 from airflow_eo.attempt import Attempt, AttemptKind
-from airflow_eo.errors import CommitConflictError, ConfigError
-from airflow_eo.planning import BatchPlan, CommitCheck
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import CommitConflictError, ConfigError
+from airflow_eo.core.planning import BatchPlan, CommitCheck
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.sinks.append import boundaries_commit
 from airflow_eo.sinks.base import Sink, SinkKind, check_mark
 from airflow_eo.spec import MergeSpec, WriteMode

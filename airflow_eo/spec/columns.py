@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 
 # The columns decoded keys and values land in (what transforms and dedup keys name)
 DATA_COLUMN, KEY_DATA_COLUMN = "data", "key_data"

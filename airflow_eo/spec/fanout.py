@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec.ingest import GROUPS, OPTIONS, IngestSpec
 from airflow_eo.spec.options import CdcFormat, topic_list
 

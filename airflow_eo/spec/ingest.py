@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec.options import Option
 from airflow_eo.spec.options import CdcFormat
 from airflow_eo.spec.halves import SinkSpec, SourceSide

@@ -14,9 +14,9 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlparse
 
-from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import parse_duration
-from airflow_eo.planning import StartingPosition
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.intervals import parse_duration
+from airflow_eo.core.planning import StartingPosition
 from airflow_eo.spec.columns import LATEST, Format, format_of
 
 # The columns that key every row to its source record: every file keeps them (with statistics)
@@ -65,7 +65,7 @@ class OptionValue(str, enum.Enum):
 
 
 class Mode(OptionValue):
-    """How a run chooses its records (:mod:`airflow_eo.planner`)."""
+    """How a run chooses its records (:mod:`airflow_eo.loop.planner`)."""
 
     OFFSETS = "offsets"  # everything new since the last commit
     INTERVAL = "interval"  # the records of the run's data interval, by Kafka timestamp

@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
-from airflow_eo.planning import OnDataLoss, StartingPosition
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
+from airflow_eo.core.planning import OnDataLoss, StartingPosition
 from airflow_eo.spec.columns import FORMATS, LATEST, ColumnSpec, Format, Source, column_of, format_of, version_of
 from airflow_eo.spec.options import (
     DEFAULT_DRIVER_READ_MAX_OFFSETS, DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, DEFAULT_TABLE_WAIT_SECONDS,

@@ -6,6 +6,6 @@
   with a ``spark`` connection (the operator);
 * :class:`airflow_eo.driver.main.InProcessSubmitter`: a SparkSession of this process.
 
-Each implements the loop's :class:`airflow_eo.runner.Submitter` protocol and runs the same
+Each implements the loop's :class:`airflow_eo.loop.runner.Submitter` protocol and runs the same
 job (:mod:`airflow_eo.driver.main`) with the same arguments and secret-carrying environment.
 """

@@ -36,7 +36,7 @@ from airflow_eo.attempt import Env, Secrets
 from airflow_eo.audit import SPARK_THRESHOLD_COLD, SPARK_THRESHOLD_WARM
 from airflow_eo.audit.findings import SliceResult
 from airflow_eo.audit.slices import SliceTask
-from airflow_eo.errors import AirflowEoError, ConfigError, SparkJobError, SparkUnavailableError, error_from_line, \
+from airflow_eo.core.errors import AirflowEoError, ConfigError, SparkJobError, SparkUnavailableError, error_from_line, \
     error_line
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.compat import client_closed, close_client_once, limit_client_retries
 from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.main import run_attempt
-from airflow_eo.errors import ConfigError, SparkUnavailableError
+from airflow_eo.core.errors import ConfigError, SparkUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from dataclasses import asdict
 
 from airflow_eo import __version__
 from airflow_eo.attempt import SPARK_DEFAULTS, SPARK_WORKER_DEFAULTS, Env
-from airflow_eo.errors import ConfigError, SparkUnavailableError
+from airflow_eo.core.errors import ConfigError, SparkUnavailableError
 # how a client learns that the server is warm: a static conf declared from the start, and a global
 # temp view (seen by every session) made at ready
 from airflow_eo.submit.connect import ANNOUNCES_READY_CONF, READY_VIEW

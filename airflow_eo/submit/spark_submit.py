@@ -22,9 +22,9 @@ import shutil
 import subprocess
 import sys
 
-from airflow_eo import errors
+from airflow_eo.core import errors
 from airflow_eo.attempt import SPARK_APP_DEFAULTS, Attempt, Env, Secrets
-from airflow_eo.errors import SparkJobError
+from airflow_eo.core.errors import SparkJobError
 from airflow_eo.table.liveness import remove_scratch, scratch_dir
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def spark_submit_binary() -> str:
     return found
 
 
-_JOB_ERROR = re.compile(r"airflow_eo\.errors\.(\w+): (.*)")
+_JOB_ERROR = re.compile(r"airflow_eo\.core\.errors\.(\w+): (.*)")
 _JOB_LINE = re.compile(r" INFO airflow_eo\.[\w.]+: (.*)")  # the driver's log format (driver/main.py)
 
 

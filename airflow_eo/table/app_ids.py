@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.offsets import TopicPartition
 
 APP_PREFIX = "airflow-eo"
 

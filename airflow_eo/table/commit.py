@@ -35,7 +35,7 @@ made on the snapshot the commit is made from.
 
 An interval batch (``BATCH`` with a data interval) is keyed by its interval, not by the batch
 number it was planned with: when other intervals landed since it was planned and its own is still
-free, with every boundary it read unchanged (:func:`airflow_eo.intervals.fits`), it is **rebased**
+free, with every boundary it read unchanged (:func:`airflow_eo.core.intervals.fits`), it is **rebased**
 (:func:`rebase`): it commits as the table's next batch, its staged directory renamed to that
 number, its interval ledger and high-water offsets set on the snapshot it commits on, and the
 number it was planned with kept in its metadata (``planned_batch``); a commit that loses a race
@@ -82,10 +82,10 @@ from deltalake.transaction import (
     AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions,
 )
 
-from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.core.errors import CommitConflictError, TableError, TableFeatureError
 from airflow_eo.faults import failpoint
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan, CommitCheck, describe_mismatch
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.planning import BatchPlan, CommitCheck, describe_mismatch
 from airflow_eo.table.engine_merge import EngineMerge
 from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.files import TableFile, StagedFile
@@ -99,7 +99,7 @@ from airflow_eo.table.staging import StagingArea
 
 log = logging.getLogger(__name__)
 
-# A commit's outcome, named as the run's result names it (airflow_eo.outcomes)
+# A commit's outcome, named as the run's result names it (airflow_eo.core.outcomes)
 COMMITTED = RunStatus.COMMITTED
 ALREADY_COMMITTED = RunStatus.ALREADY_COMMITTED
 __all__ = ["ALREADY_COMMITTED", "COMMITTED", "CommitKind", "CommitOutcome", "CommitRule", "StagedBatch", "commit"]

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
-from airflow_eo.errors import CommitConflictError
+from airflow_eo.core.errors import CommitConflictError
 from airflow_eo.table.files import TableFile
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.mapping import ColumnNames

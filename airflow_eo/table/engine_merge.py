@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.files import StagedFile, TableFile, read_columns
 from airflow_eo.table.merge import DELETE_COLUMN
 from airflow_eo.table.storage import TableLocation

@@ -7,7 +7,7 @@ column mapping. The Delta protocol makes each a contract every writer keeps, and
 ``create_write_transaction`` (the commit path) checks none of them. So every run reads them
 here, when it plans and before Spark starts (:meth:`TableFeatures.check`), and what the project
 cannot honour for the run's :class:`TableUse` is refused in one line naming the feature and the
-fix (:class:`~airflow_eo.errors.TableFeatureError`: no retry, nothing changed). What it honours,
+fix (:class:`~airflow_eo.core.errors.TableFeatureError`: no retry, nothing changed). What it honours,
 the write paths ask here: the constraints to enforce (:attr:`TableFeatures.constraints`) and the
 generated columns to compute (:attr:`TableFeatures.generated`).
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from airflow_eo.attempt import PinnedFeatures
-from airflow_eo.errors import TableFeatureError
+from airflow_eo.core.errors import TableFeatureError
 from airflow_eo.table.mapping import ColumnNames, without_metadata
 
 

@@ -28,12 +28,12 @@ from deltalake.transaction import Transaction
 from dataclasses import replace
 from typing import Any, Iterable, Protocol
 
-from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import (
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.intervals import (
     CommittedInterval, Recorded, interval_state, neighbour_times, overlapping, start_boundaries,
 )
-from airflow_eo.planning import BatchPlan, CommitCheck
-from airflow_eo.offsets import Interval, OffsetRange, TopicPartition
+from airflow_eo.core.planning import BatchPlan, CommitCheck
+from airflow_eo.core.offsets import Interval, OffsetRange, TopicPartition
 from airflow_eo.table.app_ids import boundary_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id
 from airflow_eo.table.metadata import CommitKind
 
@@ -124,7 +124,7 @@ class IntervalLedger:
 
     def state_of(self, plan: BatchPlan) -> CommitCheck:
         """Is the interval plan committable, committed, or overtaken on this snapshot
-        (:func:`airflow_eo.intervals.interval_state`; what :meth:`airflow_eo.table.ledger.Ledger.state_of` answers for it)."""
+        (:func:`airflow_eo.core.intervals.interval_state`; what :meth:`airflow_eo.table.ledger.Ledger.state_of` answers for it)."""
         iv = plan.interval
         assert iv is not None, "the state of an interval plan"
         held = self.holding(iv)

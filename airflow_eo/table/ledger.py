@@ -29,9 +29,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from airflow_eo.spec import TXN_RETENTION, normalize_table_uri
-from airflow_eo.errors import ConfigError, TableError, TableFeatureError
-from airflow_eo.planning import BatchPlan, CommitCheck, batch_state
-from airflow_eo.offsets import OffsetRange, TopicPartition
+from airflow_eo.core.errors import ConfigError, TableError, TableFeatureError
+from airflow_eo.core.planning import BatchPlan, CommitCheck, batch_state
+from airflow_eo.core.offsets import OffsetRange, TopicPartition
 from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind
 from airflow_eo.table.app_ids import (
     batch_app_id, merge_app_id,
@@ -298,7 +298,7 @@ class Ledger:
 
     def state_of(self, plan: BatchPlan) -> CommitCheck:
         """Is ``plan`` committable (READY), in the table (ALREADY_COMMITTED), or overtaken
-        (CONFLICT)? Read from this snapshot (:func:`airflow_eo.planning.batch_state`; an interval
+        (CONFLICT)? Read from this snapshot (:func:`airflow_eo.core.planning.batch_state`; an interval
         plan is keyed by its interval: :meth:`airflow_eo.table.intervals.IntervalLedger.state_of`)."""
         if plan.interval is not None:
             return IntervalLedger(self, plan.ingest_id).state_of(plan)

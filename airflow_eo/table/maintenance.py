@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 
 from deltalake.exceptions import CommitFailedError
 
-from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.core.errors import CommitConflictError, TableError, TableFeatureError
 from airflow_eo.spec import DEFAULT_TABLE_WAIT_SECONDS
 from airflow_eo.table.compaction import compact_mapped
 from airflow_eo.table.features import TableUse
@@ -225,7 +225,7 @@ def prune_records(ledger: Ledger, keep_days: float, now: float | None = None) ->
     """
     import time
 
-    from airflow_eo.planning import BatchPlan
+    from airflow_eo.core.planning import BatchPlan
     from airflow_eo.table.plan_log import PLANS_DIR, REPROCESS_DIR
     from airflow_eo.table.staging import ATTEMPTS_DIR
 

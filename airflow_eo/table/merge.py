@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.files import (
     StagedFile, TableFile, conform, logged_partition_values, partition_columns_of, read_file,
 )

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Iterable
 
 from airflow_eo.attempt import Attempt, AttemptKind
-from airflow_eo.planning import BatchPlan, ReaderSchema, reader_schemas_of
-from airflow_eo.offsets import OffsetRange, RunIdentity, SkippedRange
+from airflow_eo.core.planning import BatchPlan, ReaderSchema, reader_schemas_of
+from airflow_eo.core.offsets import OffsetRange, RunIdentity, SkippedRange
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.files import StagedFile
 

@@ -26,7 +26,7 @@ import datetime as dt
 from typing import Iterable
 from urllib.parse import unquote
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # Hive's and Spark's directory for a null value
 # Characters Hive and Spark escape in partition directory names (%XX), control characters too

@@ -21,7 +21,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)

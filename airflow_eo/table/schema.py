@@ -18,8 +18,8 @@ import pyarrow as pa
 from deltalake import Schema
 from deltalake.transaction import CommitProperties
 
-from airflow_eo.errors import TableError
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.errors import TableError
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import METADATA_KEY, BatchMetadata, CommitKind
 

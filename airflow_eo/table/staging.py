@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind
 from airflow_eo.spec import KEY_COLUMNS
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.spec import DEFAULT_GRACE_SECONDS  # the default of the staging_grace_seconds option
 from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch, scratch_attempt_ids
@@ -74,7 +74,7 @@ class AttemptMarker:
     attempt: str = ""  # Attempt JSON: what this attempt reads and commits, never secrets
     driver_host: str = ""  # where the attempt's driver runs (it commits), once it has started
     driver_pid: int = 0
-    error: str = ""  # the driver's failure as one line (airflow_eo.errors.error_line), for its caller
+    error: str = ""  # the driver's failure as one line (airflow_eo.core.errors.error_line), for its caller
     # start times of pid and driver_pid (epoch s; PID reuse), and what the attempt is for: a run
     # need not wait for an ingest attempt whose batch is committed (all 0/"" in older markers)
     pid_started: float = 0.0

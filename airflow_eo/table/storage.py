@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec import normalize_table_uri
 
 

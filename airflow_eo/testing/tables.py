@@ -77,7 +77,7 @@ class TestTable:
         """The offset the table committed for each partition (its ``txn`` actions), None where none."""
         from deltalake import DeltaTable
 
-        from airflow_eo.offsets import TopicPartition
+        from airflow_eo.core.offsets import TopicPartition
         from airflow_eo.table.app_ids import partition_app_id
 
         if not self.exists:

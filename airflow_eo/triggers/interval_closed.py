@@ -2,8 +2,8 @@
 
 An interval ``[T0, T1)`` may be planned once every partition holds a record stamped at or
 after ``T1`` below its last stable offset, or a later committed interval bounds it, or
-``close_after`` has passed since ``T1`` (:func:`airflow_eo.intervals.waiting`, the rule the
-plan itself applies, through :meth:`airflow_eo.planner.IntervalPlanner.closing`). A deferrable
+``close_after`` has passed since ``T1`` (:func:`airflow_eo.core.intervals.waiting`, the rule the
+plan itself applies, through :meth:`airflow_eo.loop.planner.IntervalPlanner.closing`). A deferrable
 :class:`~airflow_eo.operators.kafka_to_delta.KafkaToDeltaOperator` whose interval is not closed
 defers to this trigger instead of failing for a retry; it resumes and plans when the trigger fires.
 
@@ -28,12 +28,12 @@ from typing import Any, AsyncIterator, Mapping
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_eo.config import IngestConfig
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.storage import storage_options_of
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planner import IntervalClosing, IntervalPlanner
-from airflow_eo.offsets import Interval
+from airflow_eo.loop.planner import IntervalClosing, IntervalPlanner
+from airflow_eo.core.offsets import Interval
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.triggers.polling import poll_until
 

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from airflow.triggers.base import TriggerEvent
 
-from airflow_eo.errors import AirflowEoError, error_from_line, error_line
+from airflow_eo.core.errors import AirflowEoError, error_from_line, error_line
 
 MAX_BACKOFF_SECONDS = 300.0
 T = TypeVar("T")

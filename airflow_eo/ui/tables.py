@@ -32,9 +32,9 @@ from datetime import datetime
 from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-from airflow_eo.errors import AirflowEoError
-from airflow_eo.intervals import CommittedInterval
-from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition  # noqa: F401 - Interval: doctest
+from airflow_eo.core.errors import AirflowEoError
+from airflow_eo.core.intervals import CommittedInterval
+from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity, TopicPartition  # noqa: F401 - Interval: doctest
 from airflow_eo.table.audit_log import AuditRecord
 from airflow_eo.table.history import FIRST_WINDOW, CommitHistory
 from airflow_eo.table.intervals import IntervalLedger

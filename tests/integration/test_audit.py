@@ -27,7 +27,7 @@ from airflow_eo.spec import Transform
 from airflow_eo.audit.run import AuditRequest, Selection, run_audit
 from airflow_eo.cli import main
 from airflow_eo.driver.main import InProcessSubmitter
-from airflow_eo.offsets import OffsetRange, TopicPartition, RunIdentity
+from airflow_eo.core.offsets import OffsetRange, TopicPartition, RunIdentity
 from airflow_eo.status import table_status
 from airflow_eo.submit.audit import SparkSlices
 from airflow_eo.table.metadata import METADATA_KEY, BatchMetadata

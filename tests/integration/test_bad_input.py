@@ -20,11 +20,11 @@ from deltalake import DeltaTable
 
 from airflow_eo.table.commit import COMMITTED
 from airflow_eo.demo.broker import free_port
-from airflow_eo.errors import ConfigError, KafkaUnavailableError, SparkJobError, TableError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
+from airflow_eo.core.errors import ConfigError, KafkaUnavailableError, SparkJobError, TableError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.driver.main import InProcessSubmitter
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from airflow_eo.spec import Transform

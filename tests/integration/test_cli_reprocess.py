@@ -1,6 +1,6 @@
 """``airflow-eo reprocess`` as a user runs it: real spark-submit, real broker and table.
 
-The reprocess itself (airflow_eo.reprocess) is tested in test_reprocess.py; here: the command
+The reprocess itself (airflow_eo.loop.reprocess) is tested in test_reprocess.py; here: the command
 names a batch by run key or by its offset ranges, replaces exactly that batch's rows once, and
 refuses what the operator refuses with one line, a non-zero exit and the table unchanged.
 """

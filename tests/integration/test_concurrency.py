@@ -15,9 +15,9 @@ import time
 import pytest
 
 from airflow_eo.driver.main import InProcessSubmitter
-from airflow_eo.errors import CommitConflictError
-from airflow_eo.planning import CommitCheck
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import CommitConflictError
+from airflow_eo.core.planning import CommitCheck
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.staging import new_attempt_id
 from tests.helpers import assert_exactly_once, new_topic, produce

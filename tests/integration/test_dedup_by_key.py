@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from airflow_eo.errors import ConfigError
-from airflow_eo.offsets import RunIdentity
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.offsets import RunIdentity
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.table.ledger import Ledger
 from tests.helpers import duplicates, new_topic, read_table
 

@@ -8,8 +8,8 @@ import json
 from confluent_kafka import Producer
 
 from airflow_eo.attempt import Secrets
-from airflow_eo.fanout import FanOut
-from airflow_eo.offsets import RunIdentity, TopicPartition
+from airflow_eo.loop.fanout import FanOut
+from airflow_eo.core.offsets import RunIdentity, TopicPartition
 from airflow_eo.spec.fanout import FanOutSpec
 from airflow_eo.table.ledger import Ledger
 from tests.helpers import new_topic, read_table

@@ -15,9 +15,9 @@ from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
-from airflow_eo.errors import CommitConflictError, DataLossError, OffsetsAheadError, SparkJobError
+from airflow_eo.core.errors import CommitConflictError, DataLossError, OffsetsAheadError, SparkJobError
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
 from airflow_eo.attempt import Secrets
@@ -293,8 +293,8 @@ def test_sql_transform_keeps_key_columns(broker, kafka_config, spark_path, table
 
 def test_orphans_of_running_attempts_are_never_collected(table_uri):
     """A staged directory whose attempt has not ended is kept, however the table looks."""
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.offsets import OffsetRange
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.core.offsets import OffsetRange
 
     loc = TableLocation.of(table_uri)
     staging = StagingArea(loc)
@@ -312,8 +312,8 @@ def test_an_orphan_that_cannot_be_removed_yet_is_left_for_the_next_run(table_uri
     pass removes it."""
     import dataclasses
 
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.offsets import OffsetRange
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.core.offsets import OffsetRange
 
     class StillBeingWritten:  # the local filesystem, whose delete_dir loses a race with a writer
         def __init__(self, fs):

@@ -1,5 +1,5 @@
 """Interval mode on the real broker, Spark and Delta: backfills in any order, reruns, late records,
-idle partitions, reprocess, bad input (airflow_eo.intervals, airflow_eo.planner)."""
+idle partitions, reprocess, bad input (airflow_eo.core.intervals, airflow_eo.loop.planner)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from airflow_eo.errors import CommitConflictError, ConfigError, IntervalNotClosedError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.intervals import interval_of
-from airflow_eo.offsets import Interval, RunIdentity, TopicPartition
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.core.errors import CommitConflictError, ConfigError, IntervalNotClosedError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.intervals import interval_of
+from airflow_eo.core.offsets import Interval, RunIdentity, TopicPartition
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.status import table_status
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger

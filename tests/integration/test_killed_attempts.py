@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.status import table_status
 from airflow_eo.table.lease import Claim, HeldLease, LeaseHolder, LeasePurpose, TableLease
 from airflow_eo.table.liveness import Liveness, liveness

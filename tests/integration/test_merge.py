@@ -17,11 +17,11 @@ from deltalake import DeltaTable, write_deltalake
 from airflow_eo.audit.findings import FindingKind
 from airflow_eo.audit.run import AuditRequest, Selection, run_audit
 from airflow_eo.driver.main import InProcessSubmitter
-from airflow_eo.errors import CommitConflictError, ConfigError, MergeKeyError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.offsets import RunIdentity
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.core.errors import CommitConflictError, ConfigError, MergeKeyError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.offsets import RunIdentity
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from tests.changes import SQL, ChangeProducer, assert_model_holds, expected_rows, table_rows
@@ -221,7 +221,7 @@ def test_only_the_newest_batch_is_reprocessed(broker, kafka_config, spark, tmp_p
 def test_interval_mode_merges_intervals_oldest_first(broker, kafka_config, spark, tmp_path, ingestion):
     import time
 
-    from airflow_eo.offsets import Interval
+    from airflow_eo.core.offsets import Interval
 
     hour = 3_600_000
     base = (int(time.time() * 1000) // hour - 5) * hour

@@ -9,11 +9,11 @@ from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from airflow_eo.demo.broker import EmbeddedBroker
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.mirror import mirror_offsets
-from airflow_eo.offsets import RunIdentity, TopicPartition
+from airflow_eo.loop.mirror import mirror_offsets
+from airflow_eo.core.offsets import RunIdentity, TopicPartition
 from airflow_eo.driver.main import InProcessSubmitter
 from tests.helpers import new_topic, produce
 
@@ -62,7 +62,7 @@ def test_mirror_follows_the_table_and_survives_a_broker_outage(spark, tmp_path, 
         assert group_offsets(config, GROUP, topic, 2) == table_offsets(table, "mirrored", topic, 2) == {0: 10, 1: 10}
 
         # broker down between the commit and the mirror: the batch still succeeds
-        with caplog.at_level(logging.WARNING, logger="airflow_eo.mirror"):
+        with caplog.at_level(logging.WARNING, logger="airflow_eo.loop.mirror"):
             second = Ingestion(ingest, StopBrokerAfterSubmit(spark, broker)).run(RunIdentity("m-2"))
         assert second.status == "committed" and second.rows == 20
         assert any("mirror" in r.getMessage() and "next run" in r.getMessage() for r in caplog.records)

@@ -18,9 +18,9 @@ import time
 import pytest
 
 from airflow_eo.cli import main
-from airflow_eo.intervals import interval_of
-from airflow_eo.offsets import RunIdentity
-from airflow_eo.preview import NO_SPARK, PlanPreview, plan_preview
+from airflow_eo.core.intervals import interval_of
+from airflow_eo.core.offsets import RunIdentity
+from airflow_eo.loop.preview import NO_SPARK, PlanPreview, plan_preview
 from airflow_eo.testing.registry import RegistryDouble
 from tests.conftest import DriverSubmitter
 from tests.helpers import ORDER_SCHEMA, new_topic, order, produce, produce_avro, transactional_producer
@@ -44,7 +44,7 @@ NEW_RUN = RunIdentity("")  # a run of its own: no logged plan to replay
 
 def previewed(ingestion, run: RunIdentity = NEW_RUN, interval=None, *trees: str) -> PlanPreview:
     """The preview of ``ingestion``'s next run, asserting the tables' trees did not change."""
-    from airflow_eo.ingest import Ingestion
+    from airflow_eo.loop.ingest import Ingestion
 
     paths = [ingestion.config.table_uri] + ([ingestion.config.dead_letter_table_uri]
                                             if ingestion.config.dead_letter_table_uri else []) + list(trees)

@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from airflow_eo.offsets import Interval, RunIdentity
+from airflow_eo.core.offsets import Interval, RunIdentity
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.lease import TableLease
 from airflow_eo.table.ledger import Ledger
@@ -154,7 +154,7 @@ def test_interval_runs_that_do_not_wait_are_rebased_and_stay_replayable(broker, 
     state: every interval still commits, later ones under the next batch numbers (rebased, no Spark
     again); a retry of a rebased run finds its batch, and its reprocess replaces exactly its rows."""
     from airflow_eo.driver.main import InProcessSubmitter
-    from airflow_eo.reprocess import Reprocessor
+    from airflow_eo.loop.reprocess import Reprocessor
 
     topic, base = new_topic(kafka_config, PARTITIONS), hour_base()
     produce_at(kafka_config, topic, timeline(base, seed=9))

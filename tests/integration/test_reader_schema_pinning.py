@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from airflow_eo.planning import ReaderSchema
+from airflow_eo.core.planning import ReaderSchema
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.storage import TableLocation

@@ -1,4 +1,4 @@
-"""Reprocess of a past run (airflow_eo.reprocess) against the real broker, Spark and Delta.
+"""Reprocess of a past run (airflow_eo.loop.reprocess) against the real broker, Spark and Delta.
 
 Runs on both in-process paths (local Spark and the warm Spark Connect server, fixture
 ``spark_path``): the job code is the same as under spark-submit; the Airflow-driven
@@ -13,10 +13,10 @@ import time
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.errors import ConfigError, DataLossError
-from airflow_eo.offsets import RunIdentity
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.core.errors import ConfigError, DataLossError
+from airflow_eo.core.offsets import RunIdentity
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.spec import Transform
 from tests.helpers import committed_offsets, duplicates, keys_of, new_topic, produce, read_table
 

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from airflow_eo.errors import ConstraintViolationError, TableFeatureError
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import ConstraintViolationError, TableFeatureError
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.storage import TableLocation
 from tests.conftest import open_spark_path
@@ -149,7 +149,7 @@ def test_a_table_created_elsewhere_is_adopted_with_the_option(kafka_config, tmp_
     from deltalake import write_deltalake
 
     from airflow_eo.driver.main import InProcessSubmitter
-    from airflow_eo.errors import TableError
+    from airflow_eo.core.errors import TableError
 
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 0, 6)
@@ -401,7 +401,7 @@ def test_a_merge_and_its_reprocess_on_a_table_with_a_renamed_column(kafka_config
     reads the table."""
     import pyarrow.parquet as pq
 
-    from airflow_eo.reprocess import Reprocessor
+    from airflow_eo.loop.reprocess import Reprocessor
     from airflow_eo.table.ledger import Ledger
     from tests.changes import SQL, ChangeProducer, expected_rows
     from tests.delta_tables import enable_column_mapping

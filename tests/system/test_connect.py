@@ -21,10 +21,10 @@ from pyspark.sql import SparkSession
 
 from airflow_eo.attempt import Env
 from airflow_eo.compat import release_server_session
-from airflow_eo.errors import ConfigError, SparkJobError, SparkUnavailableError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import ConfigError, SparkJobError, SparkUnavailableError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.submit.connect import ConnectSubmitter, check_version, detach
 from airflow_eo.submit.connect_server import ConnectServer, free_port
 from airflow_eo.table.ledger import Ledger

@@ -15,9 +15,9 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
-from airflow_eo.errors import KafkaUnavailableError
+from airflow_eo.core.errors import KafkaUnavailableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.offsets import PartitionBounds, TopicPartition
+from airflow_eo.core.offsets import PartitionBounds, TopicPartition
 
 
 class FakeKafka(KafkaOffsets):

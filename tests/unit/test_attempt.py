@@ -8,10 +8,10 @@ import pytest
 
 from airflow_eo.attempt import Attempt, AttemptKind, Env, Secrets
 from airflow_eo.spec import DeadLetterSpec, DecodeSpec, SparkSettings, Transform, IngestSpec
-from airflow_eo.errors import ConfigError
-from airflow_eo.config import IngestConfig
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity, TopicPartition
 
 PLAN = BatchPlan("orders", 3, (OffsetRange("o", 0, 10, 20), OffsetRange("o", 1, 5, 5)), RunIdentity("dag/run/t/-1"),
                  new_partitions=(TopicPartition("o", 1),), planned_at="2026-11-24T00:00:00+00:00",

@@ -10,7 +10,7 @@ import pytest
 from airflow_eo.audit.findings import (
     AuditReport, BatchRanges, FindingKind, PartitionScope, account_batches, check_tiling, reconcile_partition,
 )
-from airflow_eo.offsets import OffsetRange, SkippedRange, TopicPartition
+from airflow_eo.core.offsets import OffsetRange, SkippedRange, TopicPartition
 
 TP = TopicPartition("t", 0)
 NONE = np.array([], dtype=np.int64)

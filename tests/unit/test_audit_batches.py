@@ -14,8 +14,8 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from airflow_eo.audit import batches
 from airflow_eo.audit.batches import BatchOffsets, NeedRecords, batch_spans, client_options
 from airflow_eo.audit.coordinates import KafkaCoordinates
-from airflow_eo.errors import KafkaUnavailableError, ReadIncompleteError
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.errors import KafkaUnavailableError, ReadIncompleteError
+from airflow_eo.core.offsets import TopicPartition
 
 TP = TopicPartition("orders", 0)
 

@@ -10,12 +10,12 @@ import signal
 import pytest
 
 from airflow_eo import cli
-from airflow_eo import fanout as fanout_module
+from airflow_eo.loop import fanout as fanout_module
 from airflow_eo.attempt import Env, Secrets
-from airflow_eo.fanout import FanOutResult
-from airflow_eo.offsets import RunIdentity
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.result import IngestResult
+from airflow_eo.loop.fanout import FanOutResult
+from airflow_eo.core.offsets import RunIdentity
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.loop.result import IngestResult
 from airflow_eo.spec.fanout import FanOutSpec
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from airflow_eo.cli import main, parser
-from airflow_eo.errors import ConfigError
-from airflow_eo.offsets import OffsetRange
-from airflow_eo.reprocess import parse_range
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.offsets import OffsetRange
+from airflow_eo.loop.reprocess import parse_range
 
 
 @pytest.mark.parametrize("text", ["orders[2] 100..250", "orders[2]:100-250", " orders[2] 100 .. 250 "])

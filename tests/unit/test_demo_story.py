@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
         subprocess.run(["sh", "-c", "echo noise from a child; echo child error >&2"])
         with story.working("run 1", every=0.05):
             with open(sys.argv[1], "a") as log:
-                log.write("x [info ] batch 1 attempt ab12: plan orders[0] 0..5 (5 offsets) [airflow_eo.ingest] loc=i.py:1\\n")
+                log.write("x [info ] batch 1 attempt ab12: plan orders[0] 0..5 (5 offsets) [airflow_eo.loop.ingest] loc=i.py:1\\n")
             time.sleep(0.5)
         story.say("committed", stamp=False)
 """)

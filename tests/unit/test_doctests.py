@@ -9,8 +9,8 @@ import importlib
 import pytest
 
 PURE_MODULES = [
-    "airflow_eo.planning", "airflow_eo.intervals", "airflow_eo.offsets", "airflow_eo.errors", "airflow_eo.attempt",
-    "airflow_eo.spec", "airflow_eo.spec.parts", "airflow_eo.spec.columns", "airflow_eo.config", "airflow_eo.decoding.avro_types",
+    "airflow_eo.core.planning", "airflow_eo.core.intervals", "airflow_eo.core.offsets", "airflow_eo.core.errors", "airflow_eo.attempt",
+    "airflow_eo.spec", "airflow_eo.spec.parts", "airflow_eo.spec.columns", "airflow_eo.loop.config", "airflow_eo.decoding.avro_types",
     "airflow_eo.decoding.avro", "airflow_eo.decoding.decoder", "airflow_eo.table.metadata",
     "airflow_eo.table.partitioning", "airflow_eo.table.storage", "airflow_eo.table.history", "airflow_eo.ui.tables",
     "airflow_eo.ui.charts", "airflow_eo.ui.render", "airflow_eo.audit.findings", "airflow_eo.driver.source",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from airflow_eo import kafka
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.kafka import KafkaOffsets, client_config
-from airflow_eo.planning import StartingPosition
-from airflow_eo.offsets import PartitionBounds, TopicPartition
+from airflow_eo.core.planning import StartingPosition
+from airflow_eo.core.offsets import PartitionBounds, TopicPartition
 from tests.unit.fakes import FakeKafka
 
 A, B = TopicPartition("orders", 0), TopicPartition("orders", 1)

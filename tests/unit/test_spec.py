@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from airflow_eo.config import IngestConfig
-from airflow_eo.errors import ConfigError
-from airflow_eo.planning import OnDataLoss, StartingPosition
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.planning import OnDataLoss, StartingPosition
+from airflow_eo.core.offsets import TopicPartition
 from airflow_eo.spec import (
     OPTIONS, DecodeSpec, IngestSpec, Mode, SparkSettings, Transform, all_options, default_of, dump_option,
     parse_option,

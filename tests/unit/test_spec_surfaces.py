@@ -145,7 +145,7 @@ def test_the_docs_options_table_is_the_rendering_of_the_spec():
 
 
 def test_the_standalone_job_builds_the_spec_from_its_flags():
-    from airflow_eo.config import IngestConfig
+    from airflow_eo.loop.config import IngestConfig
 
     args = job_parser().parse_args(["--table-uri", "/data/orders", "--ingest-id", "orders", "--topics", "a,b",
                                     "--max-offsets-per-task", "500", "--partition-by", "date",

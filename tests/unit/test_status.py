@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_eo.planning import StartingPosition
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.planning import StartingPosition
+from airflow_eo.core.offsets import TopicPartition
 from airflow_eo.status import lag_of
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.app_ids import batch_app_id, partition_app_id

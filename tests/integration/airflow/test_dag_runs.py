@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.offsets import TopicPartition
 from airflow_eo.table.ledger import Ledger
 from tests.conftest import SPARK_CONF
 from tests.integration.airflow.dagtest import run_dag, xcom

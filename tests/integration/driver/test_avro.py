@@ -17,10 +17,10 @@ import pytest
 from confluent_kafka import Producer
 
 from airflow_eo.spec import Transform
-from airflow_eo.errors import ConfigError, IncompatibleSchemaError, SchemaRegistryUnavailableError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import ConfigError, IncompatibleSchemaError, SchemaRegistryUnavailableError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.table.commit import COMMITTED
 from tests.helpers import ORDER_SCHEMA as ORDER
 from tests.helpers import new_topic, order, produce_avro, read_table

@@ -13,10 +13,10 @@ from deltalake import DeltaTable
 
 from airflow_eo.spec import Transform
 from airflow_eo.sinks.dead_letters import DeadLetterSink
-from airflow_eo.errors import CommitConflictError, DeadLetterThresholdError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import CommitConflictError, DeadLetterThresholdError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.app_ids import dlq_app_id

@@ -20,7 +20,7 @@ from airflow_eo.driver.dedup import (
 )
 from airflow_eo.driver.reader import KAFKA_SCHEMA, spark_kafka_struct
 from airflow_eo.driver.scan import TableFiles
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.table.files import TableFile
 
 TS = datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc)

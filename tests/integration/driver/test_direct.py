@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from airflow_eo.table.ledger import Ledger
 from tests.helpers import assert_exactly_once, new_topic, produce, read_table

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from airflow_eo.driver.reader import KAFKA_SCHEMA, read_range, read_ranges
-from airflow_eo.errors import ReadIncompleteError
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.errors import ReadIncompleteError
+from airflow_eo.core.offsets import OffsetRange
 from tests.helpers import broker_records, new_topic, produce, transactional_producer
 
 

@@ -14,7 +14,7 @@ from airflow.providers.common.compat.sdk import AirflowException, AirflowFailExc
 from deltalake import DeltaTable
 from openlineage.client.serde import Serde
 
-from airflow_eo.errors import (
+from airflow_eo.core.errors import (
     ConfigError, SparkJobError,
 )
 from tests.helpers import new_topic, produce

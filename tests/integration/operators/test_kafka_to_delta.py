@@ -14,8 +14,8 @@ from deltalake import DeltaTable
 
 from airflow_eo.attempt import Env
 from airflow_eo.operators.kafka_to_delta import run_key_of, summary_link
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import RunIdentity
 from tests.helpers import duplicates, new_topic, produce, read_table
 from tests.integration.operators.conftest import SECRET, context_for, make_operator
 

@@ -162,7 +162,7 @@ def test_an_adopted_table_before_its_first_batch_has_no_offsets_yet(conn, kafka_
 def test_trigger_retries_transient_failures_with_backoff(conn, kafka_config, table_uri, monkeypatch):
     from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 
-    from airflow_eo.errors import KafkaUnavailableError
+    from airflow_eo.core.errors import KafkaUnavailableError
 
     topic = new_topic(kafka_config, partitions=1)
     produce(kafka_config, topic, 4, partitions=1)

@@ -12,10 +12,10 @@ import uuid
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.errors import ConfigError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.offsets import TopicPartition, OffsetRange, RunIdentity
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.core.offsets import TopicPartition, OffsetRange, RunIdentity
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.status import table_status
 from airflow_eo.table.metadata import BatchMetadata, CommitKind, METADATA_KEY
 from airflow_eo.table.ledger import Ledger
@@ -109,7 +109,7 @@ def test_compaction_racing_ingests_under_live_produce_loses_and_doubles_nothing(
     import threading
     import time
 
-    from airflow_eo.errors import CommitConflictError
+    from airflow_eo.core.errors import CommitConflictError
 
     topic = new_topic(kafka_config, 3)
     produce(kafka_config, topic, 60, partitions=3)

@@ -12,11 +12,11 @@ import pytest
 from deltalake import DeltaTable
 
 from airflow_eo.spec import Transform
-from airflow_eo.errors import ConfigError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.offsets import RunIdentity
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.core.offsets import RunIdentity
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.table.maintenance import MaintenancePlan, maintain
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.staging import StagingArea

@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.offsets import TopicPartition
 from airflow_eo.table.app_ids import partition_app_id
 from airflow_eo.table.metadata import METADATA_KEY
 from airflow_eo.testing import (
@@ -138,8 +138,8 @@ def test_a_merge_table_passes_and_fails_on_a_stale_or_doubled_key(kafka_broker, 
 def write_batch_log(table, rows, ends) -> None:
     """A merge table's first batch as airflow-eo logs it: its rows, its offsets and, in commitInfo,
     the batch's ranges (what the assertion's model applies, batch by batch)."""
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.offsets import OffsetRange, RunIdentity
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.core.offsets import OffsetRange, RunIdentity
     from airflow_eo.table.metadata import BatchMetadata, CommitKind
 
     plan = BatchPlan(INGEST, 1, tuple(OffsetRange(t, p, 0, end) for (t, p), end in ends.items()), RunIdentity("r1"))

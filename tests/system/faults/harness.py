@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 import psutil
 from confluent_kafka import KafkaException, Producer
 
-from airflow_eo.errors import AirflowEoError
+from airflow_eo.core.errors import AirflowEoError
 from airflow_eo.faults import ENV as FAILPOINTS_ENV
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.result import IngestResult
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.loop.result import IngestResult
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from airflow_eo.spec import Transform
 from tests.helpers import broker_records, committed_offsets, read_table

@@ -37,7 +37,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
-from airflow_eo.config import IngestConfig  # noqa: E402
+from airflow_eo.loop.config import IngestConfig  # noqa: E402
 from airflow_eo.spec.parts import Transform  # noqa: E402
 from tests.changes import SQL as MERGE_SQL  # noqa: E402
 from tests.helpers import new_topic  # noqa: E402

@@ -21,11 +21,11 @@ import pytest
 
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED
 from airflow_eo.demo.broker import EmbeddedBroker
-from airflow_eo.errors import CommitConflictError, SparkJobError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.outcomes import RunStatus
+from airflow_eo.core.errors import CommitConflictError, SparkJobError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.offsets import RunIdentity
 from tests.system.faults.harness import (
     WINDOWS, FlowingProducer, KillingSubmit, Tally, check_table, has_python_worker,
     ingest_config, kill_chain, run_once,

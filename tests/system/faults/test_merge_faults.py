@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from airflow_eo.errors import SparkJobError
-from airflow_eo.config import IngestConfig
-from airflow_eo.outcomes import RunStatus
+from airflow_eo.core.errors import SparkJobError
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.table.ledger import Ledger
 from tests.changes import SQL, ChangeProducer, assert_model_holds, table_version
 from tests.helpers import new_topic

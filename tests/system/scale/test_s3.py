@@ -14,12 +14,12 @@ from deltalake import DeltaTable
 
 from airflow_eo.sinks.append import BatchCommit
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, StagedBatch, commit
-from airflow_eo.errors import CommitConflictError, ConfigError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
+from airflow_eo.core.errors import CommitConflictError, ConfigError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.driver.reader import read_range
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.table.staging import StagingArea, attempt_dir_name, new_attempt_id
 from airflow_eo.hooks.storage import storage_options_from_connection
 from airflow_eo.table.storage import TableLocation, check_commit_safety
@@ -193,7 +193,7 @@ def test_racing_commits_on_s3_land_once(s3, kafka_config):
     assert rows.num_rows == 30 + committed[0].rows + winner.rows
     # every partition holds exactly its offsets [0, committed offset)
     from airflow_eo.table.app_ids import partition_app_id
-    from airflow_eo.offsets import TopicPartition
+    from airflow_eo.core.offsets import TopicPartition
 
     keys = keys_of(rows)
     for p in range(3):

@@ -12,10 +12,10 @@ import pyarrow.dataset as pads
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.offsets import RunIdentity
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.offsets import RunIdentity
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.storage import TableLocation
 from tests.helpers import duplicates, new_topic, read_table

@@ -4,9 +4,9 @@ and rewritten inside Spark tasks through the table's storage options, no Hadoop 
 from __future__ import annotations
 
 from airflow_eo.driver.main import InProcessSubmitter
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.offsets import RunIdentity
 from tests.changes import SQL, ChangeProducer, assert_model_holds
 from tests.helpers import new_topic
 from tests.system.scale.test_s3 import options_of

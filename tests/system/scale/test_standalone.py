@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from airflow_eo.errors import SparkJobError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.config import IngestConfig
+from airflow_eo.core.errors import SparkJobError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.table.ledger import Ledger
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from tests.helpers import broker_records, duplicates, keys_of, new_topic, produce, read_table
 

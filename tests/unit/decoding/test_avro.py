@@ -9,7 +9,7 @@ import json
 import pytest
 
 from airflow_eo.decoding.avro import AvroColumn
-from airflow_eo.errors import IncompatibleSchemaError
+from airflow_eo.core.errors import IncompatibleSchemaError
 from airflow_eo.spec.columns import InlineAvro, RegistryAvro, Source
 from tests.unit.decoding.fake_registry import INCOMPATIBLE, V1, V2, avro, registry, wire
 

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_eo.decoding.avro_types import canonical, check_schema, converter, is_columnar, named_types, parse, resolve, \
     spark_type
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 
 ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "id", "type": "long"},

@@ -14,9 +14,9 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from airflow_eo.decoding.avro import AvroColumn
 from airflow_eo.decoding.decoder import RecordDecoder, precheck, record_decoder
 from airflow_eo.spec.columns import REASON_COLUMN, InlineAvro, JsonColumn, RawColumn, RegistryAvro, Source
-from airflow_eo.errors import ConfigError
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import RunIdentity
 from tests.unit.decoding.fake_registry import V1, avro
 
 PLAN = BatchPlan("orders", 1, (), RunIdentity("r1"), reader_schemas=())

@@ -17,12 +17,12 @@ from airflow_eo.decoding.decoder import record_decoder
 from airflow_eo.decoding.reader_schemas import pin, reader_schemas
 from airflow_eo.decoding.registry import SchemaRegistry
 from airflow_eo.driver.batch import commit_staged
-from airflow_eo.errors import ConfigError, SparkJobError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan, ReaderSchema
-from airflow_eo.offsets import RunIdentity, TopicPartition
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.core.errors import ConfigError, SparkJobError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.planning import BatchPlan, ReaderSchema
+from airflow_eo.core.offsets import RunIdentity, TopicPartition
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.spec.columns import RawColumn, RegistryAvro, Source
 from airflow_eo.table.commit import StagedBatch
 from airflow_eo.table.ledger import Ledger
@@ -32,7 +32,7 @@ from airflow_eo.table.storage import TableLocation
 from airflow_eo.testing.registry import RegistryDouble
 from tests.unit.decoding.fake_registry import V1, V2
 from tests.unit.fakes import FakeKafka
-from tests.unit.test_results import BASE_MS, SCHEMA, records
+from tests.unit.loop.test_results import BASE_MS, SCHEMA, records
 
 T0 = TopicPartition("orders", 0)
 V3 = {**V2, "fields": [*V2["fields"], {"name": "tier", "type": "string", "default": "gold"}]}

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from airflow_eo.decoding.registry import RegisteredSchema, SchemaRegistry, public_url
-from airflow_eo.errors import ConfigError, SchemaRegistryUnavailableError
+from airflow_eo.core.errors import ConfigError, SchemaRegistryUnavailableError
 from tests.unit.decoding.fake_registry import V1, V2, registry
 
 

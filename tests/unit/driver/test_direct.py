@@ -43,8 +43,8 @@ def test_a_callable_needs_spark():
 
 def _attempt(offsets_per_partition: int, interval=None, **options):
     from airflow_eo.attempt import Attempt
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.offsets import OffsetRange, RunIdentity
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.core.offsets import OffsetRange, RunIdentity
     from airflow_eo.spec import IngestSpec
 
     spec = IngestSpec.of(table_uri="/data/orders", ingest_id="orders", topics="orders", **options)

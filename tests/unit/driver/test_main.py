@@ -27,8 +27,8 @@ def test_a_batch_the_driver_reads_itself_starts_no_spark(tmp_path, capsys, monke
     import json
 
     from airflow_eo.attempt import Attempt, Env
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.offsets import OffsetRange, RunIdentity, TopicPartition
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.core.offsets import OffsetRange, RunIdentity, TopicPartition
     from airflow_eo.spec import IngestSpec
     from airflow_eo.table.ledger import Ledger
     from airflow_eo.table.staging import StagingArea
@@ -50,8 +50,8 @@ def test_a_batch_the_driver_reads_itself_starts_no_spark(tmp_path, capsys, monke
 
 def test_a_batch_above_driver_read_max_offsets_is_not_read_without_spark(tmp_path):
     from airflow_eo.attempt import Attempt, Secrets
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.offsets import OffsetRange, RunIdentity
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.core.offsets import OffsetRange, RunIdentity
     from airflow_eo.spec import IngestSpec
 
     uri = str(tmp_path / "orders")

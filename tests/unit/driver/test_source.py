@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_eo.driver.source import read_tasks
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 
 
 def test_a_small_batch_is_one_task_reading_every_partition():

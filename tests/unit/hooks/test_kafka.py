@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from airflow_eo import kafka
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.hooks.kafka import KafkaConfigHook
 
 CALLS: list[str] = []

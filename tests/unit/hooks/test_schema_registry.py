@@ -7,7 +7,7 @@ import json
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 
 

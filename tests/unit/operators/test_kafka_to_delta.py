@@ -13,12 +13,12 @@ import pytest
 from airflow.providers.common.compat.sdk import DAG, AirflowFailException, TaskDeferred
 from deltalake import write_deltalake
 
-from airflow_eo.errors import ConfigError, IntervalNotClosedError
-from airflow_eo.fanout import FanOut, FanOutResult
+from airflow_eo.core.errors import ConfigError, IntervalNotClosedError
+from airflow_eo.loop.fanout import FanOut, FanOutResult
 from airflow_eo.operators import kafka_to_delta
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator, table_asset
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.result import IngestResult
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.loop.result import IngestResult
 from airflow_eo.spec.fanout import FanOutSpec
 from tests.airflow_context import context_for
 from tests.unit.fakes import FakeKafka

@@ -12,9 +12,9 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
-from airflow_eo.errors import CommitConflictError, ConfigError
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.errors import CommitConflictError, ConfigError
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.spec import MergeSpec, WriteMode
 from airflow_eo.sinks import table_sink
 from airflow_eo.sinks.append import AppendSink, BatchCommit

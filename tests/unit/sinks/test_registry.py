@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_eo.attempt import Attempt, AttemptKind
-from airflow_eo.errors import ConfigError
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.sinks import SinkKind, kind_of, recorded_sink, sink_of
 from airflow_eo.sinks.append import AppendSink, BatchCommit, ReprocessCommit
 from airflow_eo.sinks.dead_letters import DeadLetterCommit, DeadLetterSink

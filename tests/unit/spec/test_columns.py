@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec import DecodeSpec, IngestSpec
 from airflow_eo.spec.columns import (
     Format, InlineAvro, JsonColumn, RawColumn, RegistryAvro, Source, column_of, require_registry,

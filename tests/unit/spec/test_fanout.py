@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec import IngestSpec, WriteMode
 from airflow_eo.spec.fanout import FanOutSpec, matching_topics
 

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from airflow_eo.attempt import Env, Secrets
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.submit.spark_hook import REDACTION_REGEX, SparkSubmitHookSubmitter
 from tests.conftest import build_config
 

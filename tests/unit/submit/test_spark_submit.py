@@ -6,9 +6,9 @@ import json
 import sys
 
 from airflow_eo.attempt import Env, Secrets
-from airflow_eo.errors import DataLossError, SparkJobError
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import DataLossError, SparkJobError
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.submit.spark_submit import LocalSparkSubmit, job_arguments, job_environment, job_failure, job_script
 from tests.conftest import build_config
 
@@ -42,13 +42,13 @@ def test_secrets_and_the_interpreter_travel_in_the_environment(monkeypatch):
 
 def test_a_failed_job_raises_its_own_error_or_a_retryable_spark_error():
     error = job_failure(1, ["Traceback (most recent call last):",
-                            "airflow_eo.errors.DataLossError: offsets 0..9 of orders[0] were deleted by retention",
+                            "airflow_eo.core.errors.DataLossError: offsets 0..9 of orders[0] were deleted by retention",
                             "log4j: shutting down"])
     assert type(error) is DataLossError and str(error) == "offsets 0..9 of orders[0] were deleted by retention"
     other = job_failure(137, [f"line {i}" for i in range(30)])
     assert type(other) is SparkJobError and other.retryable and "exited with code 137" in str(other)
     assert "line 29" in str(other) and "line 14" not in str(other)  # the last 15 lines
-    assert type(job_failure(1, ["airflow_eo.errors.NoSuchError: x"])) is SparkJobError
+    assert type(job_failure(1, ["airflow_eo.core.errors.NoSuchError: x"])) is SparkJobError
 
 
 def test_a_batch_jobs_driver_jvm_compiles_with_c1_and_collects_serially_unless_the_user_chose(monkeypatch):

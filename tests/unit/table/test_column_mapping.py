@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
-from airflow_eo.errors import CommitConflictError, TableFeatureError
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.errors import CommitConflictError, TableFeatureError
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.spec import MergeSpec, WriteMode
 from airflow_eo.sinks.append import BatchCommit, ReprocessCommit
 from airflow_eo.sinks.merge import FileSwap, MergeCommit

@@ -6,9 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_eo.errors import CommitConflictError
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.errors import CommitConflictError
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.sinks.append import BatchCommit, ReprocessCommit
 from airflow_eo.sinks.dead_letters import DeadLetterCommit, ensure_table
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, StagedBatch, commit

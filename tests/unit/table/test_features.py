@@ -13,8 +13,8 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
-from airflow_eo.errors import CommitConflictError, TableError, TableFeatureError
-from airflow_eo.offsets import RunIdentity
+from airflow_eo.core.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.sinks.append import BatchCommit
 from airflow_eo.table.commit import commit, refused_by_engine
 from airflow_eo.table.features import SUPPORT, Support, TableFeatures, TableUse
@@ -173,7 +173,7 @@ def test_not_null_fields_and_invariants_inside_structs_are_read_as_delta_spark_r
 def test_the_features_an_attempt_carries_are_the_tables_as_read(tmp_path):
     """Pinned at plan time, through the attempt's JSON (its marker), typed again in the driver."""
     from airflow_eo.attempt import Attempt
-    from airflow_eo.planning import BatchPlan
+    from airflow_eo.core.planning import BatchPlan
     from airflow_eo.spec import IngestSpec
     from tests.delta_tables import enable_column_mapping
 
@@ -446,8 +446,8 @@ def test_the_reprocess_of_a_merge_tables_newest_batch_goes_through_deltalakes_me
 
 
 def test_a_dead_letter_table_with_rules_or_column_mapping_is_refused_before_planning(tmp_path):
-    from airflow_eo.ingest import Ingestion
-    from airflow_eo.config import IngestConfig
+    from airflow_eo.loop.ingest import Ingestion
+    from airflow_eo.loop.config import IngestConfig
     from tests.delta_tables import enable_column_mapping
 
     dlq = str(tmp_path / "dlq")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 import time
 
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.table.history import FIRST_WINDOW, CommitHistory
 from airflow_eo.table.ledger import Ledger
 from tests.unit.fakes import BatchLog

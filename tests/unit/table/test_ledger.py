@@ -11,9 +11,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
-from airflow_eo.errors import ConfigError, TableError
-from airflow_eo.planning import BatchPlan, CommitCheck
-from airflow_eo.offsets import OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.core.errors import ConfigError, TableError
+from airflow_eo.core.planning import BatchPlan, CommitCheck
+from airflow_eo.core.offsets import OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.table.ledger import Ledger, batch_of_path
 from airflow_eo.table.app_ids import batch_app_id, partition_app_id, reprocess_app_id
 from airflow_eo.table.metadata import METADATA_KEY

@@ -9,8 +9,8 @@ import pytest
 
 from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.driver.main import run_recorded_attempt
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.table.staging import ATTEMPTS_DIR, AttemptMarker, StagingArea, attempt_dir_name, new_attempt_id
 from airflow_eo.table.storage import TableLocation
 from tests.conftest import build_config

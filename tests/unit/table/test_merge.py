@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_eo.offsets import OffsetRange
+from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.files import TableFile
 from airflow_eo.table.merge import (
     DELETE_COLUMN, Rewrite, candidate_files, key_stats, rewrite_file, with_key_stats,

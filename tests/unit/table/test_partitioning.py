@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_eo.spec import check_partition_by
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.table.partitioning import check_table_partitioning, partition_dir, partition_values_of
 
 

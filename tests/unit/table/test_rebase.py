@@ -10,9 +10,9 @@ import pytest
 from deltalake import DeltaTable
 
 import airflow_eo.table.commit as commit_module
-from airflow_eo.errors import CommitConflictError, TableFeatureError
-from airflow_eo.planning import BatchPlan, CommitCheck
-from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.core.errors import CommitConflictError, TableFeatureError
+from airflow_eo.core.planning import BatchPlan, CommitCheck
+from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.sinks.append import BatchCommit
 from airflow_eo.table.commit import ALREADY_COMMITTED, COMMITTED, commit
 from airflow_eo.table.files import StagedFile

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_eo.errors import TableError
+from airflow_eo.core.errors import TableError
 from airflow_eo.sinks.dead_letters import ensure_table
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.schema import check_schema, delta_schema_of

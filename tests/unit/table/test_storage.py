@@ -7,7 +7,7 @@ import os
 import pyarrow.fs as pafs
 import pytest
 
-from airflow_eo.errors import ConfigError
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.table.storage import TableLocation, check_commit_safety, is_local
 from airflow_eo.spec import normalize_table_uri
 

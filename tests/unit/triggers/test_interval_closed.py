@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from airflow_eo.errors import IntervalNotClosedError, KafkaUnavailableError, TableError
-from airflow_eo.planner import IntervalPlanner
-from airflow_eo.offsets import Interval, RunIdentity, TopicPartition
+from airflow_eo.core.errors import IntervalNotClosedError, KafkaUnavailableError, TableError
+from airflow_eo.loop.planner import IntervalPlanner
+from airflow_eo.core.offsets import Interval, RunIdentity, TopicPartition
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.app_ids import batch_app_id, interval_app_id, interval_at_app_id, span_app_id
 from airflow_eo.triggers import interval_closed

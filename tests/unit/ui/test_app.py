@@ -18,8 +18,8 @@ if not UI_PAGE_SUPPORTED:  # the app imports Airflow's FastAPI API server (3.1+)
     pytest.skip("the page's app runs on Airflow 3.1+ only (tests/unit/test_version_compat.py checks that the "
                 "plugin registers nothing below)", allow_module_level=True)
 
-from airflow_eo.planning import BatchPlan  # noqa: E402
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.planning import BatchPlan  # noqa: E402
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.ui import app as ui_app  # noqa: E402
 from airflow_eo.ui.events import RunSummary, TableRef, TaskRun, Writer  # noqa: E402
 from airflow_eo.ui.tables import TableReader  # noqa: E402

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from airflow_eo.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.table.audit_log import AuditRecord
 from airflow_eo.table.lease import LeaseHolder, LeasePurpose
 from airflow_eo.table.maintenance import Layout

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.table.audit_log import AuditLog
 from airflow_eo.table.lease import Claim, LeasePurpose, TableLease
 from airflow_eo.table.ledger import Ledger

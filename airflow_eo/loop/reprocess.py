@@ -44,13 +44,13 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from airflow_eo.attempt import AttemptKind, PinnedFeatures
-from airflow_eo.errors import ConfigError, DataLossError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.result import IngestResult
-from airflow_eo.offsets import OffsetRange, RunIdentity
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan, CommitCheck
-from airflow_eo.runner import verdict
+from airflow_eo.core.errors import ConfigError, DataLossError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.result import IngestResult
+from airflow_eo.core.offsets import OffsetRange, RunIdentity
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.planning import BatchPlan, CommitCheck
+from airflow_eo.loop.runner import verdict
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.lease import HeldLease, LeasePurpose
 from airflow_eo.table.ledger import Ledger
@@ -77,7 +77,7 @@ class Reprocessor:
     """Reprocess the batch a past run committed (see the module docstring).
 
     Composes the ingestion's parts: its plan log (the target's plan), its attempt runner
-    and the one verification and result builder (:func:`airflow_eo.runner.verdict`,
+    and the one verification and result builder (:func:`airflow_eo.loop.runner.verdict`,
     :meth:`Ingestion.result`), so a reprocess result carries what an ingest result does."""
 
     def __init__(self, ingestion: Ingestion):

@@ -98,7 +98,7 @@ class SparkUnavailableError(RetryableError):
 
 # An error raised in a Spark task reaches the driver wrapped (Py4JJavaError, PythonException)
 # with the worker's traceback in its text; its last line names our error.
-_TASK_ERROR = re.compile(r"airflow_eo\.errors\.(\w+Error): ([^\n]*)")
+_TASK_ERROR = re.compile(r"airflow_eo\.core\.errors\.(\w+Error): ([^\n]*)")
 
 
 def error_line(error: BaseException) -> str:

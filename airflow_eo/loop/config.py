@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.spec import IngestSpec
 from airflow_eo.spec.columns import InlineAvro, require_registry
 

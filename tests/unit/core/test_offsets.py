@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from airflow_eo.planning import BatchPlan
-from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, SkippedRange, TopicPartition
+from airflow_eo.core.planning import BatchPlan
+from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity, SkippedRange, TopicPartition
 
 PLAN = BatchPlan("orders_raw", 4, (OffsetRange("orders", 0, 10, 25), OffsetRange("orders", 1, 7, 7)),
                  RunIdentity("dag/run/ingest/-1", dag_id="dag", run_id="run", task_id="ingest", try_number=2),

@@ -2,11 +2,11 @@
 
 import pytest
 
-from airflow_eo.errors import ConfigError, DataLossError, OffsetsAheadError
-from airflow_eo.planning import (
+from airflow_eo.core.errors import ConfigError, DataLossError, OffsetsAheadError
+from airflow_eo.core.planning import (
     BatchPlan, CommitCheck, StartingPosition, compare_offsets, fair_caps, plan_batch, split_range,
 )
-from airflow_eo.offsets import OffsetRange, PartitionBounds, RunIdentity, TopicPartition
+from airflow_eo.core.offsets import OffsetRange, PartitionBounds, RunIdentity, TopicPartition
 
 A, B, C = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
 
@@ -126,7 +126,7 @@ def test_compare_offsets_skipped_gap_expects_gap_start():
 
 
 def test_batch_state_is_the_one_answer_to_is_it_committed():
-    from airflow_eo.planning import batch_state
+    from airflow_eo.core.planning import batch_state
 
     plan = BatchPlan("i", 2, (OffsetRange("t", 0, 10, 20),), RunIdentity("r"))
     assert batch_state(plan, {A: 10}, last_batch=1) is CommitCheck.READY
@@ -141,7 +141,7 @@ def test_batch_state_is_the_one_answer_to_is_it_committed():
 
 
 def test_backlog_counts_from_the_committed_offset_or_where_a_new_partition_starts():
-    from airflow_eo.planning import backlog
+    from airflow_eo.core.planning import backlog
 
     bounds = {A: PartitionBounds(A, 5, 50), B: PartitionBounds(B, 0, 30)}
     assert backlog(bounds, {A: 40, B: None}) == {A: 10, B: 30}

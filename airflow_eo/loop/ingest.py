@@ -34,18 +34,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, PinnedFeatures
-from airflow_eo.config import IngestConfig
+from airflow_eo.loop.config import IngestConfig
 from airflow_eo.decoding.reader_schemas import pin
-from airflow_eo.errors import AirflowEoError, ConfigError
+from airflow_eo.core.errors import AirflowEoError, ConfigError
 from airflow_eo.faults import failpoint
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.intervals import CommittedInterval
-from airflow_eo.planner import INTERVAL, IntervalPlanner, OffsetPlanner
-from airflow_eo.planning import BatchPlan, CommitCheck
-from airflow_eo.offsets import Interval, RunIdentity
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.result import IngestResult, build_result
-from airflow_eo.runner import AttemptRunner, Submitter, verdict
+from airflow_eo.core.intervals import CommittedInterval
+from airflow_eo.loop.planner import INTERVAL, IntervalPlanner, OffsetPlanner
+from airflow_eo.core.planning import BatchPlan, CommitCheck
+from airflow_eo.core.offsets import Interval, RunIdentity
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.loop.result import IngestResult, build_result
+from airflow_eo.loop.runner import AttemptRunner, Submitter, verdict
 from airflow_eo.status import lag_of
 from airflow_eo.sinks import Sink, recorded_sink, sink_of
 from airflow_eo.sinks.dead_letters import DeadLetterSink, commit_dead_letters_of
@@ -128,7 +128,7 @@ class Ingestion:
     def plan(self, run: RunIdentity, ledger: Ledger | None = None,
              interval: Interval | None = None) -> "BatchPlan | CommittedInterval":
         """Plan the next batch (offset mode) or ``interval``'s batch (interval mode) from the
-        table and Kafka's last stable offsets (:mod:`airflow_eo.planner`)."""
+        table and Kafka's last stable offsets (:mod:`airflow_eo.loop.planner`)."""
         if (self.config.mode == INTERVAL) != (interval is not None):
             raise ConfigError(f"mode={self.config.mode!r} " + (
                 "needs the run's data interval (interval_start and interval_end)" if interval is None else
@@ -233,7 +233,7 @@ class Ingestion:
         """What this run does next, decided from the table, the plan log and Kafka, writing nothing:
         report its committed batch, replay its logged plan, or plan a new batch (or find nothing new).
         The loop acts on it (holding the table's lease, :meth:`turn`); the plan preview
-        (:mod:`airflow_eo.preview`) only shows it, and takes no lease."""
+        (:mod:`airflow_eo.loop.preview`) only shows it, and takes no lease."""
         ledger = ledger or self.ledger()
         replay = self._replayable_plan(run, ledger, interval)
         if replay is not None:
@@ -259,7 +259,7 @@ class Ingestion:
         """Copy the table's offsets to the configured consumer group (best effort; after
         every successful run, so a mirror that missed one run is corrected by the next)."""
         if self.config.mirror_consumer_group:
-            from airflow_eo.mirror import mirror_table
+            from airflow_eo.loop.mirror import mirror_table
 
             mirror_table(self.config.kafka_config, self.config.mirror_consumer_group, self.ledger(),
                          self.config.ingest_id, self.config.topics)
@@ -320,7 +320,7 @@ class Ingestion:
     # -- step 6: verify -------------------------------------------------------------
     def verify(self, attempt: Attempt, error: BaseException | None = None,
                spark_started: bool = True) -> IngestResult:
-        """What the attempt did, from the log (:func:`airflow_eo.runner.verdict`); raises when its
+        """What the attempt did, from the log (:func:`airflow_eo.loop.runner.verdict`); raises when its
         batch did not land."""
         ledger = self.ledger()
         found = verdict(attempt, ledger, error)
@@ -340,7 +340,7 @@ class Ingestion:
 
     def result(self, status: RunStatus, plan: BatchPlan, record: BatchRecord | None, ledger: Ledger,
                spark_started: bool = False) -> IngestResult:
-        """The result of any kind of run on this table (:func:`airflow_eo.result.build_result`)."""
+        """The result of any kind of run on this table (:func:`airflow_eo.loop.result.build_result`)."""
         return build_result(status, plan, record, table_uri=self.config.table_uri, lag=self.lag(ledger),
                             spark_started=spark_started,
                             version=ledger.version if status is RunStatus.COMMITTED else None)

@@ -1,7 +1,7 @@
 """The plan preview: what the next run of an ingest would read and write, from the table and Kafka, writing nothing.
 
 ``airflow-eo plan`` and the operator's ``dry_run`` show it. It asks the ingest's own step 1,
-:meth:`airflow_eo.ingest.Ingestion.next_step` (the planner every run uses, and the run's logged
+:meth:`airflow_eo.loop.ingest.Ingestion.next_step` (the planner every run uses, and the run's logged
 plan where a run key is given), and stops there: no plan is logged, no attempt is staged, no
 orphan is collected, no dead letter is rolled forward, no registry subject is registered, no
 lease or turn is taken, and no Spark job starts (the ingestion it is given has no submitter).
@@ -25,10 +25,10 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
-from airflow_eo.errors import IntervalNotClosedError
-from airflow_eo.ingest import Ingestion, NextAction, NextStep
-from airflow_eo.planning import BatchPlan, ReaderSchema
-from airflow_eo.offsets import Interval, OffsetRange, RunIdentity
+from airflow_eo.core.errors import IntervalNotClosedError
+from airflow_eo.loop.ingest import Ingestion, NextAction, NextStep
+from airflow_eo.core.planning import BatchPlan, ReaderSchema
+from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity
 from airflow_eo.sinks import recorded_sink
 from airflow_eo.table.ledger import Ledger
 
@@ -141,7 +141,7 @@ class PlanPreview:
 def plan_preview(ingestion: Ingestion, run: RunIdentity, interval: Interval | None = None,
                  count_records: bool = True) -> PlanPreview:
     """The next run of ``run``'s key on ``ingestion``'s table, decided as the run would decide it
-    (:meth:`~airflow_eo.ingest.Ingestion.next_step`), without any of its writes."""
+    (:meth:`~airflow_eo.loop.ingest.Ingestion.next_step`), without any of its writes."""
     ledger = ingestion.ledger()  # the ingest's read-only checks first: its table, its write mode
     try:
         step = ingestion.next_step(run, ledger, interval)

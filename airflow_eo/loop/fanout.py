@@ -1,7 +1,7 @@
 """The fan-out loop: one source, one plan, one read, a commit per table.
 
 An ingest with several sinks (:class:`airflow_eo.spec.fanout.FanOutSpec`) runs the steps of a
-single table's loop (:class:`airflow_eo.ingest.Ingestion`) for every table at once:
+single table's loop (:class:`airflow_eo.loop.ingest.Ingestion`) for every table at once:
 
 1. **turns**: the run holds every table's lease, taken in table_uri order (two fan-outs sharing
    tables never wait for each other in a circle);
@@ -37,15 +37,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, Companion, Secrets
-from airflow_eo.config import IngestConfig
-from airflow_eo.errors import AirflowEoError, SparkJobError, error_from_line
-from airflow_eo.ingest import Ingestion, NextStep
+from airflow_eo.loop.config import IngestConfig
+from airflow_eo.core.errors import AirflowEoError, SparkJobError, error_from_line
+from airflow_eo.loop.ingest import Ingestion, NextStep
 from airflow_eo.kafka import KafkaOffsets, PinnedKafka
 from airflow_eo.logs import about_table
-from airflow_eo.offsets import Interval, RunIdentity
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.result import IngestResult
-from airflow_eo.runner import Submitter
+from airflow_eo.core.offsets import Interval, RunIdentity
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.loop.result import IngestResult
+from airflow_eo.loop.runner import Submitter
 from airflow_eo.spec.fanout import FanOutSpec, matching_topics
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.lease import HeldLease

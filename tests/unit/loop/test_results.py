@@ -16,11 +16,11 @@ import pytest
 from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
 
 from airflow_eo.driver.batch import commit_staged
-from airflow_eo.errors import SparkJobError
-from airflow_eo.ingest import Ingestion
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.offsets import RunIdentity, TopicPartition
-from airflow_eo.reprocess import Reprocessor
+from airflow_eo.core.errors import SparkJobError
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.offsets import RunIdentity, TopicPartition
+from airflow_eo.loop.reprocess import Reprocessor
 from airflow_eo.sinks.dead_letters import ensure_table
 from airflow_eo.table.commit import StagedBatch
 from airflow_eo.table.ledger import Ledger
@@ -270,8 +270,8 @@ def test_a_merge_result_reports_its_counts_in_the_summary_metrics_and_lineage(mo
     from types import SimpleNamespace
 
     from airflow_eo.operators import lineage, metrics
-    from airflow_eo.planning import BatchPlan
-    from airflow_eo.result import build_result
+    from airflow_eo.core.planning import BatchPlan
+    from airflow_eo.loop.result import build_result
     from airflow_eo.table.ledger import BatchRecord
     from airflow_eo.table.metadata import MergeInfo
 

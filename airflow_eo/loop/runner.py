@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
-from airflow_eo.errors import AirflowEoError, SparkJobError, error_from_line
+from airflow_eo.core.errors import AirflowEoError, SparkJobError, error_from_line
 from airflow_eo.faults import failpoint
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import CommitCheck
-from airflow_eo.result import short_cause
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.planning import CommitCheck
+from airflow_eo.loop.result import short_cause
 from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.staging import StagingArea
 

@@ -1,14 +1,14 @@
 """Planners: the I/O half of step 1 — gather what the table and Kafka hold, let the core decide.
 
 Two ways to plan plug into the one place the ingestion loop plans
-(:meth:`airflow_eo.ingest.Ingestion.plan`):
+(:meth:`airflow_eo.loop.ingest.Ingestion.plan`):
 
 * :class:`OffsetPlanner` (the default, ``mode="offsets"``): everything new since the last
-  commit, up to Kafka's last stable offsets (:func:`airflow_eo.planning.plan_batch`);
+  commit, up to Kafka's last stable offsets (:func:`airflow_eo.core.planning.plan_batch`);
 * :class:`IntervalPlanner` (``mode="interval"``): the records of one data interval, by Kafka
   timestamp, with boundaries a committed neighbour fixed read from the table
-  (:func:`airflow_eo.intervals.plan_interval`). A committed interval is answered with its
-  :class:`~airflow_eo.intervals.CommittedInterval`: a rerun is a verified no-op. Its
+  (:func:`airflow_eo.core.intervals.plan_interval`). A committed interval is answered with its
+  :class:`~airflow_eo.core.intervals.CommittedInterval`: a rerun is a verified no-op. Its
   :meth:`IntervalPlanner.closing` says whether the interval may be planned yet, by the rule the
   plan applies: what a deferred run waits on (:mod:`airflow_eo.triggers.interval_closed`).
 
@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from airflow_eo.errors import ConfigError
-from airflow_eo.intervals import CommittedInterval, PartitionFacts, plan_interval, waiting
+from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.intervals import CommittedInterval, PartitionFacts, plan_interval, waiting
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.planning import BatchPlan, partitions_without_offsets, plan_batch
-from airflow_eo.offsets import Interval, RunIdentity, TopicPartition
+from airflow_eo.core.planning import BatchPlan, partitions_without_offsets, plan_batch
+from airflow_eo.core.offsets import Interval, RunIdentity, TopicPartition
 from airflow_eo.spec import Mode
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
@@ -52,7 +52,7 @@ def shrunk(partitions: list[TopicPartition]) -> list[TopicPartition]:
 
 class OffsetPlanner:
     """The next batch: ``[committed, last stable offset)`` per partition, capped fairly.
-    ``config`` is the ingest's :class:`airflow_eo.config.IngestConfig` (its options typed by the spec)."""
+    ``config`` is the ingest's :class:`airflow_eo.loop.config.IngestConfig` (its options typed by the spec)."""
 
     def __init__(self, config):
         self.config = config
@@ -75,7 +75,7 @@ class OffsetPlanner:
 
 @dataclass(frozen=True)
 class IntervalClosing:
-    """Whether an interval may be planned now (:func:`airflow_eo.intervals.waiting`, the rule the
+    """Whether an interval may be planned now (:func:`airflow_eo.core.intervals.waiting`, the rule the
     plan applies): ``open`` names the partitions that may still receive records of it; none
     are open after ``closes_by_ms`` (``close_after`` past its end); ``committed_batch``: the
     interval is already in the table (a rerun, nothing to wait for)."""
@@ -91,7 +91,7 @@ class IntervalClosing:
 
 
 class IntervalPlanner:
-    """The batch that owns ``interval``'s records (see :mod:`airflow_eo.intervals`)."""
+    """The batch that owns ``interval``'s records (see :mod:`airflow_eo.core.intervals`)."""
 
     def __init__(self, config, interval: Interval):
         self.config, self.interval = config, interval

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping
 
-from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError, OffsetsAheadError
-from airflow_eo.planning import BatchPlan, CommitCheck, OnDataLoss
-from airflow_eo.offsets import Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition
+from airflow_eo.core.errors import ConfigError, DataLossError, IntervalNotClosedError, OffsetsAheadError
+from airflow_eo.core.planning import BatchPlan, CommitCheck, OnDataLoss
+from airflow_eo.core.offsets import Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition
 
 DEFAULT_CLOSE_AFTER_SECONDS = 15 * 60
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

@@ -25,8 +25,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping
 
-from airflow_eo.errors import ConfigError, DataLossError, OffsetsAheadError
-from airflow_eo.offsets import (
+from airflow_eo.core.errors import ConfigError, DataLossError, OffsetsAheadError
+from airflow_eo.core.offsets import (
     EARLIEST, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
 )
 
@@ -82,7 +82,7 @@ class BatchPlan:
     skipped: tuple[SkippedRange, ...] = ()
     planned_at: str = ""
     attempt_id: str = ""
-    # interval mode (airflow_eo.intervals): the data interval the batch owns, and the partitions
+    # interval mode (airflow_eo.core.intervals): the data interval the batch owns, and the partitions
     # whose end boundary was fixed at their end offset because they stayed idle past the grace
     interval: Interval | None = None
     closed_idle: tuple[TopicPartition, ...] = ()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.errors import (
+from airflow_eo.core.errors import (
     CommitConflictError, ConfigError, DataLossError, KafkaUnavailableError, OffsetsAheadError, ReadIncompleteError,
     SparkJobError, SparkUnavailableError, TableError, error_from_line, error_line,
 )
@@ -12,7 +12,7 @@ from airflow_eo.errors import (
 WRAPPED = ("An error occurred while calling o412.parquet.\n: org.apache.spark.SparkException: Job aborted due to "
            "stage failure: Task 0 in stage 3.0 failed 1 times\nTraceback (most recent call last):\n"
            '  File "/x/airflow_eo/driver/reader.py", line 98, in read_range\n'
-           "airflow_eo.errors.DataLossError: offsets 0..9 of orders[0] were deleted by retention: set on_data_loss\n"
+           "airflow_eo.core.errors.DataLossError: offsets 0..9 of orders[0] were deleted by retention: set on_data_loss\n"
            "\tat org.apache.spark.api.python.BasePythonRunner")
 
 

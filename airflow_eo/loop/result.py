@@ -6,8 +6,8 @@ import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-from airflow_eo.outcomes import RunStatus
-from airflow_eo.planning import BatchPlan
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.core.planning import BatchPlan
 from airflow_eo.sinks import recorded_sink
 from airflow_eo.table.ledger import BatchRecord
 

@@ -1,4 +1,4 @@
-"""The interval core (airflow_eo.intervals): parsing, boundaries, closing, tiling — pure, no I/O."""
+"""The interval core (airflow_eo.core.intervals): parsing, boundaries, closing, tiling — pure, no I/O."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError
-from airflow_eo.intervals import (
+from airflow_eo.core.errors import ConfigError, DataLossError, IntervalNotClosedError
+from airflow_eo.core.intervals import (
     CommittedInterval, PartitionFacts, Recorded, fits, gaps, interval_of, interval_state, neighbour_times, overlapping,
     parse_duration, parse_time, plan_interval,
 )
-from airflow_eo.planning import BatchPlan, CommitCheck
-from airflow_eo.offsets import Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition
+from airflow_eo.core.planning import BatchPlan, CommitCheck
+from airflow_eo.core.offsets import Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition
 
 TP = TopicPartition("t", 0)
 H = 3_600_000

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Mapping
 
-from airflow_eo.offsets import TopicPartition
+from airflow_eo.core.offsets import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -80,7 +80,7 @@ class RunIdentity:
 @dataclass(frozen=True, order=True)
 class Interval:
     """A half-open span of Kafka record time ``[start_ms, end_ms)`` in epoch milliseconds: the
-    data interval an interval-mode batch owns (:mod:`airflow_eo.intervals`)."""
+    data interval an interval-mode batch owns (:mod:`airflow_eo.core.intervals`)."""
 
     start_ms: int
     end_ms: int

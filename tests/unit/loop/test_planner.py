@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.errors import ConfigError, DataLossError, IntervalNotClosedError, KafkaUnavailableError, \
+from airflow_eo.core.errors import ConfigError, DataLossError, IntervalNotClosedError, KafkaUnavailableError, \
     OffsetsAheadError
-from airflow_eo.intervals import CommittedInterval
-from airflow_eo.planner import IntervalPlanner, OffsetPlanner, shrunk
-from airflow_eo.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
+from airflow_eo.core.intervals import CommittedInterval
+from airflow_eo.loop.planner import IntervalPlanner, OffsetPlanner, shrunk
+from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity, TopicPartition
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.app_ids import batch_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id

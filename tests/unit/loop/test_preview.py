@@ -8,9 +8,9 @@ import hashlib
 import json
 import os
 
-from airflow_eo.ingest import Ingestion
-from airflow_eo.offsets import RunIdentity, TopicPartition
-from airflow_eo.preview import NO_SPARK, plan_preview
+from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.core.offsets import RunIdentity, TopicPartition
+from airflow_eo.loop.preview import NO_SPARK, plan_preview
 from airflow_eo.table.app_ids import batch_app_id, partition_app_id
 from tests.conftest import build_config
 from tests.unit.fakes import FakeKafka, Txn, ledger_table
@@ -76,7 +76,7 @@ def test_a_preview_neither_waits_for_nor_takes_the_tables_lease(tmp_path, monkey
     its next batch at once, leaves the lease to its holder and passes no fault point of the run's."""
     import time
 
-    import airflow_eo.ingest as ingest_module
+    import airflow_eo.loop.ingest as ingest_module
 
     ingestion, uri = setup(tmp_path, 4, 7, table_wait_timeout="10m")
     reached: list[str] = []
