@@ -80,10 +80,11 @@ def run_fan_out(spark, first: Attempt, secrets: Secrets) -> CommitOutcome:
         if spark is None:
             raise ValueError("a fan-out batch reads through Spark but was given no session")
         groups = _read_groups([a for a, _ in attempts])
-        last = attempts[-1][0].attempt_id
+        turns = list(range(len(attempts) - 1, -1, -1))  # tables still to come after each one's turn
         for columns, members in groups:
             _run_group(spark, secrets, columns, [(a, s) for a, s in attempts if a.attempt_id in members],
-                       outcomes, errors, last)
+                       outcomes, errors, turns)
+        failpoint("after_commit")  # after the last table's commit
     except Exception as exc:  # the read itself failed: no table committed in this attempt
         for attempt, staging in attempts:
             if attempt.attempt_id not in outcomes:
@@ -108,7 +109,7 @@ def _read_groups(attempts: list[Attempt]) -> list[tuple[tuple, set[str]]]:
 
 
 def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attempt, StagingArea]],
-               outcomes: dict[str, CommitOutcome], errors: list[Exception], last: str) -> None:
+               outcomes: dict[str, CommitOutcome], errors: list[Exception], turns: list[int]) -> None:
     # imported here: the registry client it imports is ~0.2 s of every warm command that needs none
     from pyspark import StorageLevel
 
@@ -162,7 +163,7 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
                     staging.record_error(attempt.attempt_id, error_line(exc))
                     log.error("batch %s failed, the other tables go on: %s", attempt.plan.batch, error_line(exc))
                     errors.append(exc)
-            if attempt.attempt_id != last:
+            if turns.pop(0):  # another table's commit comes after this one (in any read group)
                 failpoint("between_sink_commits")
     finally:
         if through_spark:
