@@ -59,9 +59,11 @@ class Table:
             return {"table_uri": self.uri, "transform_sql": RAW_SQL}
         return {"table_uri": self.uri, "transform_sql": RAW_SQL, "filter": type_filter(self.name.removeprefix("type_"))}
 
-    def expected(self, records: Sequence[Record], ends: Mapping[int, int]) -> list[tuple]:
-        """The rows the table must hold when it has committed up to ``ends`` (partition → offset)."""
-        below = [r for r in records if r.offset < ends.get(r.partition, 0)]
+    def expected(self, records: Sequence[Record], ends: Mapping[int, int],
+                 starts: Mapping[int, int] | None = None) -> list[tuple]:
+        """The rows the table must hold when it has read from ``starts`` (partition → offset; default
+        the beginning) up to ``ends``."""
+        below = [r for r in records if (starts or {}).get(r.partition, 0) <= r.offset < ends.get(r.partition, 0)]
         if self.name == "current":
             last: dict[int, Record] = {}
             for r in sorted(below, key=lambda r: r.offset):  # one id, one partition: the highest offset wins
@@ -114,9 +116,10 @@ class MixedEvents:
 
 
 def assert_table(table: Table, broker: TestBroker, topic: str, *, ingest_id: str,
-                 ends: Mapping[int, int] | None) -> int:
-    """``table`` holds exactly its model's rows up to ``ends`` and its log's offsets are ``ends``; with
-    ``ends`` None it has committed nothing (no offsets, no rows). Returns its row count."""
+                 ends: Mapping[int, int] | None, starts: Mapping[int, int] | None = None) -> int:
+    """``table`` holds exactly its model's rows from ``starts`` (its starting offsets; default the
+    beginning) up to ``ends`` and its log's offsets are ``ends``; with ``ends`` None it has committed
+    nothing (no offsets, no rows). Returns its row count."""
     partitions = broker.partitions(topic)
     committed = table.offsets(ingest_id, topic, partitions)
     if ends is None:
@@ -126,7 +129,7 @@ def assert_table(table: Table, broker: TestBroker, topic: str, *, ingest_id: str
         committed = {p: 0 if o is None and want[p] == 0 else o for p, o in committed.items()}
     assert committed == want, f"{table.name}: offsets {committed} in its log, expected {want}"
     got = table.rows()
-    expected = table.expected(broker.records(topic), ends or {})
+    expected = table.expected(broker.records(topic), ends or {}, starts)
     if got != expected:
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         raise AssertionError(f"{table.name} ({table.uri}) differs from its model: {len(got)} rows, "
