@@ -97,8 +97,8 @@ def sinks(tables_: Iterable[Table]) -> list[dict]:
 
 
 class MixedEvents:
-    """Writes mixed events to ``topic``: ``send(ids, types)`` gives each id one event per call, its
-    type cycling through ``types``; ``abort=True`` sends them in an aborted transaction (they take
+    """Writes mixed events to ``topic``: ``send(ids, types)`` gives each id one event per call, the
+    records' types cycling through ``types``; ``abort=True`` sends them in an aborted transaction (they take
     offsets, no read_committed consumer sees them)."""
 
     def __init__(self, broker: TestBroker, topic: str):
@@ -106,9 +106,9 @@ class MixedEvents:
 
     def send(self, ids: Iterable[int], types: str = "abc", *, abort: bool = False, extra: Mapping | None = None) -> int:
         values, keys = [], []
-        for i, id_ in enumerate(ids):
+        for id_ in ids:
             self.seq += 1
-            values.append({"type": types[(id_ + i) % len(types)], "id": id_, "n": self.seq, **(extra or {})})
+            values.append({"type": types[self.seq % len(types)], "id": id_, "n": self.seq, **(extra or {})})
             keys.append(str(id_))
         if abort:
             return self.broker.produce_transaction(self.topic, values, keys=keys, abort=True)

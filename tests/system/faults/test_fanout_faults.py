@@ -5,7 +5,8 @@ merge table (current row per id), and a table per event type by the sink's ``fil
 is killed with ``kill -9`` while its Spark tasks read, between two sinks' commits, and after the last
 commit, then retried unharmed; a second batch keeps no record for one filter's table, which still
 advances. On both Spark paths: spark-submit (the harness's :class:`KillingSubmit`) and a warm Spark
-Connect server (``airflow-eo ingest --spec FILE --remote``, the soak's :class:`ConnectClients`).
+Connect server (a client process of its own, ``fanout_client.py``, killed as the soak's
+:class:`ConnectClients` kills ``airflow-eo ingest --remote``).
 
 After every run each table is either untouched or holds the whole batch (never part of it, never
 twice, never an aborted record), read with DuckDB's delta extension; a table's offsets are the
@@ -16,7 +17,9 @@ Budget: 4 spark-submits and 5 warm Connect clients (~1.5 min on 2 idle cores).
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 
 import pytest
 
@@ -29,25 +32,25 @@ from airflow_eo.testing.kafka import TestBroker
 from tests.fanout import MixedEvents, assert_table, assert_tables, sinks, spec_file, tables
 from tests.helpers import new_topic
 from tests.system.faults.harness import Outcome, run_once
-from tests.system.faults.paths import AIRFLOW_EO, ConnectClients
+from tests.system.faults.paths import ConnectClients
 
 pytestmark = pytest.mark.faults
 
 INGEST_ID = "fan"
 WINDOWS = ("reading", "between_sink_commits", "after_commit")
+CLIENT = os.path.join(os.path.dirname(__file__), "fanout_client.py")
 
 
 class SpecClients(ConnectClients):
-    """``airflow-eo ingest --spec FILE --remote URL``: the fan-out as a user's CLI runs it, on the
-    session's warm server; killed as the soak kills its Connect clients."""
+    """The fan-out of a spec file in a Connect client process of its own (``fanout_client.py``) on the
+    session's warm server; killed as the soak kills its ``airflow-eo ingest --remote`` clients."""
 
     def __init__(self, spec_path: str, first_table: str, topic: str, kafka_config: dict, server, log_dir: str):
         super().__init__(first_table, INGEST_ID, topic, kafka_config, log_dir)
         self.spec_path, self.server = spec_path, server
 
     def _command(self, run_key: str) -> list[str]:
-        return [AIRFLOW_EO, "ingest", "--spec", self.spec_path, "--remote", self.server.url, "--run-key", run_key,
-                "--json"]
+        return [sys.executable, CLIENT, self.spec_path, self.server.url, run_key]
 
 
 @pytest.fixture(params=["spark-submit", "connect"])
