@@ -3,8 +3,8 @@
 One topic of mixed events (tests/fanout.py) into four tables in one ingest: a raw append table, a
 merge table (current row per id), and a table per event type by the sink's ``filter``. One run key
 is killed with ``kill -9`` while its Spark tasks read, between two sinks' commits, and after the last
-commit, then retried unharmed; a second batch keeps no record for one filter's table, which still
-advances. On both Spark paths: spark-submit (the harness's :class:`KillingSubmit`) and a warm Spark
+commit, then retried unharmed; a second batch (on the Connect path) keeps no record for one filter's
+table, which still advances. On both Spark paths: spark-submit (the harness's :class:`KillingSubmit`) and a warm Spark
 Connect server (a client process of its own, ``fanout_client.py``, killed as the soak's
 :class:`ConnectClients` kills ``airflow-eo ingest --remote``).
 
@@ -12,7 +12,7 @@ After every run each table is either untouched or holds the whole batch (never p
 twice, never an aborted record), read with DuckDB's delta extension; a table's offsets are the
 batch's end exactly when it holds the batch.
 
-Budget: 4 spark-submits and 5 warm Connect clients (~1.5 min on 2 idle cores).
+Budget: 3 spark-submits and 5 warm Connect clients (~1.5-2 min on 2 cores; ~4 min while the machine is loaded).
 """
 
 from __future__ import annotations
@@ -119,6 +119,8 @@ def test_a_fan_out_killed_at_each_step_and_retried_keeps_every_tables_model(path
     counts = assert_tables(ts, broker, topic, ingest_id=INGEST_ID, ends=ends)
     assert counts["type_a"] and counts["type_b"] and counts["raw"] > counts["current"], counts
 
+    if path == "spark-submit":  # the next batch is the loop's, not the path's: on the cheaper path only
+        return
     # a batch in which type_b's filter keeps nothing: its table advances all the same
     events.send(range(10), types="ac")
     events.send(range(5), types="b", abort=True)
