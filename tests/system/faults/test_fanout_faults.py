@@ -4,9 +4,9 @@ One topic of mixed events (tests/fanout.py) into four tables in one ingest: a ra
 merge table (current row per id), and a table per event type by the sink's ``filter``. One run key
 is killed with ``kill -9`` while its Spark tasks read, between two sinks' commits, and after the last
 commit, then retried unharmed; a second batch (on the Connect path) keeps no record for one filter's
-table, which still advances. On both Spark paths: spark-submit (the harness's :class:`KillingSubmit`) and a warm Spark
-Connect server (a client process of its own, ``fanout_client.py``, killed as the soak's
-:class:`ConnectClients` kills ``airflow-eo ingest --remote``).
+table, which still advances. On both Spark paths: spark-submit (the harness's :class:`KillingSubmit`)
+and a warm Spark Connect server (``airflow-eo ingest --spec FILE --remote``, killed as the soak's
+:class:`ConnectClients` kills a single table's client).
 
 After every run each table is either untouched or holds the whole batch (never part of it, never
 twice, never an aborted record), read with DuckDB's delta extension; a table's offsets are the
@@ -17,9 +17,7 @@ Budget: 3 spark-submits and 5 warm Connect clients (~1.5-2 min on 2 cores; ~4 mi
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 
 import pytest
 
@@ -32,25 +30,25 @@ from airflow_eo.testing.kafka import TestBroker
 from tests.fanout import MixedEvents, assert_table, assert_tables, sinks, spec_file, tables
 from tests.helpers import new_topic
 from tests.system.faults.harness import Outcome, run_once
-from tests.system.faults.paths import ConnectClients
+from tests.system.faults.paths import AIRFLOW_EO, ConnectClients
 
 pytestmark = pytest.mark.faults
 
 INGEST_ID = "fan"
 WINDOWS = ("reading", "between_sink_commits", "after_commit")
-CLIENT = os.path.join(os.path.dirname(__file__), "fanout_client.py")
 
 
 class SpecClients(ConnectClients):
-    """The fan-out of a spec file in a Connect client process of its own (``fanout_client.py``) on the
-    session's warm server; killed as the soak kills its ``airflow-eo ingest --remote`` clients."""
+    """``airflow-eo ingest --spec FILE --remote URL``: the fan-out as a user's command line runs it, on
+    the session's warm server; killed as the soak kills its Connect clients."""
 
     def __init__(self, spec_path: str, first_table: str, topic: str, kafka_config: dict, server, log_dir: str):
         super().__init__(first_table, INGEST_ID, topic, kafka_config, log_dir)
         self.spec_path, self.server = spec_path, server
 
     def _command(self, run_key: str) -> list[str]:
-        return [sys.executable, CLIENT, self.spec_path, self.server.url, run_key]
+        return [AIRFLOW_EO, "ingest", "--spec", self.spec_path, "--remote", self.server.url, "--run-key", run_key,
+                "--json"]
 
 
 @pytest.fixture(params=["spark-submit", "connect"])
