@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 from confluent_kafka import KafkaException, Producer
@@ -38,7 +39,6 @@ from airflow_eo.core.errors import AirflowEoError
 from airflow_eo.faults import ENV as FAILPOINTS_ENV
 from airflow_eo.loop.ingest import Ingestion
 from airflow_eo.loop.config import IngestConfig
-from airflow_eo.loop.result import IngestResult
 from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.submit.spark_submit import LocalSparkSubmit
 from airflow_eo.spec import Transform
@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 # Windows: failpoints (airflow_eo/faults.py) at the protocol's steps, real kill -9 of the process tree
 # for the others. WINDOWS are CI's (tests/system/faults/test_faults.py); the soak kills at every step.
-FAILPOINT_WINDOWS = {w: w for w in ("before_read", "after_stage", "before_commit", "during_commit", "after_commit")}
+FAILPOINT_WINDOWS = {w: w for w in ("before_read", "after_stage", "before_commit", "during_commit", "after_commit",
+                                     "between_sink_commits")}  # the last: a fan-out's, after each sink's commit but the last
 TREE_WINDOWS = ("reading", "random")
 WINDOWS = ("reading", "after_stage", "during_commit", "random", "after_commit")
 STEP_WINDOWS = ("before_read", "reading", "after_stage", "before_commit", "during_commit", "random", "after_commit")
@@ -331,19 +332,21 @@ def _text(value) -> str:
 class Outcome:
     window: str | None
     killed: bool
-    result: IngestResult | None
+    result: Any  # IngestResult; a fan-out's FanOutResult; a CLI run's summary (paths.CliResult); None if it failed
     error: BaseException | None
     seconds: float
 
 
-def run_once(config: IngestConfig, run_key: str, window: str | None, rng: random.Random,
-             max_delay: float = 8.0) -> Outcome:
+def run_once(config: IngestConfig | None, run_key: str, window: str | None, rng: random.Random,
+             max_delay: float = 8.0, loop=None) -> Outcome:
     """One ingestion run whose Spark job is killed in ``window`` (None: not killed; ``random``: within
-    ``max_delay`` seconds of its start)."""
+    ``max_delay`` seconds of its start). ``loop(submitter)``: what runs instead of ``Ingestion(config, …)``
+    (a fan-out's loop)."""
     submit = KillingSubmit(window, rng, max_delay=max_delay)
     started = time.monotonic()
     try:
-        result, error = Ingestion(config, submit).run(RunIdentity(run_key=run_key)), None
+        runner = loop(submit) if loop is not None else Ingestion(config, submit)
+        result, error = runner.run(RunIdentity(run_key=run_key)), None
     except AirflowEoError as exc:
         result, error = None, exc
     return Outcome(window, submit.killed, result, error, time.monotonic() - started)
