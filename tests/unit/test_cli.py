@@ -94,7 +94,7 @@ def test_a_schema_given_as_a_file_is_read_beside_the_spec_file(tmp_path):
     ({"topics": "t", "sinks": {"table_uri": "/a"}}, "sinks must be a list of objects, one per table"),
     ({"topics": "t", "sinks": ["/a"]}, "sinks must be a list of objects, one per table"),
     (["orders"], "holds a JSON list: write one object of the operator's arguments"),
-    ('{"topics": "t",}', "is not JSON (Expecting property name enclosed in double quotes: line 1"),
+    ('{"topics": "t",}', "is not JSON ("),  # the parser's own words differ between Python versions
 ], ids=["kafka-config", "storage-options", "connection", "typo", "cli-only", "sink-secret", "nested-sinks",
         "sinks-object", "sinks-strings", "list", "not-json"])
 def test_a_bad_spec_file_is_one_line_naming_the_key_and_the_fix_and_writes_nothing(tmp_path, capsys, content, says):
