@@ -150,7 +150,10 @@ class FanOutSpec:
         return tuple(sorted(out, key=lambda t: t.table_uri))
 
     def to_dict(self) -> dict[str, Any]:
-        """The operator's arguments this spec was made of (``sinks`` a list of objects)."""
+        """The operator's arguments this spec was made of (``sinks`` a list of objects; none for the
+        one table of flat options)."""
+        if self.sinks == ({},):
+            return dict(self.shared)
         return {**self.shared, "sinks": [dict(s) for s in self.sinks]}
 
     @classmethod

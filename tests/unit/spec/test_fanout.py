@@ -13,6 +13,7 @@ def test_without_sinks_the_spec_is_the_one_table_of_the_flat_options():
     spec = FanOutSpec.of(table_uri="/t", ingest_id="i", topics="a,b", max_records_per_run=5)
     (table,) = spec.tables(spec.topics)
     assert table == IngestSpec.of(table_uri="/t", ingest_id="i", topics="a,b", max_records_per_run=5)
+    assert FanOutSpec.from_dict(spec.to_dict()) == spec
 
 
 def test_each_sink_lays_its_options_over_the_shared_ones():
