@@ -197,7 +197,7 @@ def test_maintenance_while_an_attempt_is_staged_keeps_its_files_and_it_commits(b
     waits instead of killing); every maintenance action with ``--retain-hours 0`` runs then."""
     import threading
 
-    from airflow_eo.driver import main as driver_main
+    from airflow_eo.driver import batch as driver_batch
 
     topic = new_topic(kafka_config, 2)
     produce(kafka_config, topic, 40, partitions=2)
@@ -209,7 +209,7 @@ def test_maintenance_while_an_attempt_is_staged_keeps_its_files_and_it_commits(b
             staged.set()
             assert release.wait(120), "the test never released the attempt"
 
-    monkeypatch.setattr(driver_main, "failpoint", hold)
+    monkeypatch.setattr(driver_batch, "failpoint", hold)
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(result=ing.run(RunIdentity("held"))))
     runner.start()
