@@ -214,7 +214,9 @@ def test_only_the_newest_batch_is_reprocessed(broker, kafka_config, spark, tmp_p
     status = table_status(uri, INGEST, kafka_config)
     assert status.write_mode.value == "merge" and status.to_dict()["write_mode"] == "merge"
     newest = status.batches[0]
-    assert newest.operation == "reprocess" and newest.merge.updated == 25 and newest.merge.deleted == 0
+    counts = newest.to_dict()
+    assert newest.operation == "reprocess" and counts["updated"] == 25 and counts["deleted"] == 0
+    assert "25 updated, 0 deleted" in newest.counts_text
     assert status.to_dict()["batches"][0]["updated"] == 25
 
 
