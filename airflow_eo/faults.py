@@ -18,9 +18,10 @@ ENV = Env.FAILPOINTS
 ONCE = Env.FAILPOINTS_ONCE
 # while_planning: in the submitting process (task, CLI) holding the table's lease, its plan made and
 # not logged yet; before_submit: there too, once the attempt's marker is written and before Spark
-# starts; the others in the attempt's driver
+# starts; the others in the attempt's driver (before_dead_letters: its main commit landed, the
+# batch's dead letters are not committed yet; reached only by a batch that has dead letters)
 POINTS = ("while_planning", "before_submit", "before_read", "after_stage", "before_commit", "during_commit",
-          "after_commit")
+          "before_dead_letters", "after_commit")
 SUBMITTER_POINTS = ("while_planning", "before_submit")  # the points outside the Spark driver
 
 

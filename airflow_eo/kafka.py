@@ -23,13 +23,14 @@ import logging
 import time
 from typing import Mapping
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_eo.core.errors import ConfigError, KafkaUnavailableError
+from airflow_eo.core.identity import STAMP_LOOK_BACK, normal_topic_id
 from airflow_eo.core.planning import StartingPosition, check_start
-from airflow_eo.core.offsets import EARLIEST, LATEST, PartitionBounds, TopicPartition
+from airflow_eo.core.offsets import EARLIEST, LATEST, PartitionBounds, RecordStamp, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,70 @@ class KafkaOffsets:
             consumer.close()
         return newest
 
+    def topic_ids(self, topics: list[str]) -> dict[str, str | None]:
+        """Each topic's id (KIP-516) as the client prints it; None where the broker reports none (all
+        zeros: brokers before Kafka 2.8, the embedded broker) or cannot describe topics."""
+        if not topics:
+            return {}
+        try:
+            futures = self.admin.describe_topics(TopicCollection(list(topics)), request_timeout=self.timeout)
+            return {t: normal_topic_id(str(f.result().topic_id) if f.result().topic_id is not None else None)
+                    for t, f in futures.items()}
+        except (KafkaException, ValueError, TypeError, AttributeError) as exc:
+            log.debug("topic ids not available (%s): partitions' fingerprints identify the topics", exc)
+            return dict.fromkeys(topics)
+
+    def records_at(self, offsets: Mapping[TopicPartition, int], timeout: float = 5.0) -> dict[TopicPartition, RecordStamp | None]:
+        """The first record at or after each offset (read_committed; None: none there, below the
+        last stable offset, within ``timeout``): what a fingerprint is compared with."""
+        return self._scan({tp: (o, o + 1) for tp, o in offsets.items()}, last=False, timeout=timeout)
+
+    def last_records(self, ends: Mapping[TopicPartition, int], look_back: int = STAMP_LOOK_BACK,
+                     log_starts: Mapping[TopicPartition, int] | None = None,
+                     timeout: float = 5.0) -> dict[TopicPartition, RecordStamp | None]:
+        """The last record below each end, looking back ``look_back`` offsets (None: none there):
+        the fingerprint a commit records (:mod:`airflow_eo.core.identity`)."""
+        starts = log_starts or {}
+        return self._scan({tp: (max(starts.get(tp, 0), end - look_back), end) for tp, end in ends.items()},
+                          last=True, timeout=timeout)
+
+    def _scan(self, spans: Mapping[TopicPartition, tuple[int, int]], last: bool,
+              timeout: float) -> dict[TopicPartition, RecordStamp | None]:
+        """One consumer over ``[lo, hi)`` of each partition: the first record there, or the last."""
+        found: dict[TopicPartition, RecordStamp | None] = dict.fromkeys(spans)
+        wanted = {tp: span for tp, span in spans.items() if span[1] > span[0]}
+        if not wanted:
+            return found
+        consumer = new_consumer(self.config, {"group.id": "airflow-eo-probe", "enable.auto.commit": False,
+                                              "isolation.level": "read_committed", "enable.partition.eof": True},
+                                {"fetch.wait.max.ms": 10})
+        try:
+            consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, lo) for tp, (lo, _) in wanted.items()])
+            open_, deadline = set(wanted), time.monotonic() + timeout
+            # at most this many messages are due (records, and an end-of-partition event each)
+            due = sum(hi - lo for lo, hi in wanted.values()) + len(wanted)
+            while open_ and time.monotonic() < deadline:
+                for message in consumer.consume(min(due, 10_000), 0.1):
+                    tp = TopicPartition(message.topic(), message.partition())
+                    if tp not in open_:
+                        continue
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            open_.discard(tp)
+                        continue
+                    lo, hi = wanted[tp]
+                    if message.offset() < hi:
+                        found[tp] = RecordStamp(message.offset(), message.timestamp()[1])
+                    if not last or message.offset() >= hi - 1:
+                        open_.discard(tp)
+        except KafkaException as exc:
+            raise KafkaUnavailableError(f"cannot read from {self.config['bootstrap.servers']} ({exc}): check the "
+                                        "broker is up; nothing was changed") from exc
+        finally:
+            consumer.close()
+        return found
+
     def resolve_starts(
         self, position: StartingPosition, tps: list[TopicPartition],
         bounds: Mapping[TopicPartition, PartitionBounds],
@@ -251,6 +316,7 @@ class PinnedKafka(KafkaOffsets):
         self._metadata = None
         self._bounds: dict[TopicPartition, PartitionBounds] = {}
         self._at: dict[tuple[TopicPartition, int], int] = {}
+        self._ids: dict[str, str | None] = {}
 
     def metadata(self):
         if self._metadata is None:
@@ -262,6 +328,12 @@ class PinnedKafka(KafkaOffsets):
         if missing:
             self._bounds.update(super().bounds(missing))
         return {tp: self._bounds[tp] for tp in tps}
+
+    def topic_ids(self, topics: list[str]) -> dict[str, str | None]:
+        missing = [t for t in topics if t not in self._ids]
+        if missing:
+            self._ids.update(super().topic_ids(missing))
+        return {t: self._ids[t] for t in topics}
 
     def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
         missing = [tp for tp in tps if (tp, timestamp_ms) not in self._at]

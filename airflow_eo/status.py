@@ -82,9 +82,13 @@ class IngestState:
 
 def lag_of(kafka: KafkaOffsets, bounds: Mapping[TopicPartition, PartitionBounds], ledger: Ledger, ingest_id: str,
            starting_offsets: StartingPosition = FROM_EARLIEST) -> dict[TopicPartition, int]:
-    """The lag per partition, from Kafka's bounds and the table's ledger."""
+    """The lag per partition, from Kafka's bounds and the table's ledger (a partition the table never
+    read counts from where the next run starts it: ``starting_offsets`` for the table's first batch,
+    else its log start)."""
     committed = ledger.committed_offsets(ingest_id, bounds)
     new = partitions_without_offsets(committed, bounds)
+    if ledger.last_batch(ingest_id):
+        starting_offsets = starting_offsets.after_first_batch()
     starts = kafka.resolve_starts(starting_offsets, new, bounds) if new else {}
     return backlog(bounds, committed, starts)
 

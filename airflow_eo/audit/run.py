@@ -28,7 +28,7 @@ import enum
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Mapping
 
@@ -46,7 +46,7 @@ from airflow_eo.core.offsets import OffsetRange, PartitionBounds, TopicPartition
 from airflow_eo.table.compaction import MAINTENANCE_KEY
 from airflow_eo.table.audit_log import AuditLog
 from airflow_eo.table.features import TableUse
-from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.ledger import Ledger, batch_of_path
 from airflow_eo.table.app_ids import partition_app_id
 from airflow_eo.sinks import recorded_sink
 from airflow_eo.table.metadata import METADATA_KEY, CommitKind
@@ -89,6 +89,15 @@ def batch_ranges(ledger: Ledger, ingest_id: str) -> list[BatchRanges]:
                                          dups.records if dups else 0, dups.to_dead_letters if dups else False,
                                          meta.write_mode.value)
     return [newest[b] for b in sorted(newest)]
+
+
+def since_resets(batches: list[BatchRanges], resets: Mapping[str, int]) -> list[BatchRanges]:
+    """``batches`` without the ranges of a topic read before its last reset (``resets``: topic → the batch
+    that read it again from a recreated topic's start): those records went with the old topic, and the
+    new topic's offsets start again."""
+    if not any(resets.values()):
+        return batches
+    return [replace(b, ranges=tuple(r for r in b.ranges if b.batch >= resets.get(r.topic, 0))) for b in batches]
 
 
 def merge_counts(ledger: Ledger, ingest_id: str) -> tuple[list[MergeCounts], bool]:
@@ -189,8 +198,10 @@ def deleting_commits(ledger: Ledger, deleted: Mapping[str, tuple[int, ...]]) -> 
 
 
 def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges],
-                scopes: dict[TopicPartition, PartitionScope], dead: Ledger | None) -> list[SliceTask]:
-    """Every audited partition's slices, each with the files whose statistics may hold its rows."""
+                scopes: dict[TopicPartition, PartitionScope], dead: Ledger | None,
+                resets: Mapping[str, int] | None = None) -> list[SliceTask]:
+    """Every audited partition's slices, each with the files whose statistics may hold its rows (not
+    the files batches before a reset of its topic wrote: those rows are of the old topic)."""
     deleted = ledger.deleted_rows()  # rows other engines deleted with deletion vectors: not the table's
     files = FileIndex(table_files(ledger.table, deleted, deleting_commits(ledger, deleted)))
     dead_files = FileIndex(table_files(dead.table) if dead is not None else [])
@@ -198,7 +209,10 @@ def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges
     for tp, scope in sorted(scopes.items()):
         committed = [(r.start, r.end) for b in batches for r in b.ranges if r.tp == tp]
         for spec in plan_slices(scope, committed, request.slice_offsets, files.highest_offset(tp)):
-            tasks.append(SliceTask(spec, ledger.table_uri, files.files(tp, spec.lo, spec.hi),
+            since = (resets or {}).get(tp.topic, 0)
+            mine = tuple(f for f in files.files(tp, spec.lo, spec.hi)
+                         if not since or (batch_of_path(f.path) or since) >= since)
+            tasks.append(SliceTask(spec, ledger.table_uri, mine,
                                    dead.table_uri if dead is not None else None,
                                    dead_files.files(tp, spec.lo, spec.hi), request.ingest_id,
                                    ledger.features.names.as_dict()))
@@ -206,12 +220,12 @@ def slice_tasks(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges
 
 
 def compare_rows(request: AuditRequest, ledger: Ledger, batches: list[BatchRanges],
-                 scopes: dict[TopicPartition, PartitionScope],
-                 spark: SliceRunner | None) -> tuple[list[PartitionResult], str, int]:
+                 scopes: dict[TopicPartition, PartitionScope], spark: SliceRunner | None,
+                 resets: Mapping[str, int] | None = None) -> tuple[list[PartitionResult], str, int]:
     """Each audited partition's rows against Kafka, slice by slice: in Spark tasks when the audit
     is large and Spark is given, else in this process. Returns the results, the engine, rows read."""
     dead = _open_table(request.dead_letter_table, request.storage_options) if request.dead_letter_table else None
-    tasks = slice_tasks(request, ledger, batches, scopes, dead)
+    tasks = slice_tasks(request, ledger, batches, scopes, dead, resets)
     offsets = sum(t.size for t in tasks)
     runner: SliceRunner = InProcessSlices()
     if spark is not None:
@@ -237,6 +251,8 @@ def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditR
     audits = AuditLog(ledger.location())
     last = audits.last(request.ingest_id) if request.selection is Selection.SINCE_LAST_AUDIT else None
     batches = batch_ranges(ledger, request.ingest_id)
+    resets = {t: ledger.last_reset(request.ingest_id, t) for t in sorted({r.topic for b in batches for r in b.ranges})}
+    batches = since_resets(batches, resets)
     tps = sorted({r.tp for b in batches for r in b.ranges})
     table = ledger.table
     assert table is not None  # _open_table refused a path without one
@@ -259,7 +275,7 @@ def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditR
     scopes = {tp: PartitionScope(tp, bounds[tp].log_start, tuple(a)) for tp, a in audited.items()}
     notes = []
     if rows_keep_offsets(batches):
-        results, engine, rows_read = compare_rows(request, ledger, batches, scopes, spark)
+        results, engine, rows_read = compare_rows(request, ledger, batches, scopes, spark, resets)
     else:  # merge mode: rows do not keep every offset (see rows_keep_offsets): the ranges' tiling and the
         # table's rows against what its merge commits recorded
         commits, complete = merge_counts(ledger, request.ingest_id)
@@ -277,6 +293,10 @@ def run_audit(request: AuditRequest, spark: SliceRunner | None = None) -> AuditR
     for res in results:
         findings.extend(res.findings)
     findings.extend(account_batches(results, by_batch))
+    for topic, batch in sorted(resets.items()):
+        if batch:
+            notes.append(f"topic {topic!r} was deleted and created again: batch {batch} read it again from the new "
+                         "topic's start (on_topic_recreated='reset'), so its earlier batches are not compared with Kafka")
     if batches and batches[0].batch > 1:
         notes.append(f"the Delta log no longer holds batches before {batches[0].batch} (log cleanup): ranges are "
                      f"checked from batch {batches[0].batch} on")

@@ -44,6 +44,10 @@ class OffsetsAheadError(AirflowEoError):
     """The table has committed offsets beyond what Kafka holds (topic recreated or truncated)."""
 
 
+class TopicRecreatedError(OffsetsAheadError):
+    """A topic the table read was deleted and created again: its committed offsets are of the old topic."""
+
+
 class CommitConflictError(RetryableError):
     """The table's committed offsets moved while this batch was running (a racing run)."""
 
@@ -58,6 +62,10 @@ class TableFeatureError(TableError):
 
 class ConstraintViolationError(AirflowEoError):
     """A record breaks a constraint of the table (CHECK, invariant, NOT NULL, generated column)."""
+
+
+class StagedFilesMissingError(RetryableError):
+    """Files an attempt staged are gone before its commit (deleted by hand or by another run): nothing is committed."""
 
 
 class KafkaUnavailableError(RetryableError):

@@ -66,6 +66,33 @@ class SkippedRange:
     reason: str
 
 
+@dataclass(frozen=True, order=True)
+class RecordStamp:
+    """One record's offset and timestamp (epoch ms): what a partition's fingerprint is made of where
+    Kafka reports no topic id (:mod:`airflow_eo.core.identity`)."""
+
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, order=True)
+class TopicReset:
+    """One partition of a recreated topic read again from the new topic's start, recorded in the
+    commit that does it (``on_topic_recreated="reset"``): ``committed`` the table's offset (of the
+    old topic; None: never read), ``start`` where the new topic's partition starts (None: the new
+    topic has no such partition, its offset is cleared), ``reason`` both identities."""
+
+    topic: str
+    partition: int
+    committed: int | None
+    start: int | None
+    reason: str
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     """Who asked for a batch. ``run_key`` is stable across retries and clears of one run."""

@@ -25,9 +25,11 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping
 
-from airflow_eo.core.errors import ConfigError, DataLossError, OffsetsAheadError
+from airflow_eo.core.errors import ConfigError, DataLossError, OffsetsAheadError, TopicRecreatedError
+from airflow_eo.core.identity import OnTopicRecreated, Recreation
 from airflow_eo.core.offsets import (
-    EARLIEST, Interval, OffsetRange, PartitionBounds, RunIdentity, SkippedRange, TopicPartition,
+    EARLIEST, Interval, OffsetRange, PartitionBounds, RecordStamp, RunIdentity, SkippedRange, TopicPartition,
+    TopicReset,
 )
 
 
@@ -89,6 +91,13 @@ class BatchPlan:
     # the registry reader schemas the batch decodes with, resolved when it was planned; None: not
     # recorded (a plan an earlier version logged, or one that reads nothing)
     reader_schemas: tuple[ReaderSchema, ...] | None = None
+    # what identifies the topics read (airflow_eo.core.identity), committed with the offsets: each
+    # topic's id where Kafka reports one, else the fingerprint of each partition's last record below
+    # the plan's end (None: no record found there, the partition's fingerprint is cleared)
+    topic_ids: tuple[tuple[str, str], ...] = ()
+    stamps: tuple[tuple[TopicPartition, RecordStamp | None], ...] = ()
+    # partitions of recreated topics read from the new topic's start (on_topic_recreated="reset")
+    resets: tuple[TopicReset, ...] = ()
 
     @property
     def starts(self) -> dict[TopicPartition, int]:
@@ -107,6 +116,9 @@ class BatchPlan:
         }
         for gap in self.skipped:
             expected[TopicPartition(gap.topic, gap.partition)] = gap.start
+        for reset in self.resets:
+            if reset.tp in expected:
+                expected[reset.tp] = reset.committed
         return expected
 
     @property
@@ -117,7 +129,8 @@ class BatchPlan:
     def is_empty(self) -> bool:
         """True when committing would change nothing in the ledger (an interval is recorded
         even when it holds no records: its boundaries are fixed by its commit)."""
-        return not self.data_ranges and not self.new_partitions and not self.skipped and self.interval is None
+        return not self.data_ranges and not self.new_partitions and not self.skipped and not self.resets \
+            and self.interval is None
 
     def with_attempt(self, attempt_id: str) -> "BatchPlan":
         return replace(self, attempt_id=attempt_id)
@@ -140,6 +153,9 @@ class BatchPlan:
             interval=Interval(**raw["interval"]) if raw.get("interval") else None,
             closed_idle=tuple(TopicPartition(**t) for t in raw.get("closed_idle", ())),
             reader_schemas=reader_schemas_of(raw.get("reader_schemas")),
+            topic_ids=tuple((str(t), str(i)) for t, i in raw.get("topic_ids", ())),
+            stamps=tuple((TopicPartition(**tp), RecordStamp(**st) if st else None) for tp, st in raw.get("stamps", ())),
+            resets=tuple(TopicReset(**r) for r in raw.get("resets", ())),
         )
 
 
@@ -191,6 +207,17 @@ class StartingPosition:
     def explicit_offset(self, tp: TopicPartition) -> int:
         """Offset for ``tp`` under an ``offsets`` position: an offset, EARLIEST or LATEST."""
         return self.offsets.get(tp, EARLIEST)
+
+    def after_first_batch(self) -> "StartingPosition":
+        """Where a partition starts that appears after the table's first batch: at its log start (as
+        Spark's Kafka source starts partitions it discovers later), unless the user named that very
+        partition (explicit offsets). ``latest`` or a timestamp for a partition added later would skip
+        the records written to it before the next run.
+
+        >>> StartingPosition.parse("latest").after_first_batch().kind
+        'earliest'
+        """
+        return self if self.kind == "offsets" else StartingPosition("earliest")
 
 
 def partitions_without_offsets(
@@ -255,16 +282,22 @@ def plan_batch(
     on_data_loss: OnDataLoss | str = OnDataLoss.FAIL,
     run: RunIdentity | None = None,
     planned_at: str = "",
+    recreated: "Iterable[Recreation]" = (),
+    on_topic_recreated: OnTopicRecreated | str = OnTopicRecreated.FAIL,
 ) -> BatchPlan:
     """Plan the next batch: ``[committed, end)`` per partition, capped fairly.
 
     ``committed`` holds the table's offsets (``None`` or missing: never read);
     ``bounds`` what Kafka holds now (end = last stable offset); ``new_starts`` the
-    resolved start of each partition the table has never read.
+    resolved start of each partition the table has never read; ``recreated`` the topics whose
+    identity changed (:func:`airflow_eo.core.identity.recreations`): refused, or with
+    ``on_topic_recreated="reset"`` read from the new topic's start.
     """
     on_data_loss = OnDataLoss(on_data_loss)
+    resets = _resets(committed, bounds, tuple(recreated), OnTopicRecreated(on_topic_recreated))
+    reset = {r.tp: r for r in resets}
     for tp, offset in committed.items():
-        if offset is not None and tp not in bounds:
+        if offset and tp not in bounds and tp not in reset:  # offset 0: nothing of it was read
             raise OffsetsAheadError(
                 f"{tp} has committed offset {offset} in the table but no longer exists in "
                 "Kafka (topic deleted or recreated with fewer partitions): ingest into a new "
@@ -276,6 +309,9 @@ def plan_batch(
     for tp in sorted(bounds):
         b = bounds[tp]
         offset = committed.get(tp)
+        if tp in reset:  # the new topic's partition, from its start
+            starts[tp] = b.log_start
+            continue
         if offset is None:
             starts[tp] = check_start(tp, new_starts[tp], b)
             new.append(tp)
@@ -310,7 +346,26 @@ def plan_batch(
         new_partitions=tuple(new),
         skipped=tuple(skipped),
         planned_at=planned_at,
+        resets=resets,
     )
+
+
+def _resets(committed: Mapping[TopicPartition, int | None], bounds: Mapping[TopicPartition, PartitionBounds],
+            recreated: tuple[Recreation, ...], rule: OnTopicRecreated) -> tuple[TopicReset, ...]:
+    """The partitions read again from a recreated topic's start (or the refusal of the first one)."""
+    if not recreated:
+        return ()
+    if rule is OnTopicRecreated.FAIL:
+        raise TopicRecreatedError(
+            f"{recreated[0]}: reading on from the old offsets would skip the new topic's first records. Run with "
+            "on_topic_recreated='reset' (CLI --on-topic-recreated reset) to read the new topic from its start (the "
+            "reset is recorded in the commit); the table is unchanged")
+    reasons = {r.topic: f"{r.recorded} before, {r.found} now" for r in recreated}
+    return tuple(
+        TopicReset(tp.topic, tp.partition, committed.get(tp), bounds[tp].log_start if tp in bounds else None,
+                   reasons[tp.topic])
+        for tp in sorted(set(committed) | set(bounds))
+        if tp.topic in reasons and committed.get(tp) is not None)
 
 
 def split_range(r: OffsetRange, max_size: int) -> list[OffsetRange]:

@@ -33,7 +33,7 @@ from airflow_eo.faults import failpoint
 from airflow_eo.logs import about_table
 from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.commit import CommitOutcome
-from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.staging import Heartbeat, StagingArea
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
@@ -81,9 +81,10 @@ def run_fan_out(spark, first: Attempt, secrets: Secrets) -> CommitOutcome:
             raise ValueError("a fan-out batch reads through Spark but was given no session")
         groups = _read_groups([a for a, _ in attempts])
         turns = list(range(len(attempts) - 1, -1, -1))  # tables still to come after each one's turn
-        for columns, members in groups:
-            _run_group(spark, secrets, columns, [(a, s) for a, s in attempts if a.attempt_id in members],
-                       outcomes, errors, turns)
+        with Heartbeat([(s, a.attempt_id) for a, s in attempts], first.spec.table.staging_grace_seconds):
+            for columns, members in groups:
+                _run_group(spark, secrets, columns, [(a, s) for a, s in attempts if a.attempt_id in members],
+                           outcomes, errors, turns)
         failpoint("after_commit")  # after the last table's commit
     except Exception as exc:  # the read itself failed: no table committed in this attempt
         for attempt, staging in attempts:

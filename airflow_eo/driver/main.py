@@ -31,7 +31,7 @@ from airflow_eo.driver.session import build_session, classic_process
 from airflow_eo.core.errors import ConfigError, error_line
 from airflow_eo.spec import add_arguments, options_from_args
 from airflow_eo.table.commit import CommitOutcome
-from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.staging import Heartbeat, StagingArea
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,9 @@ def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
         return run_fan_out(spark, attempt, secrets)
     staging = StagingArea(TableLocation.of(attempt.table_uri, secrets.storage_options))
     staging.driver_started(attempt.attempt_id)  # from here on, this process commits or nobody does
-    try:
-        return run_staged_attempt(spark, attempt, secrets, staging)
+    try:  # the driver renews the heartbeat too: in cluster mode it may outlive the host that submitted it
+        with Heartbeat([(staging, attempt.attempt_id)], attempt.spec.table.staging_grace_seconds):
+            return run_staged_attempt(spark, attempt, secrets, staging)
     except Exception as exc:
         staging.record_error(attempt.attempt_id, error_line(exc))
         raise

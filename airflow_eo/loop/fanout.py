@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, Companion, Secrets
@@ -81,13 +82,28 @@ class FanOutResult:
 
 @dataclass
 class _Table:
-    """One table's part in a run."""
+    """One table's part in a run (``error``: what stopped it; it stays behind, the others go on)."""
 
     ingestion: Ingestion
     held: HeldLease | None = None
     step: NextStep | None = None
     ledger: Ledger | None = None
     attempt: Attempt | None = None
+    error: AirflowEoError | None = None
+
+    @property
+    def uri(self) -> str:
+        return self.ingestion.config.table_uri
+
+    @contextmanager
+    def step_of(self, what: str) -> Iterator[None]:
+        """One step of this table: its log lines name it; an error of ours stops this table only."""
+        with about_table(self.uri):
+            try:
+                yield
+            except AirflowEoError as exc:
+                log.error("the table stays behind (%s failed; the other tables go on): %s", what, exc)
+                self.error = exc
 
 
 class FanOut:
@@ -119,7 +135,8 @@ class FanOut:
         log.info("run %s: %d table(s): %s", run.run_key, len(tables), ", ".join(c.table_uri for c in configs))
         with ExitStack() as turns:
             for table in tables:  # in table_uri order
-                table.held = turns.enter_context(table.ingestion.turn(run.run_key))
+                with table.step_of("taking its turn"):
+                    table.held = turns.enter_context(table.ingestion.turn(run.run_key))
             results = self._run(run, interval, tables)
         out = FanOutResult(tuple(r.timed(started) for r in results))
         for result in out.tables:
@@ -128,40 +145,42 @@ class FanOut:
         return out
 
     def _run(self, run: RunIdentity, interval: Interval | None, tables: list[_Table]) -> list[IngestResult]:
+        """Each table's steps; a table whose step fails (planning, its dead letters' roll-forward, a commit,
+        its verification) stays behind with its own error while the others commit; then the first error
+        is raised, of its own type (what a retry may fix stays retried)."""
         for table in tables:  # every table's plan is logged before anything is read
-            with about_table(table.ingestion.config.table_uri):
-                table.step, table.ledger = table.ingestion.prepare(run, interval)
+            if table.error is None:
+                with table.step_of("planning"):
+                    table.step, table.ledger = table.ingestion.prepare(run, interval)
         results: dict[str, IngestResult] = {}
-        failures: list[tuple[str, AirflowEoError]] = []
         reading: list[_Table] = []
         for table in tables:
-            assert table.step is not None and table.ledger is not None
-            ingestion, step = table.ingestion, table.step
-            with about_table(ingestion.config.table_uri):
+            if table.error is not None or table.step is None or table.ledger is None:
+                continue
+            ingestion, step, ledger = table.ingestion, table.step, table.ledger
+            with table.step_of("its batch"):
                 if step.result is not None:
-                    results[ingestion.config.table_uri] = step.result
-                elif step.plan.interval is not None and not step.plan.data_ranges and table.ledger.table is not None:
-                    results[ingestion.config.table_uri] = ingestion.execute(step.plan, table.held,
-                                                                            table.ledger.features.pinned())
+                    results[table.uri] = step.result
+                elif step.plan.interval is not None and not step.plan.data_ranges and ledger.table is not None:
+                    results[table.uri] = ingestion.execute(step.plan, table.held, ledger.features.pinned())
                 else:
-                    table.attempt = ingestion.attempt_of(step.plan, table.held, table.ledger.features.pinned())
+                    table.attempt = ingestion.attempt_of(step.plan, table.held, ledger.features.pinned())
                     reading.append(table)
         if reading:
             for table, outcome in zip(reading, self._read_once(reading)):
-                uri = table.ingestion.config.table_uri
                 if isinstance(outcome, IngestResult):
-                    results[uri] = outcome
+                    results[table.uri] = outcome
                 else:
-                    failures.append((uri, outcome))
+                    with table.step_of("its commit"):
+                        raise outcome
         for table in tables:
-            if table.ingestion.config.table_uri in results:
-                with about_table(table.ingestion.config.table_uri):
-                    table.ingestion.mirror(results[table.ingestion.config.table_uri])
-        if failures:
-            for uri, error in failures:
-                log.error("%s stays behind (the other tables went on): %s", uri, error)
-            raise _naming_table(*failures[0])
-        return [results[t.ingestion.config.table_uri] for t in tables]
+            if table.uri in results:
+                with table.step_of("mirroring its offsets"):
+                    table.ingestion.mirror(results[table.uri])
+        failed = [t for t in tables if t.error is not None]
+        if failed:
+            raise _naming_table(failed[0].uri, failed[0].error)  # type: ignore[arg-type]
+        return [results[t.uri] for t in tables]
 
     def _read_once(self, tables: list[_Table]) -> list[IngestResult | AirflowEoError]:
         """One Spark attempt for every table that reads: the first table's names the others; each
@@ -172,7 +191,8 @@ class FanOut:
         for table, attempt in zip(tables[1:], attempts[1:]):  # the driver reads them beside their tables
             table.ingestion.staging.begin_attempt(attempt)
         try:
-            error = tables[0].ingestion.runner.submit(first)
+            error = tables[0].ingestion.runner.submit(
+                first, also=tuple((t.ingestion.staging, a.attempt_id) for t, a in zip(tables[1:], attempts[1:])))
         finally:
             for table, attempt in zip(tables[1:], attempts[1:]):
                 table.ingestion.staging.end_attempt(attempt.attempt_id)

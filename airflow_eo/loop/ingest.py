@@ -93,7 +93,7 @@ class Ingestion:
         self.location = TableLocation.of(config.table_uri, self.storage_options)
         self.plans = PlanLog(self.location)
         self.staging = StagingArea(self.location)
-        self.runner = AttemptRunner(self.staging, submitter, config.secrets)
+        self.runner = AttemptRunner(self.staging, submitter, config.secrets, config.staging_grace_seconds)
 
     def kafka(self) -> KafkaOffsets:
         return self._kafka if self._kafka is not None else KafkaOffsets(self.config.kafka_config)
@@ -356,11 +356,13 @@ class Ingestion:
             log.warning("could not measure lag: %s", exc)
             return {}
 
-    def complete_dead_letters(self, ledger: Ledger) -> None:
-        """Finish a dead-letter commit a crashed driver left behind its main commit."""
-        if self.config.dead_letter_table_uri and \
-                commit_dead_letters_of(ledger, self.config.ingest_id, self.storage_options) is RunStatus.COMMITTED:
-            log.info("rolled forward the dead letters of batch %s", ledger.last_batch(self.config.ingest_id))
+    def complete_dead_letters(self, ledger: Ledger, upto: int | None = None) -> None:
+        """Finish the dead-letter commits a driver left behind its main commit (killed between the two,
+        or overtaken by another run's commit), every batch of them, in order (``upto``: only those up
+        to that batch)."""
+        if self.config.dead_letter_table_uri:
+            commit_dead_letters_of(ledger, self.config.ingest_id, self.config.dead_letter_table_uri,
+                                   self.storage_options, upto)
 
     def collect_orphans(self) -> list[str]:
         """Remove staged files of attempts that ended without committing (never a running one)."""

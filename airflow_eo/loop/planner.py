@@ -26,13 +26,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from airflow_eo.core.errors import ConfigError
+from airflow_eo.core.identity import Recreation, recreations, stamped
 from airflow_eo.core.intervals import CommittedInterval, PartitionFacts, plan_interval, waiting
 from airflow_eo.kafka import KafkaOffsets
 from airflow_eo.core.planning import BatchPlan, partitions_without_offsets, plan_batch
-from airflow_eo.core.offsets import Interval, RunIdentity, TopicPartition
+from airflow_eo.core.offsets import Interval, PartitionBounds, RunIdentity, TopicPartition
 from airflow_eo.spec import Mode
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
+from airflow_eo.table.metadata import CommitKind
 
 OFFSETS, INTERVAL = Mode.OFFSETS, Mode.INTERVAL
 
@@ -50,9 +52,70 @@ def shrunk(partitions: list[TopicPartition]) -> list[TopicPartition]:
     return [TopicPartition(t, p + 1) for t, p in last.items()]
 
 
+def vanished(ledger: Ledger, ingest_id: str, committed: dict[TopicPartition, int | None],
+             bounds: dict[TopicPartition, PartitionBounds]) -> dict[TopicPartition, int | None]:
+    """``committed`` with every partition beyond Kafka's that the table holds an offset of (a topic
+    recreated with fewer partitions; partitions are numbered from 0 without gaps)."""
+    out = dict(committed)
+    for tp in [tp for tp in committed if tp not in bounds and committed[tp]]:
+        nxt = TopicPartition(tp.topic, tp.partition + 1)
+        while (offset := ledger.committed_offsets(ingest_id, [nxt])[nxt]) is not None:
+            out[nxt] = offset
+            nxt = TopicPartition(tp.topic, nxt.partition + 1)
+    return out
+
+
+class TopicIdentities:
+    """Step 1's identity half (:mod:`airflow_eo.core.identity`): what the table recorded of its topics
+    against what Kafka says now, and what a new plan records. Topic ids come from one describe call
+    per plan; where Kafka reports none, fingerprints are read from Kafka only for the topics the plan
+    would read something from."""
+
+    def __init__(self, ledger: Ledger, kafka: KafkaOffsets, ingest_id: str, topics: tuple[str, ...]):
+        self.ledger, self.kafka, self.ingest_id = ledger, kafka, ingest_id
+        self.ids = kafka.topic_ids(list(topics))
+
+    def recreated(self, committed: dict[TopicPartition, int | None],
+                  bounds: dict[TopicPartition, PartitionBounds]) -> list[Recreation]:
+        """The topics the table read whose identity changed."""
+        ledger, ingest = self.ledger, self.ingest_id
+        topics = sorted({tp.topic for tp, o in committed.items() if o is not None})
+        if not topics:
+            return []
+        marks = {t: ledger.topic_mark(ingest, t) for t in topics}
+        by_id = {t for t in topics if self.ids.get(t) is not None and marks[t]}
+        stamps = ledger.stamps(ingest, {tp: o for tp, o in committed.items() if tp.topic not in by_id})
+        reading = {tp.topic for tp, b in bounds.items() if b.end > max(b.log_start, committed.get(tp) or 0)}
+        check = stamped(committed, bounds, stamps, reading)
+        found = self.kafka.records_at(check) if check else {}
+        recorded: dict[str, str] = {}
+        for _ in range(2):  # a changed id is named whole in the message: read from the last batch's commit
+            changed = recreations(committed, bounds, kafka_ids=self.ids, marks=marks, stamps=stamps, found=found,
+                                  recorded_ids=recorded)
+            if recorded or not any(r.topic in by_id for r in changed):
+                return changed
+            last = ledger.find_batch(ingest, batch=ledger.last_batch(ingest), operation=CommitKind.BATCH)
+            recorded = dict(last.meta.topic_ids) if last else {"": ""}
+        return changed
+
+    def recorded(self, plan: BatchPlan, bounds: dict[TopicPartition, PartitionBounds]) -> BatchPlan:
+        """``plan`` with what identifies its topics: their ids, else the fingerprint of each partition
+        whose offset it moves (the last record below its end, read now, while the topic is the one
+        it was planned from)."""
+        ids = tuple((t, i) for t, i in sorted(self.ids.items()) if i is not None)
+        with_id, expected = {t for t, _ in ids}, plan.expected_committed
+        moved = {r.tp: r.end for r in plan.ranges if r.tp.topic not in with_id and r.end != expected.get(r.tp)}
+        stamps = self.kafka.last_records(moved, log_starts={tp: bounds[tp].log_start for tp in moved}) if moved else {}
+        return replace(plan, topic_ids=ids, stamps=tuple(sorted(stamps.items())))
+
+
 class OffsetPlanner:
     """The next batch: ``[committed, last stable offset)`` per partition, capped fairly.
-    ``config`` is the ingest's :class:`airflow_eo.loop.config.IngestConfig` (its options typed by the spec)."""
+    ``config`` is the ingest's :class:`airflow_eo.loop.config.IngestConfig` (its options typed by the spec).
+
+    ``starting_offsets`` places the partitions of the table's first batch; a partition that appears
+    later (added to the topic, or a topic new to the ingest) starts at its log start, unless the user
+    named it (:meth:`~airflow_eo.core.planning.StartingPosition.after_first_batch`)."""
 
     def __init__(self, config):
         self.config = config
@@ -63,14 +126,21 @@ class OffsetPlanner:
         partitions = kafka.partitions(c.topics)
         bounds = kafka.bounds(partitions)
         committed = ledger.committed_offsets(c.ingest_id, partitions + shrunk(partitions))
-        committed = {tp: v for tp, v in committed.items() if v is not None or tp in bounds}
+        committed = vanished(ledger, c.ingest_id, {tp: v for tp, v in committed.items()
+                                                   if v is not None or tp in bounds}, bounds)
+        last = ledger.last_batch(c.ingest_id)
+        position = c.starting_offsets if last == 0 else c.starting_offsets.after_first_batch()
         new = partitions_without_offsets(committed, bounds)
-        new_starts = kafka.resolve_starts(c.starting_offsets, new, bounds)
-        return plan_batch(
-            ingest_id=c.ingest_id, batch=ledger.last_batch(c.ingest_id) + 1,
+        new_starts = kafka.resolve_starts(position, new, bounds)
+        identities = TopicIdentities(ledger, kafka, c.ingest_id, c.topics)
+        plan = plan_batch(
+            ingest_id=c.ingest_id, batch=last + 1,
             committed=committed, bounds=bounds, new_starts=new_starts,
             max_records=c.max_records_per_run, on_data_loss=c.on_data_loss, run=run, planned_at=_now(),
+            recreated=identities.recreated(committed, bounds) if last else (),
+            on_topic_recreated=c.on_topic_recreated,
         )
+        return identities.recorded(plan, bounds) if not plan.is_empty else plan
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,9 @@ class PlanPreview:
     reader_schemas: tuple[ReaderSchema, ...]
     sinks: tuple[SinkPreview, ...]
     new_partitions: tuple[str, ...] = ()
+    new_partition_starts: tuple[str, ...] = ()  # where each new partition starts, and why
     skipped: tuple[str, ...] = ()
+    resets: tuple[str, ...] = ()
     dedup_key: str | None = None
     starts_spark: bool = False
     waiting: str | None = None
@@ -125,8 +127,9 @@ class PlanPreview:
         if self.interval:
             out.append(f"interval: {Interval(**self.interval)}")
         out += [f"  {r}" for r in self.ranges]
-        out += [f"new partition: {p}" for p in self.new_partitions]
+        out += [f"new partition: {p}" for p in self.new_partition_starts or self.new_partitions]
         out += [f"skipped (data loss): {s}" for s in self.skipped]
+        out += [f"topic recreated, reset: {r}" for r in self.resets]
         out += [f"reader schema: {s.column} {s}" for s in self.reader_schemas]
         if self.dedup_key:
             out.append(f"dedup by: {self.dedup_key}")
@@ -169,11 +172,32 @@ def _preview(ingestion: Ingestion, ledger: Ledger, run: RunIdentity, step: NextS
         reader_schemas=tuple(plan.reader_schemas or ()) if reads and plan is not None else (),
         sinks=sinks_of(ingestion, ledger),
         new_partitions=tuple(str(tp) for tp in plan.new_partitions) if reads and plan is not None else (),
+        new_partition_starts=_new_partitions(config, ledger, plan) if reads and plan is not None else (),
         skipped=tuple(f"{s.topic}[{s.partition}] {s.start}..{s.end}: {s.reason}" for s in plan.skipped)
         if reads and plan is not None else (),
+        resets=tuple(f"{r.topic}[{r.partition}] from {r.committed} to "
+                     + ("its start, offset " + str(r.start) if r.start is not None else "none (the new topic has no such "
+                        "partition)") + f": {r.reason}" for r in plan.resets) if reads and plan is not None else (),
         dedup_key=config.spec.dedup.key, starts_spark=reads and _starts_spark(ingestion, ledger, plan),
         waiting=waiting, lag=lag,
     )
+
+
+def _new_partitions(config, ledger: Ledger, plan: BatchPlan) -> tuple[str, ...]:
+    """Each partition the batch reads first, and where it starts: ``starting_offsets`` in the table's
+    first batch (or where the user named the partition); later, its log start."""
+    first = ledger.last_batch(config.ingest_id) == 0
+    position = config.spec.source.starting_offsets
+    starts = plan.starts
+
+    def how(tp) -> str:
+        if first:
+            return f"from starting_offsets ({position.kind}), offset {starts[tp]}"
+        if position.kind == "offsets" and tp in position.offsets:
+            return f"from its starting_offsets entry, offset {starts[tp]}"
+        return f"new partition, from its start (offset {starts[tp]})"
+
+    return tuple(f"{tp}, {how(tp)}" for tp in plan.new_partitions)
 
 
 def sinks_of(ingestion: Ingestion, ledger: Ledger) -> tuple[SinkPreview, ...]:

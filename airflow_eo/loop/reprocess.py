@@ -124,7 +124,7 @@ class Reprocessor:
             if counter == pending.from_version:
                 log.info("replaying the pending reprocess of batch %s", plan.batch)
         request = ReprocessRequest(requester.run_key, target, plan.batch, counter)
-        self._check_kafka(plan)
+        self._check_kafka(plan, ledger)
         self.requests.record(request)
         return self._execute(plan, request, requester, held, ledger.features.pinned())
 
@@ -151,7 +151,14 @@ class Reprocessor:
                 plan = replace(plan, reader_schemas=record.meta.findings.reader_schemas)
         return plan
 
-    def _check_kafka(self, plan: BatchPlan) -> None:
+    def _check_kafka(self, plan: BatchPlan, ledger: Ledger) -> None:
+        for topic in sorted({r.topic for r in plan.data_ranges}):
+            reset = ledger.last_reset(plan.ingest_id, topic)
+            if plan.batch < reset:
+                raise DataLossError(
+                    f"cannot reprocess batch {plan.batch}: it read topic {topic!r} before the topic was deleted and "
+                    f"created again (batch {reset} reset its offsets to the new topic's start), so its records are "
+                    "gone with the old topic. The batch's rows stay as they are; nothing was changed")
         kafka = self.ing.kafka()
         bounds = kafka.bounds([r.tp for r in plan.data_ranges])
         for r in plan.data_ranges:

@@ -26,7 +26,8 @@ from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.core.planning import CommitCheck
 from airflow_eo.loop.result import short_cause
 from airflow_eo.table.ledger import BatchRecord, Ledger
-from airflow_eo.table.staging import StagingArea
+from airflow_eo.spec import DEFAULT_GRACE_SECONDS
+from airflow_eo.table.staging import Heartbeat, StagingArea
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,15 @@ class Submitter(Protocol):
 class AttemptRunner:
     """Runs recorded attempts on Spark through a :class:`Submitter`."""
 
-    def __init__(self, staging: StagingArea, submitter: Submitter, secrets: Callable[[], Secrets]):
+    def __init__(self, staging: StagingArea, submitter: Submitter, secrets: Callable[[], Secrets],
+                 grace_seconds: float = DEFAULT_GRACE_SECONDS):
         self.staging, self.submitter, self.secrets = staging, submitter, secrets
+        self.grace_seconds = grace_seconds
 
-    def submit(self, attempt: Attempt) -> BaseException | None:
+    def submit(self, attempt: Attempt, also: tuple[tuple[StagingArea, str], ...] = ()) -> BaseException | None:
         """Record the attempt, run its Spark job, mark it ended; return the job's error if any.
+        While the job runs, the attempt's heartbeat is renewed (and those of ``also``: a fan-out's
+        other tables' attempts), so no other host's run collects its staged files.
 
         The error is returned, not raised: the job may have committed before it died, and
         only the Delta log can say (:func:`verdict`).
@@ -53,7 +58,8 @@ class AttemptRunner:
         failpoint("before_submit")
         started = time.monotonic()
         try:
-            self.submitter.submit(attempt, self.secrets())
+            with Heartbeat(((self.staging, attempt.attempt_id), *also), self.grace_seconds):
+                self.submitter.submit(attempt, self.secrets())
         except BaseException as exc:
             return self.typed_failure(attempt, exc)
         finally:

@@ -103,7 +103,7 @@ class BatchCommit:
         return add_actions(self.staged.files)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
-        return offset_transactions(self.plan, ledger)
+        return offset_transactions(self.plan, ledger, self.findings)
 
     def metadata(self) -> BatchMetadata:
         meta = BatchMetadata.of(self.kind, self.plan, self.staged.files, self.staged.rows_per_partition, self.findings)

@@ -2,14 +2,17 @@
 
 A batch's undecodable records (and, if asked, its dropped duplicates and rule violations) are staged
 by the driver (:mod:`airflow_eo.driver.dead_letters`) beside the dead-letter table; the main commit
-records them (``dead_letters`` in its metadata) and :func:`commit_dead_letters_of` then commits them
-with :class:`DeadLetterCommit` — once per batch (its ``dlq`` mark), rolled forward by the next run
-when a driver died between the two commits.
+records them (``dead_letters`` in its metadata, and the batch in the main table's
+``…:dead-letters:last`` mark) and :func:`commit_dead_letters_of` then commits them with
+:class:`DeadLetterCommit` — once per batch, in batch order (the dead-letter table's ``dlq`` counter
+only moves past a batch by committing its dead letters), rolled forward by the driver's own follow-up,
+the run's verify and every later run, whatever committed in between.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -24,10 +27,12 @@ from airflow_eo.table.commit import COMMITTED, CommitOutcome, StagedBatch, add_a
 from airflow_eo.table.engine_merge import EngineMerge
 from airflow_eo.sinks.base import Sink, SinkKind
 from airflow_eo.table.features import ConstraintKind, TableUse
-from airflow_eo.table.app_ids import dlq_app_id
-from airflow_eo.table.ledger import Ledger
+from airflow_eo.faults import failpoint
+from airflow_eo.table.app_ids import dead_letters_app_id, dlq_app_id
+from airflow_eo.table.ledger import BatchRecord, Ledger
 from airflow_eo.table.metadata import BatchFindings, BatchMetadata, CommitKind
 from airflow_eo.table.schema import delta_schema_of
+from airflow_eo.table.staging import missing_staged
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +66,14 @@ class DeadLetterSink(Sink):
         return DeadLetterCommit(staged)
 
     @staticmethod
-    def follow(findings: BatchFindings, table_uri: str, ingest_id: str, storage_options: dict | None = None) -> None:
-        """After the main table's commit decided: the batch's dead letters follow (or an earlier attempt's)."""
+    def follow(findings: BatchFindings, table_uri: str, ingest_id: str, batch: int,
+               storage_options: dict | None = None) -> None:
+        """After the main table's commit of ``batch`` decided: its dead letters follow (an earlier attempt's,
+        if that one committed), and with them any earlier batch's the dead-letter table still misses."""
         if findings.dead_letters is not None:
-            commit_dead_letters_of(Ledger.open(table_uri, storage_options), ingest_id, storage_options)
+            failpoint("before_dead_letters")  # the main commit landed, its dead letters not yet
+            commit_dead_letters_of(Ledger.open(table_uri, storage_options), ingest_id, findings.dead_letters.uri,
+                                   storage_options, upto=batch)
 
 
 class DeadLetterCommit:
@@ -90,13 +99,16 @@ class DeadLetterCommit:
     def check(self, ledger: Ledger) -> CommitCheck:
         if ledger.transaction(dlq_app_id(self.plan.ingest_id)) >= self.plan.batch:
             return CommitCheck.ALREADY_COMMITTED
-        missing = [f.path for f in self.staged.files if not ledger.location().exists(f.path)]
+        missing = missing_staged(ledger.location(), self.staged.files)
         if missing:
+            plan = self.plan
             raise TableError(
-                f"the dead letters of committed batch {self.plan.batch} of {self.plan.ingest_id} cannot be "
-                f"committed to {ledger.table_uri}: their staged files are gone ({', '.join(missing[:3])}), "
-                "deleted by hand or by a VACUUM of the dead-letter table. Reprocess that batch to rebuild "
-                "them, or accept the loss"
+                f"the dead letters of committed batch {plan.batch} of {plan.ingest_id} "
+                f"({sum(f.num_records for f in self.staged.files)} records of {', '.join(map(str, plan.data_ranges))}) "
+                f"cannot be committed to {ledger.table_uri}: their staged files are gone ({', '.join(missing[:3])}), "
+                "deleted by hand, by a VACUUM of the dead-letter table or by orphan collection. Reprocess that batch "
+                f"(`airflow-eo reprocess --run-key {plan.run.run_key or '<its run key>'}`): it stages them again and "
+                "commits them; `airflow-eo audit --dead-letter-table …` lists the offsets in neither table"
             )
         return CommitCheck.READY
 
@@ -126,21 +138,66 @@ class DeadLetterCommit:
 
 
 
-def commit_dead_letters_of(ledger: Ledger, ingest_id: str, storage_options: dict | None = None) -> RunStatus | None:
-    """Roll the dead-letter commit of the table's last batch forward if it is missing.
+def pending_dead_letters(ledger: Ledger, ingest_id: str, counter: Callable[[], int],
+                         upto: int | None = None) -> list[BatchRecord]:
+    """The batches of ``ingest_id`` after the dead-letter table's ``counter()`` (up to ``upto``) whose
+    dead letters it does not hold yet, oldest first, from the main table's log.
 
-    The main commit records its staged dead-letter files (``dead_letters`` in its metadata);
-    this commits them to the dead-letter table. Earlier batches are always complete: every run
-    does this before it plans. Returns the outcome's status, or None when the last batch has
-    no dead letters.
-    """
+    The main table's mark (``…:dead-letters:last``, a ``txn``) names the last batch that staged dead
+    letters: at or below the counter, nothing is pending and no history is read. Else the log is read
+    back from the newest commit until the counter (a batch the log no longer holds was rolled forward by
+    the runs after it: each run rolls forward before it plans). A table whose commits predate the mark is
+    read as before it: its last batch only."""
+    mark = ledger.transaction(dead_letters_app_id(ingest_id))
     last = ledger.last_batch(ingest_id)
-    record = ledger.find_batch(ingest_id, batch=last, operation=CommitKind.BATCH) if last else None
-    manifest = record.meta.findings.dead_letters if record else None
-    if record is None or manifest is None or not manifest.files:
-        return None
-    plan = BatchPlan(ingest_id, last, record.meta.ranges, record.meta.run, attempt_id=record.meta.attempt_id)
-    return commit(DeadLetterCommit(StagedBatch(plan, manifest.files)), manifest.uri, storage_options).status
+    if not mark:  # batches committed before the mark existed: the newest batch, as they were rolled forward
+        record = ledger.find_batch(ingest_id, batch=last, operation=CommitKind.BATCH) if last else None
+        return [record] if record is not None and _has_dead_letters(record) and last > counter() else []
+    top = min(mark, upto if upto is not None else mark)
+    held = counter()
+    if top <= held:
+        return []
+    found: dict[int, BatchRecord] = {}
+    window, span = 16, (ledger.version or 0) + 1
+    while True:  # newest first, in growing windows, until the counter (or the oldest commit the log holds)
+        records = ledger.batches(ingest_id, limit=min(window, span))
+        for record in records:
+            b = record.meta.batch
+            if record.meta.operation is CommitKind.BATCH and held < b <= top and _has_dead_letters(record):
+                found.setdefault(b, record)
+        if any(r.meta.batch <= held for r in records) or window >= span:
+            return [found[b] for b in sorted(found)]
+        window *= 16
+
+
+def _has_dead_letters(record: BatchRecord) -> bool:
+    manifest = record.meta.findings.dead_letters
+    return manifest is not None and bool(manifest.files)
+
+
+def commit_dead_letters_of(ledger: Ledger, ingest_id: str, dead_letter_uri: str,
+                           storage_options: dict | None = None, upto: int | None = None) -> int:
+    """Roll the dead-letter commits forward: every batch after the dead-letter table's counter (up to
+    ``upto``) that staged dead letters, oldest first, each once (:class:`DeadLetterCommit`).
+
+    Whatever committed in between (a rebased interval batch, a racing run) cannot make a batch's
+    dead letters be skipped: the counter only moves past a batch by committing its dead letters.
+    Returns how many batches' dead letters this call committed (``dead_letter_uri``: the ingest's
+    dead-letter table, whose counter says which it holds)."""
+    def counter() -> int:  # the dead-letter table is opened only when a batch may be pending
+        return Ledger.open(dead_letter_uri, storage_options).transaction(dlq_app_id(ingest_id))
+
+    committed = 0
+    for record in pending_dead_letters(ledger, ingest_id, counter, upto):
+        manifest = record.meta.findings.dead_letters
+        assert manifest is not None
+        meta = record.meta
+        plan = BatchPlan(ingest_id, meta.batch, meta.ranges, meta.run, attempt_id=meta.attempt_id)
+        status = commit(DeadLetterCommit(StagedBatch(plan, manifest.files)), manifest.uri, storage_options).status
+        if status is RunStatus.COMMITTED:
+            committed += 1
+            log.info("rolled forward the dead letters of batch %s (%d records)", meta.batch, manifest.records)
+    return committed
 
 
 def ensure_table(table_uri: str, arrow_schema: pa.Schema, storage_options: dict | None = None) -> None:

@@ -211,7 +211,7 @@ class MergeCommit:
         return [] if self.engine is not None else self.swap.actions(self.staged.files, ledger.features.names)
 
     def transactions(self, ledger: Ledger) -> list[Transaction]:
-        return [*offset_transactions(self.plan, ledger),
+        return [*offset_transactions(self.plan, ledger, self.findings),
                 Transaction(merge_app_id(self.plan.ingest_id), merge_mark(self.merge.key))]
 
     def metadata(self) -> BatchMetadata:

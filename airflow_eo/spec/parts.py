@@ -10,6 +10,7 @@ from functools import cached_property
 
 from airflow_eo.core.errors import ConfigError
 from airflow_eo.core.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
+from airflow_eo.core.identity import OnTopicRecreated
 from airflow_eo.core.planning import OnDataLoss, StartingPosition
 from airflow_eo.spec.columns import FORMATS, LATEST, ColumnSpec, Format, Source, column_of, format_of, version_of
 from airflow_eo.spec.options import (
@@ -65,16 +66,21 @@ class SourceSpec:
     topic_pattern: str | None = option(
         "topic_pattern", "instead of topics: a regular expression every topic read fully matches (as Kafka's Java "
         "client matches; internal topics never), resolved when a run plans: a topic created later is read from its "
-        "starting_offsets", None, templated=True, metavar="REGEX", parse=topic_regex)
+        "start (into a table of its own under {topic}: from starting_offsets, that table's first batch)", None, templated=True, metavar="REGEX", parse=topic_regex)
     starting_offsets: StartingPosition = option(
-        "starting_offsets", "where partitions the table never read start: earliest, latest, "
+        "starting_offsets", "where the partitions of the table's first batch start: earliest, latest, "
         '{"timestamp": ms} or {"topic": {"0": 42}} (-2 earliest, -1 latest); resolved once, committed with the '
-        "first batch", FROM_EARLIEST, templated=True, parse=starting_position,
-        dump=dump_starting_position)
+        "first batch. A partition that appears later starts at its log start (unless named here)", FROM_EARLIEST,
+        templated=True, parse=starting_position, dump=dump_starting_position)
     on_data_loss: OnDataLoss = option(
         "on_data_loss", "offsets deleted by retention before they were read: fail, or skip them (the gap is "
         "recorded in the commit)", OnDataLoss.FAIL, choices=tuple(m.value for m in OnDataLoss), parse=OnDataLoss,
         dump=enum_value)
+    on_topic_recreated: OnTopicRecreated = option(
+        "on_topic_recreated", "a topic deleted and created again since the table read it (another topic id, or "
+        "its records' fingerprints changed): fail without retry, or reset: read it from the new topic's start (the "
+        "reset is recorded in the commit)", OnTopicRecreated.FAIL, choices=tuple(m.value for m in OnTopicRecreated),
+        parse=OnTopicRecreated, dump=enum_value)
     mirror_consumer_group: str | None = option(
         "mirror_consumer_group", "also commit the table's offsets to this consumer group, for lag tools (the Delta "
         "log stays the source of truth)", None, parse=text)

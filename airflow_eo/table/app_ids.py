@@ -25,6 +25,26 @@ def batch_app_id(ingest_id: str) -> str:
     return f"{APP_PREFIX}:{ingest_id}:batch"
 
 
+def topic_mark_app_id(ingest_id: str, topic: str) -> str:
+    """The mark of the topic id the table's offsets of ``topic`` are of (:func:`airflow_eo.core.identity.id_mark`)."""
+    return f"{APP_PREFIX}:{ingest_id}:identity:{topic}:id"
+
+
+def topic_reset_app_id(ingest_id: str, topic: str) -> str:
+    """The batch that last reset ``topic``'s offsets to a recreated topic's start (on_topic_recreated='reset')."""
+    return f"{APP_PREFIX}:{ingest_id}:identity:{topic}:reset"
+
+
+def stamp_app_id(ingest_id: str, tp: TopicPartition) -> str:
+    """A partition's fingerprint where Kafka reports no topic id (:func:`airflow_eo.core.identity.pack_stamp`)."""
+    return f"{APP_PREFIX}:{ingest_id}:stamp:{tp.topic}:{tp.partition}"
+
+
+def dead_letters_app_id(ingest_id: str) -> str:
+    """On the main table: the last batch that staged dead letters (the roll-forward goes up to it)."""
+    return f"{APP_PREFIX}:{ingest_id}:dead-letters:last"
+
+
 def reprocess_app_id(ingest_id: str, batch: int) -> str:
     return f"{APP_PREFIX}:{ingest_id}:reprocess:{batch}"
 

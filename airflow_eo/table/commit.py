@@ -82,7 +82,7 @@ from deltalake.transaction import (
     AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions,
 )
 
-from airflow_eo.core.errors import CommitConflictError, TableError, TableFeatureError
+from airflow_eo.core.errors import CommitConflictError, StagedFilesMissingError, TableError, TableFeatureError
 from airflow_eo.faults import failpoint
 from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.core.planning import BatchPlan, CommitCheck, describe_mismatch
@@ -90,12 +90,15 @@ from airflow_eo.table.engine_merge import EngineMerge
 from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.files import TableFile, StagedFile
 from airflow_eo.table.intervals import IntervalLedger
-from airflow_eo.table.app_ids import batch_app_id, partition_app_id
+from airflow_eo.core.identity import id_mark, pack_stamp
+from airflow_eo.table.app_ids import (
+    batch_app_id, dead_letters_app_id, partition_app_id, stamp_app_id, topic_mark_app_id, topic_reset_app_id,
+)
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.mapping import ColumnNames
-from airflow_eo.table.metadata import METADATA_KEY, BatchMetadata, CommitKind
+from airflow_eo.table.metadata import METADATA_KEY, BatchFindings, BatchMetadata, CommitKind
 from airflow_eo.table.schema import add_columns, check_schema, delta_schema_of
-from airflow_eo.table.staging import StagingArea
+from airflow_eo.table.staging import StagingArea, missing_staged
 
 log = logging.getLogger(__name__)
 
@@ -297,14 +300,36 @@ def rebase(rule: "RebasingRule", ledger: Ledger) -> None:
     rule.plan = rule.staged.plan
 
 
-def offset_transactions(plan: BatchPlan, ledger: Ledger) -> list[Transaction]:
+def offset_transactions(plan: BatchPlan, ledger: Ledger, findings: BatchFindings | None = None) -> list[Transaction]:
     """``BATCH``'s set: the offsets at the plan's ends (interval mode: its interval and
-    boundaries) and the batch counter."""
+    boundaries), what identifies its topics, the batch counter and, when the batch staged dead
+    letters (``findings``), the main table's mark of the last batch that did (their roll-forward
+    goes up to it: :func:`airflow_eo.sinks.dead_letters.commit_dead_letters_of`)."""
     if plan.interval is not None:  # interval mode: the interval, its boundaries, high-water offsets
         txns = IntervalLedger(ledger, plan.ingest_id).transactions(plan)
     else:
         txns = [Transaction(partition_app_id(plan.ingest_id, r.tp), r.end) for r in plan.ranges]
-    return [*txns, Transaction(batch_app_id(plan.ingest_id), plan.batch)]
+    dead = findings.dead_letters if findings is not None else None
+    marks = [Transaction(dead_letters_app_id(plan.ingest_id), plan.batch)] if dead is not None and dead.files else []
+    return [*txns, *identity_transactions(plan), *marks, Transaction(batch_app_id(plan.ingest_id), plan.batch)]
+
+
+def identity_transactions(plan: BatchPlan) -> list[Transaction]:
+    """What identifies the topics the batch read, set with its offsets (:mod:`airflow_eo.core.identity`):
+    each topic id's mark, each moved partition's fingerprint (0: none found, cleared) and, for a
+    recreated topic read again from its start, the reset: the batch that did it, and the offsets and
+    fingerprints of partitions the new topic no longer has cleared."""
+    ingest, ends = plan.ingest_id, plan.ends
+    txns: dict[str, int] = {topic_mark_app_id(ingest, topic): id_mark(topic_id) for topic, topic_id in plan.topic_ids}
+    for tp, stamp in plan.stamps:
+        packed = pack_stamp(stamp, ends[tp]) if stamp is not None and tp in ends else None
+        txns[stamp_app_id(ingest, tp)] = packed or 0
+    for reset in plan.resets:
+        txns[topic_reset_app_id(ingest, reset.topic)] = plan.batch
+        txns.setdefault(stamp_app_id(ingest, reset.tp), 0)  # the old topic's fingerprint says nothing of the new
+        if reset.start is None:
+            txns[partition_app_id(ingest, reset.tp)] = 0
+    return [Transaction(app_id, version) for app_id, version in txns.items()]
 
 
 def batch_lost_race(plan: BatchPlan, exc: Exception) -> CommitConflictError:
@@ -384,6 +409,7 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
                                       app_transactions=rule.transactions(ledger),
                                       max_commit_retries=0 if once else None)
         read_version = ledger.version
+        check_staged(ledger, staged)
         failpoint("during_commit")  # compare done, Delta write not yet issued: the narrowest window
         try:
             if ledger.table is None and rule.creates_table:
@@ -423,6 +449,19 @@ def commit(rule: CommitRule, table_uri: str, storage_options: dict | None = None
         log.info("committed batch %s (%s) as table version %s", staged.plan.batch, rule.kind.value, outcome.version)
         return outcome
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def check_staged(ledger: Ledger, staged: StagedBatch) -> None:
+    """Every file the commit adds is still where the attempt staged it (a commit must never add a file
+    that is gone: readers would fail on it). Another run's orphan collection, or a hand, may have
+    deleted it; a retry stages the batch anew."""
+    missing = missing_staged(ledger.location(), staged.files) if staged.files else []
+    if missing:
+        raise StagedFilesMissingError(
+            f"{len(missing)} of the {len(staged.files)} file(s) batch {staged.plan.batch} staged in {ledger.table_uri} "
+            f"are gone before its commit ({', '.join(missing[:3])}): deleted by hand or by another run's orphan "
+            "collection (is staging_grace_seconds shorter than a batch on another host?). Nothing was committed; "
+            "run again: the retry stages the batch anew")
 
 
 def _first_line(exc: Exception) -> str:

@@ -56,7 +56,7 @@ from deltalake.schema import PrimitiveType
 from deltalake.transaction import CommitProperties, create_table_with_add_actions
 
 from airflow_eo.spec import DEFAULT_GRACE_SECONDS
-from airflow_eo.table.liveness import Liveness, ProcessId, liveness
+from airflow_eo.table.liveness import Liveness, ProcessId, liveness, renew_every
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,7 @@ class HeldLease:
         self._stop = threading.Event()
         self.lost = False
         # often enough that another host never sees it stale (its rule waits staging_grace_seconds)
-        self.renew_every = max(0.5, min(60.0, lease.grace_seconds / 4))
+        self.renew_every = renew_every(lease.grace_seconds)
         self._thread = threading.Thread(target=self._renewing, name="airflow-eo-lease", daemon=True)
         self._thread.start()
 

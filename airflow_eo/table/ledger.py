@@ -31,11 +31,12 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from airflow_eo.spec import TXN_RETENTION, normalize_table_uri
 from airflow_eo.core.errors import ConfigError, TableError, TableFeatureError
 from airflow_eo.core.planning import BatchPlan, CommitCheck, batch_state
-from airflow_eo.core.offsets import OffsetRange, TopicPartition
+from airflow_eo.core.identity import unpack_stamp
+from airflow_eo.core.offsets import OffsetRange, RecordStamp, TopicPartition
 from airflow_eo.table.metadata import DATA_OPERATIONS, METADATA_KEY, BatchMetadata, CommitKind
 from airflow_eo.table.app_ids import (
-    batch_app_id, merge_app_id,
-    partition_app_id, reprocess_app_id,
+    batch_app_id, merge_app_id, partition_app_id, reprocess_app_id, stamp_app_id, topic_mark_app_id,
+    topic_reset_app_id,
 )
 from airflow_eo.table.features import TableFeatures, TableUse
 from airflow_eo.table.intervals import IntervalLedger
@@ -233,6 +234,19 @@ class Ledger:
 
     def last_batch(self, ingest_id: str) -> int:
         return self.transaction(batch_app_id(ingest_id))
+
+    def topic_mark(self, ingest_id: str, topic: str) -> int | None:
+        """The mark of the topic id the table's offsets of ``topic`` are of (None: none recorded)."""
+        return self.transaction(topic_mark_app_id(ingest_id, topic)) or None
+
+    def last_reset(self, ingest_id: str, topic: str) -> int:
+        """The batch that last read ``topic`` again from a recreated topic's start (0: never)."""
+        return self.transaction(topic_reset_app_id(ingest_id, topic))
+
+    def stamps(self, ingest_id: str, committed: dict[TopicPartition, int | None]) -> dict[TopicPartition, RecordStamp | None]:
+        """Each committed partition's fingerprint (:mod:`airflow_eo.core.identity`; None: none recorded)."""
+        return {tp: unpack_stamp(self.transaction(stamp_app_id(ingest_id, tp)), offset)
+                for tp, offset in committed.items() if offset is not None}
 
     def reprocess_count(self, ingest_id: str, batch: int) -> int:
         return self.transaction(reprocess_app_id(ingest_id, batch))

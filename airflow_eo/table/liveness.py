@@ -14,8 +14,11 @@ waiting for a table's turn, orphan collection, ``status`` and the scratch clean-
 * its submitter ran on this host and is gone, and its driver never started or is gone
   too → :attr:`Liveness.DEAD` (a killed task, an OOM-killed or evicted worker);
 * otherwise a process of it lives here, or its processes are on another host (cluster
-  mode, another worker), where only age can tell: :attr:`Liveness.RUNNING` until
-  ``grace_seconds`` after it started, the bound on how long one attempt may run.
+  mode, another worker), where only time can tell: :attr:`Liveness.RUNNING` until
+  ``grace_seconds`` after it started or, when a process of it renews its heartbeat
+  (:class:`airflow_eo.table.staging.Heartbeat`, every quarter of the grace at most), after
+  its last renewal: a batch that runs longer than the grace is not taken for dead while it
+  runs.
 
 Example::
 
@@ -114,8 +117,9 @@ def _alive(pid: int, started: float) -> bool:
         return True
 
 
-def liveness(marker: Marker, grace_seconds: float, now: float | None = None) -> Liveness:
-    """The one rule (see the module docstring)."""
+def liveness(marker: Marker, grace_seconds: float, now: float | None = None,
+             renewed_at: float | None = None) -> Liveness:
+    """The one rule (see the module docstring; ``renewed_at``: the attempt's last heartbeat)."""
     if marker.ended_at is not None:
         return Liveness.ENDED
     driver = marker.driver.state()
@@ -125,7 +129,13 @@ def liveness(marker: Marker, grace_seconds: float, now: float | None = None) -> 
     if submitter is ProcessState.GONE and driver is ProcessState.NOT_STARTED:
         return Liveness.DEAD
     now = time.time() if now is None else now
-    return Liveness.RUNNING if now - marker.started_at < grace_seconds else Liveness.DEAD
+    return Liveness.RUNNING if now - max(marker.started_at, renewed_at or 0.0) < grace_seconds else Liveness.DEAD
+
+
+def renew_every(grace_seconds: float) -> float:
+    """How often a live attempt (or a lease's holder) renews: often enough that another host never sees
+    it stale by the rule's ``grace_seconds``."""
+    return max(0.5, min(60.0, grace_seconds / 4))
 
 
 # -- an attempt's local scratch ---------------------------------------------------------------

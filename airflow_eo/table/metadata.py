@@ -25,7 +25,7 @@ from typing import Iterable
 
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.core.planning import BatchPlan, ReaderSchema, reader_schemas_of
-from airflow_eo.core.offsets import OffsetRange, RunIdentity, SkippedRange
+from airflow_eo.core.offsets import OffsetRange, RunIdentity, SkippedRange, TopicReset
 from airflow_eo.spec.options import WriteMode
 from airflow_eo.table.files import StagedFile
 
@@ -206,6 +206,8 @@ class BatchMetadata:
     added_columns: tuple[str, ...] = ()  # ADD_COLUMNS
     merge: MergeInfo | None = None  # write_mode=merge
     planned_batch: int | None = None  # an interval batch rebased at commit: the number it was planned (logged) with
+    topic_ids: tuple[tuple[str, str], ...] = ()  # the ids of the topics read, where Kafka reports them
+    resets: tuple[TopicReset, ...] = ()  # partitions of recreated topics read again from their start
 
     @classmethod
     def of(cls, kind: CommitKind, plan: BatchPlan, files: Iterable[StagedFile] = (),
@@ -218,6 +220,8 @@ class BatchMetadata:
             bytes=sum(f.size for f in files), attempt_id=plan.attempt_id, run=plan.run, planned_at=plan.planned_at,
             ranges=tuple(plan.ranges), rows=sum(rows.values()), rows_per_partition=rows, skipped=tuple(plan.skipped),
             findings=findings or BatchFindings(), reprocess=reprocess, merge=merge,
+            topic_ids=tuple(plan.topic_ids) if kind is CommitKind.BATCH else (),
+            resets=tuple(plan.resets) if kind is CommitKind.BATCH else (),
         )
 
     @property
@@ -270,6 +274,10 @@ class BatchMetadata:
             out["merge"] = self.merge.to_dict()
         if self.planned_batch is not None:
             out["planned_batch"] = self.planned_batch
+        if self.topic_ids:
+            out["topic_ids"] = dict(self.topic_ids)
+        if self.resets:
+            out["resets"] = [asdict(r) for r in self.resets]
         return out
 
     def to_json(self) -> str:
@@ -298,6 +306,8 @@ class BatchMetadata:
             added_columns=tuple(meta.get("added", ())),
             merge=MergeInfo.from_dict(meta["merge"]) if meta.get("merge") else None,
             planned_batch=int(meta["planned_batch"]) if meta.get("planned_batch") is not None else None,
+            topic_ids=tuple((str(t), str(i)) for t, i in (meta.get("topic_ids") or {}).items()),
+            resets=tuple(TopicReset(**_known(TopicReset, r)) for r in meta.get("resets", ())),
         )
 
     @classmethod

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timezone
 
@@ -33,7 +34,9 @@ from airflow_eo.spec import KEY_COLUMNS
 from airflow_eo.core.planning import BatchPlan
 from airflow_eo.spec import DEFAULT_GRACE_SECONDS  # the default of the staging_grace_seconds option
 from airflow_eo.table.mapping import ColumnNames
-from airflow_eo.table.liveness import Liveness, ProcessId, liveness, remove_scratch, scratch_attempt_ids
+from airflow_eo.table.liveness import (
+    Liveness, ProcessId, ProcessState, liveness, remove_scratch, renew_every, scratch_attempt_ids,
+)
 from airflow_eo.table.files import StagedFile
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.storage import TableLocation
@@ -112,6 +115,28 @@ class StagingArea:
 
     def marker_path(self, attempt_id: str) -> str:
         return self.loc.join(ATTEMPTS_DIR, f"{attempt_id}.json")
+
+    def heartbeat_path(self, attempt_id: str) -> str:
+        return self.loc.join(ATTEMPTS_DIR, f"{attempt_id}.alive")
+
+    def renew(self, attempt_id: str) -> None:
+        """Say the attempt is alive now (a file of its own: the marker's writers never race it)."""
+        self.loc.write_text(self.heartbeat_path(attempt_id), json.dumps({"renewed_at": time.time()}))
+
+    def renewed_at(self, attempt_id: str) -> float | None:
+        text = self.loc.read_text(self.heartbeat_path(attempt_id))
+        try:
+            return float(json.loads(text)["renewed_at"]) if text else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def liveness(self, marker: AttemptMarker, grace_seconds: float, now: float | None = None) -> Liveness:
+        """The one rule (:func:`airflow_eo.table.liveness.liveness`), with the attempt's heartbeat read
+        only when its marker alone would call it dead."""
+        found = liveness(marker, grace_seconds, now)
+        if found is Liveness.DEAD and marker.ended_at is None and marker.driver.state() is not ProcessState.GONE:
+            found = liveness(marker, grace_seconds, now, self.renewed_at(marker.attempt_id))
+        return found
 
     def begin_attempt(self, attempt: Attempt) -> str:
         """Record that an attempt starts (before it writes a byte) and return its directory."""
@@ -192,7 +217,7 @@ class StagingArea:
     def running_attempts(self, grace_seconds: float = DEFAULT_GRACE_SECONDS,
                          now: float | None = None) -> list[AttemptMarker]:
         """Attempts that may still be running (:func:`airflow_eo.table.liveness.liveness`)."""
-        return [m for m in self.markers() if liveness(m, grace_seconds, now) is Liveness.RUNNING]
+        return [m for m in self.markers() if self.liveness(m, grace_seconds, now) is Liveness.RUNNING]
 
     def blocking_attempts(self, run_key: str | None, committed_batch: Callable[[str], int | None],
                           grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -219,7 +244,7 @@ class StagingArea:
         removed = []
         for attempt_id in scratch_attempt_ids():
             marker = self.read_marker(attempt_id)
-            if marker is not None and liveness(marker, grace_seconds, now) is not Liveness.RUNNING \
+            if marker is not None and self.liveness(marker, grace_seconds, now) is not Liveness.RUNNING \
                     and remove_scratch(attempt_id):
                 removed.append(attempt_id)
         return removed
@@ -285,7 +310,7 @@ class StagingArea:
             if marker is not None and marker.committed:
                 continue
             if marker is not None:
-                if liveness(marker, grace_seconds, now) is Liveness.RUNNING:
+                if self.liveness(marker, grace_seconds, now) is Liveness.RUNNING:
                     continue
             elif info.mtime is None or now - info.mtime.timestamp() < grace_seconds:
                 continue  # no marker (torn, or pruned): only its age can tell
@@ -301,9 +326,55 @@ class StagingArea:
                 # for a while (a Connect server finishes them): keep its marker, so files
                 # written after this pass are known as that dead attempt's and go next time.
                 self.loc.fs.delete_file(self.marker_path(attempt_id))
+                try:
+                    self.loc.fs.delete_file(self.heartbeat_path(attempt_id))
+                except FileNotFoundError:
+                    pass  # an attempt that never renewed (or of an earlier version)
             removed.append(name)
             log.info("removed orphaned staged files of attempt %s", name)
         return removed
+
+
+class Heartbeat:
+    """While the block runs, a thread renews the attempts' heartbeats (:meth:`StagingArea.renew`), so another
+    host's rule sees them alive however long they run. A renewal that fails is retried by the next."""
+
+    def __init__(self, attempts: Iterable[tuple[StagingArea, str]], grace_seconds: float):
+        self.attempts, self.every = list(attempts), renew_every(grace_seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renewing, name="airflow-eo-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _beat(self) -> None:
+        for staging, attempt_id in self.attempts:
+            try:
+                staging.renew(attempt_id)
+            except OSError as exc:
+                log.warning("could not renew the heartbeat of attempt %s: %s", attempt_id, exc)
+
+    def _renewing(self) -> None:
+        while not self._stop.wait(self.every):
+            self._beat()
+
+
+def missing_staged(location: TableLocation, files: Iterable[StagedFile]) -> list[str]:
+    """The staged files (relative paths) no longer there: one listing per attempt directory."""
+    wanted: dict[str, list[str]] = {}
+    for f in files:
+        wanted.setdefault(attempt_dir_of(f.path), []).append(f.path)
+    missing = []
+    for directory, paths in sorted(wanted.items()):
+        present = {location.relative(i.path) for i in location.list_files(location.join(directory))}
+        missing += [p for p in paths if p not in present]
+    return missing
 
 
 def collect_orphans(table_uri: str, storage_options: dict | None, grace_seconds: float) -> list[str]:

@@ -13,6 +13,7 @@ both understand (``gs://``, ``abfss://``…) have atomic put-if-absent natively.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -83,7 +84,7 @@ class TableLocation:
         parent = path.rsplit("/", 1)[0]
         self.fs.create_dir(parent, recursive=True)
         if isinstance(self.fs, pafs.LocalFileSystem):
-            tmp = f"{path}.tmp-{os.getpid()}"
+            tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"  # threads of one process write too
             with self.fs.open_output_stream(tmp) as f:
                 f.write(text.encode())
             os.replace(tmp, path)

@@ -17,7 +17,7 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from airflow_eo.core.errors import KafkaUnavailableError
 from airflow_eo.kafka import KafkaOffsets
-from airflow_eo.core.offsets import PartitionBounds, TopicPartition
+from airflow_eo.core.offsets import PartitionBounds, RecordStamp, TopicPartition
 
 
 class FakeKafka(KafkaOffsets):
@@ -29,7 +29,23 @@ class FakeKafka(KafkaOffsets):
         self.records: dict[TopicPartition, list[int]] = {
             TopicPartition(t, p): [] for t, n in topics.items() for p in range(n)}
         self.log_start: dict[TopicPartition, int] = dict.fromkeys(self.records, 0)
+        self.ids: dict[str, str | None] = dict.fromkeys(topics)  # topic ids (None: the broker reports none)
         self.asked: list[str] = []  # which questions were asked, in order
+
+    def recreate(self, topic: str, partitions: int, topic_id: str | None = None) -> None:
+        """Delete ``topic`` and create it again, empty, with ``partitions`` partitions (and ``topic_id``)."""
+        for tp in [tp for tp in self.records if tp.topic == topic]:
+            del self.records[tp], self.log_start[tp]
+        for p in range(partitions):
+            self.records[TopicPartition(topic, p)] = []
+            self.log_start[TopicPartition(topic, p)] = 0
+        self.ids[topic] = topic_id
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        """CreatePartitions: ``topic`` grows to ``total`` partitions."""
+        for p in range(total):
+            self.records.setdefault(TopicPartition(topic, p), [])
+            self.log_start.setdefault(TopicPartition(topic, p), 0)
 
     def produce(self, tp: TopicPartition, *timestamps_ms: int) -> None:
         self.records[tp].extend(timestamps_ms)
@@ -59,6 +75,23 @@ class FakeKafka(KafkaOffsets):
             offsets = range(self.log_start[tp], len(self.records[tp]))
             found[tp] = next((o for o in offsets if self.records[tp][o] >= timestamp_ms), -1)
         return found
+
+    def topic_ids(self, topics: list[str]) -> dict[str, str | None]:
+        self.asked.append("topic_ids")
+        return {t: self.ids.get(t) for t in topics}
+
+    def _stamp(self, tp: TopicPartition, offset: int) -> RecordStamp:
+        return RecordStamp(offset, self.records[tp][offset])
+
+    def records_at(self, offsets, timeout: float = 5.0):
+        self.asked.append("records_at")
+        return {tp: self._stamp(tp, o) if tp in self.records and self.log_start[tp] <= o < len(self.records[tp])
+                else None for tp, o in offsets.items()}
+
+    def last_records(self, ends, look_back: int = 32, log_starts=None, timeout: float = 5.0):
+        self.asked.append("last_records")
+        return {tp: self._stamp(tp, end - 1) if tp in self.records and self.log_start[tp] < end <= len(self.records[tp])
+                else None for tp, end in ends.items()}
 
     def newest_timestamps(self, bounds, look_back: int = 10, timeout: float = 5.0):
         self.asked.append("newest_timestamps")

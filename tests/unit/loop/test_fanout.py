@@ -131,3 +131,32 @@ def test_in_interval_mode_every_table_commits_the_runs_interval_once(tmp_path):
     assert offsets(str(tmp_path / "a"), "events") == offsets(str(tmp_path / "b"), "events") == [12, 12]
     again = fan.run(RunIdentity("hour-1-cleared"), Interval(base + hour, base + 2 * hour))
     assert {t.status for t in again.tables} == {"already_committed"} and len(submitter.jobs) == 1
+
+
+def test_a_table_refused_at_planning_stays_behind_while_the_others_commit_on_every_run(tmp_path):
+    """Routing by {topic}: topic ``a`` is deleted and created again under the tables; only its table is
+    refused (without retry), ``b``'s commits on every run; with the reset, ``a``'s catches up."""
+    from airflow_eo.core.errors import TopicRecreatedError
+
+    kafka = FakeKafka(a=1, b=1)
+    for topic in "ab":
+        kafka.produce(TopicPartition(topic, 0), *range(1_000, 1_010))
+
+    def routed(**options) -> FanOut:
+        spec = FanOutSpec.of(ingest_id="fan", topics="a,b", sinks=[{"table_uri": str(tmp_path / "{topic}")}],
+                             **options)
+        return FanOut(spec, Secrets({"bootstrap.servers": "fake:9092"}), CommittingSubmitter(), kafka)
+
+    routed().run(RunIdentity("r1"))
+    kafka.recreate("a", 1)
+    for run in ("r2", "r3"):
+        kafka.produce(TopicPartition("a", 0), *range(5_000, 5_004))
+        kafka.produce(TopicPartition("b", 0), 2_000)
+        with pytest.raises(TopicRecreatedError, match=f"^{tmp_path / 'a'}: topic 'a' was deleted and created again"):
+            routed().run(RunIdentity(run))
+        assert offsets(str(tmp_path / "a"), "a", 1) == [10]
+    assert offsets(str(tmp_path / "b"), "b", 1) == [12]
+    result = routed(on_topic_recreated="reset").run(RunIdentity("r4"))
+    assert offsets(str(tmp_path / "a"), "a", 1) == [8] and result.status == "committed"
+    record = Ledger.open(str(tmp_path / "a")).batches("fan", limit=1)[0]
+    assert [(r.topic, r.partition, r.committed, r.start) for r in record.meta.resets] == [("a", 0, 10, 0)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from airflow_eo.core.errors import ConfigError, DataLossError, IntervalNotClosedError, KafkaUnavailableError, \
@@ -12,6 +14,11 @@ from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity, TopicPar
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.app_ids import batch_app_id, interval_app_id, interval_at_app_id, partition_app_id, span_app_id
+from airflow_eo.core.errors import TopicRecreatedError
+from airflow_eo.core.identity import id_mark, pack_stamp
+from airflow_eo.core.offsets import RecordStamp, TopicReset
+from airflow_eo.table.app_ids import stamp_app_id, topic_mark_app_id
+from airflow_eo.table.commit import identity_transactions
 from tests.conftest import build_config
 from tests.unit.fakes import FakeKafka, Txn, ledger_table
 
@@ -34,13 +41,18 @@ def kafka_with(*counts: int) -> FakeKafka:
     return kafka
 
 
-def committed(tmp_path, batch: int, **offsets: int) -> Ledger:
-    """A table ``orders_raw`` committed ``batch`` batches to, with next offsets ``p0=…, p1=…``."""
+def committed(tmp_path, batch: int, *extra: Txn, **offsets: int) -> Ledger:
+    """A table ``orders_raw`` committed ``batch`` batches to, with next offsets ``p0=…, p1=…`` (and ``extra``)."""
     uri = str(tmp_path / "t")
     ledger_table(uri, Txn(batch_app_id("orders_raw"), batch),
                  *(Txn(partition_app_id("orders_raw", TopicPartition("orders", int(k[1:]))), v)
-                   for k, v in offsets.items()))
+                   for k, v in offsets.items()), *extra)
     return Ledger.open(uri)
+
+
+def stamp_of(kafka: FakeKafka, tp: TopicPartition, committed_at: int) -> Txn:
+    """The fingerprint a commit up to ``committed_at`` recorded of ``tp`` (its last record below)."""
+    return Txn(stamp_app_id("orders_raw", tp), pack_stamp(kafka._stamp(tp, committed_at - 1), committed_at))
 
 
 def new_table(tmp_path) -> Ledger:
@@ -86,11 +98,25 @@ def test_nothing_new_is_an_empty_plan(tmp_path):
     assert plan.is_empty and plan.batch == 3
 
 
-def test_a_partition_added_to_the_topic_starts_at_the_starting_position(tmp_path):
-    plan = OffsetPlanner(config(starting_offsets="latest")).plan(
+def test_a_partition_added_after_the_first_batch_starts_at_its_log_start_whatever_the_starting_position(tmp_path):
+    # "latest" (or a timestamp) placed the first batch's partitions; one added later would lose the
+    # records written to it before this run if it started there too
+    for start in ("latest", '{"timestamp": %d}' % (BASE + 10)):
+        plan = OffsetPlanner(config(starting_offsets=start)).plan(RUN, committed(tmp_path / start[:3], 1, p0=2),
+                                                                  kafka_with(5, 3))
+        assert plan.new_partitions == (T1,)
+        assert plan.ranges == (OffsetRange("orders", 0, 2, 5), OffsetRange("orders", 1, 0, 3))
+
+
+def test_a_partition_the_user_named_starts_where_named_even_when_it_appears_later(tmp_path):
+    plan = OffsetPlanner(config(starting_offsets='{"orders": {"1": 2}}')).plan(
         RUN, committed(tmp_path, 1, p0=2), kafka_with(5, 3))
-    assert plan.new_partitions == (T1,)
-    assert plan.ranges == (OffsetRange("orders", 0, 2, 5), OffsetRange("orders", 1, 3, 3))
+    assert plan.ranges == (OffsetRange("orders", 0, 2, 5), OffsetRange("orders", 1, 2, 3))
+
+
+def test_the_first_batch_places_every_partition_at_the_starting_position(tmp_path):
+    plan = OffsetPlanner(config(starting_offsets="latest")).plan(RUN, new_table(tmp_path), kafka_with(5, 3))
+    assert plan.ranges == (OffsetRange("orders", 0, 5, 5), OffsetRange("orders", 1, 3, 3))
 
 
 def test_the_cap_is_shared_fairly_between_partitions(tmp_path):
@@ -109,13 +135,13 @@ def test_offsets_lost_to_retention_fail_unless_skipping_is_asked_for(tmp_path):
 
 
 def test_a_table_ahead_of_kafka_is_refused(tmp_path):
-    with pytest.raises(OffsetsAheadError, match=r"orders\[0\].*committed offset 50"):
+    with pytest.raises(OffsetsAheadError, match=r"orders\[0\] read up to offset 50.*orders\[0\] ending at offset 5"):
         OffsetPlanner(config()).plan(RUN, committed(tmp_path, 1, p0=50, p1=0), kafka_with(5, 3))
 
 
 def test_a_topic_recreated_with_fewer_partitions_is_refused(tmp_path):
     """The table committed partition 1; Kafka now has only partition 0."""
-    with pytest.raises(OffsetsAheadError, match=r"orders\[1\]"):
+    with pytest.raises(TopicRecreatedError, match=r"orders.*partition 1 read up to offset 2.*1 partition\(s\), no orders\[1\]"):
         OffsetPlanner(config()).plan(RUN, committed(tmp_path, 1, p0=2, p1=2), kafka_with(5))
     assert shrunk([T0, T1, TopicPartition("other", 0)]) == [TopicPartition("orders", 2), TopicPartition("other", 1)]
 
@@ -167,3 +193,91 @@ def test_a_committed_interval_is_answered_with_its_batch_and_kafka_is_not_asked(
         IntervalPlanner(config(), Interval(BASE + HOUR // 2, BASE + 2 * HOUR)).plan(RUN, Ledger.open(uri), kafka)
     with pytest.raises(ConfigError, match="is interval-keyed; this run asks for offset mode"):
         OffsetPlanner(config()).plan(RUN, Ledger.open(uri), kafka)
+
+
+def recreated_kafka() -> tuple[FakeKafka, Txn]:
+    """``orders`` held 10 records when the table committed them (its fingerprint), then was deleted and
+    created again, and holds 25 new ones."""
+    kafka = kafka_with(10)
+    stamp = stamp_of(kafka, T0, 10)
+    kafka.recreate("orders", 1)
+    kafka.produce(T0, *(BASE + HOUR + i for i in range(25)))
+    return kafka, stamp
+
+
+def test_a_recreated_topic_is_refused_in_one_line_naming_both_fingerprints(tmp_path):
+    kafka, stamp = recreated_kafka()
+    with pytest.raises(TopicRecreatedError) as raised:
+        OffsetPlanner(config()).plan(RUN, committed(tmp_path, 1, stamp, p0=10), kafka)
+    message = str(raised.value)
+    assert "\n" not in message and not raised.value.retryable
+    assert re.search(r"topic 'orders' was deleted and created again.*orders\[0\] record 9 at 2026-01-01T00:00:00\.009Z"
+                     r".*orders\[0\] record 9 at 2026-01-01T01:00:00\.009Z.*on_topic_recreated='reset'", message)
+
+
+def test_with_reset_a_recreated_topic_is_read_from_its_start_and_the_reset_is_recorded(tmp_path):
+    kafka, stamp = recreated_kafka()
+    plan = OffsetPlanner(config(on_topic_recreated="reset")).plan(RUN, committed(tmp_path, 1, stamp, p0=10), kafka)
+    assert plan.ranges == (OffsetRange("orders", 0, 0, 25),) and plan.expected_committed == {T0: 10}
+    assert [(r.tp, r.committed, r.start) for r in plan.resets] == [(T0, 10, 0)]
+    assert plan.stamps == ((T0, RecordStamp(24, BASE + HOUR + 24)),)  # the new topic's, for the next run
+    txns = {t.app_id: t.version for t in identity_transactions(plan)}
+    assert txns["airflow-eo:orders_raw:identity:orders:reset"] == plan.batch
+    assert txns[stamp_app_id("orders_raw", T0)] == pack_stamp(RecordStamp(24, BASE + HOUR + 24), 25)
+
+
+def test_the_same_topic_passes_and_each_moved_partition_gets_a_new_fingerprint(tmp_path):
+    kafka = kafka_with(10, 4)
+    stamp = stamp_of(kafka, T0, 10)
+    kafka.produce(T0, *(BASE + 100 + i for i in range(5)))
+    plan = OffsetPlanner(config()).plan(RUN, committed(tmp_path, 1, stamp, p0=10, p1=4), kafka)
+    assert plan.ranges == (OffsetRange("orders", 0, 10, 15), OffsetRange("orders", 1, 4, 4)) and not plan.resets
+    assert plan.stamps == ((T0, RecordStamp(14, BASE + 104)),)  # p1 did not move: its fingerprint stays
+
+
+def test_nothing_new_reads_no_fingerprint_from_kafka(tmp_path):
+    kafka = kafka_with(10)
+    plan = OffsetPlanner(config()).plan(RUN, committed(tmp_path, 1, stamp_of(kafka, T0, 10), p0=10), kafka)
+    assert plan.is_empty and "records_at" not in kafka.asked and "last_records" not in kafka.asked
+
+
+def test_a_topic_recreated_shorter_than_the_table_read_is_refused_and_reset_on_request(tmp_path):
+    kafka = kafka_with(10)
+    kafka.recreate("orders", 1)
+    kafka.produce(T0, BASE + HOUR, BASE + HOUR + 1)
+    with pytest.raises(TopicRecreatedError, match=r"orders\[0\] read up to offset 10.*ending at offset 2"):
+        OffsetPlanner(config()).plan(RUN, committed(tmp_path / "a", 1, p0=10), kafka)
+    plan = OffsetPlanner(config(on_topic_recreated="reset")).plan(RUN, committed(tmp_path / "b", 1, p0=10), kafka)
+    assert plan.ranges == (OffsetRange("orders", 0, 0, 2),)
+
+
+def test_with_reset_partitions_the_new_topic_lacks_are_cleared(tmp_path):
+    kafka = kafka_with(5)  # orders had partitions 0..2 when the table read them; now one
+    plan = OffsetPlanner(config(on_topic_recreated="reset")).plan(RUN, committed(tmp_path, 1, p0=2, p1=3, p2=4), kafka)
+    assert [(r.tp, r.committed, r.start) for r in plan.resets] == [
+        (T0, 2, 0), (T1, 3, None), (TopicPartition("orders", 2), 4, None)]
+    txns = {t.app_id: t.version for t in identity_transactions(plan)}
+    assert txns[partition_app_id("orders_raw", T1)] == 0 == txns[partition_app_id("orders_raw", TopicPartition("orders", 2))]
+
+
+def test_where_kafka_reports_topic_ids_they_decide_and_no_record_is_read(tmp_path):
+    kafka = kafka_with(10)
+    kafka.ids["orders"] = "Mh1ZQ3UdQ6-uQ_sSkE2a3Q"
+    kafka.produce(T0, BASE + 50)
+    mark = Txn(topic_mark_app_id("orders_raw", "orders"), id_mark("Mh1ZQ3UdQ6-uQ_sSkE2a3Q"))
+    plan = OffsetPlanner(config()).plan(RUN, committed(tmp_path / "same", 1, mark, p0=10), kafka)
+    assert plan.ranges == (OffsetRange("orders", 0, 10, 11),) and plan.stamps == ()
+    assert plan.topic_ids == (("orders", "Mh1ZQ3UdQ6-uQ_sSkE2a3Q"),)
+    assert "records_at" not in kafka.asked and "last_records" not in kafka.asked
+    kafka.ids["orders"] = "AQAAAAAAAAAAAAAAAAAAAA"  # deleted and created again: another id
+    with pytest.raises(TopicRecreatedError, match=r"another topic id .*topic id AQAAAAAAAAAAAAAAAAAAAA"):
+        OffsetPlanner(config()).plan(RUN, committed(tmp_path / "other", 1, mark, p0=10), kafka)
+
+
+def test_reset_records_are_read_back_from_the_plan_log(tmp_path):
+    from airflow_eo.core.planning import BatchPlan
+
+    kafka, stamp = recreated_kafka()
+    plan = OffsetPlanner(config(on_topic_recreated="reset")).plan(RUN, committed(tmp_path, 1, stamp, p0=10), kafka)
+    again = BatchPlan.from_json(plan.to_json())
+    assert again == plan and isinstance(again.resets[0], TopicReset)

@@ -1,6 +1,8 @@
 """The compare-and-set commit (airflow_eo.table.commit) on temporary Delta tables, with staged
 Parquet files written by pyarrow instead of Spark; and what deltalake itself detects underneath."""
 
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -158,3 +160,14 @@ def test_dead_letters_land_once_per_batch(tmp_path):
     assert commit(DeadLetterCommit(letters), dlq).status == COMMITTED
     assert commit(DeadLetterCommit(letters), dlq).status == ALREADY_COMMITTED
     assert Ledger.open(dlq).transaction(dlq_app_id(INGEST)) == 1 and len(rows(dlq)) == 4
+
+
+def test_a_commit_whose_staged_files_are_gone_commits_nothing_and_is_retried(tmp_path):
+    from airflow_eo.core.errors import StagedFilesMissingError
+
+    uri = str(tmp_path / "t")
+    staged = stage(uri, batch_plan(1, 0, 10))
+    os.remove(f"{uri}/{staged.files[0].path}")  # another host's run took the attempt for dead
+    with pytest.raises(StagedFilesMissingError, match=r"1 of the 2 file\(s\) batch 1 staged .* are gone") as raised:
+        commit(BatchCommit(staged), uri)
+    assert raised.value.retryable and not Ledger.open(uri).exists

@@ -131,3 +131,30 @@ def test_scratch_of_ended_and_dead_attempts_goes_and_of_running_ones_stays(stagi
         os.makedirs(os.path.join(live.scratch_dir(attempt_id), "blockmgr-x"))
     assert sorted(staging.collect_scratch(DAY)) == ["d" * 16, "e" * 16]
     assert os.listdir(live.scratch_root()) == ["r" * 16]
+
+
+def test_another_hosts_attempt_that_renews_its_heartbeat_runs_past_the_grace_period(staging):
+    long_ago = time.time() - 3600
+    slow = marker(attempt_id="s" * 16, host="worker-2", pid=123, driver_host="worker-3", driver_pid=456,
+                  started_at=long_ago)
+    write(staging, slow)
+    assert staging.liveness(slow, 600) is Liveness.DEAD  # no heartbeat: only its start can tell
+    staging.renew(slow.attempt_id)  # a process of it says it is alive
+    assert staging.liveness(slow, 600) is Liveness.RUNNING
+    assert staging.liveness(slow, 600, now=time.time() + 601) is Liveness.DEAD  # it stopped renewing
+    # its staged files are kept while it renews, and go once it stopped
+    os.makedirs(os.path.join(staging.loc.root, f"b00000003-{slow.attempt_id}"))
+    assert staging.collect_orphans(set(), 600) == []
+    assert staging.collect_orphans(set(), 600, now=time.time() + 601) == [f"b00000003-{slow.attempt_id}"]
+
+
+def test_the_heartbeat_renews_in_the_background_while_the_block_runs(staging):
+    from airflow_eo.table.staging import Heartbeat
+
+    with Heartbeat([(staging, "h" * 16)], grace_seconds=2):  # renews every 0.5 s
+        first = staging.renewed_at("h" * 16)
+        time.sleep(1.2)
+        assert first is not None and staging.renewed_at("h" * 16) > first
+    last = staging.renewed_at("h" * 16)
+    time.sleep(0.7)
+    assert staging.renewed_at("h" * 16) == last  # stopped with the block
