@@ -203,7 +203,7 @@ def commit_staged(attempt: Attempt, staging: StagingArea, batch: StagedBatch, fi
     uri = staging.loc.uri
     sink = sink or sink_of(attempt.spec.sink)
     outcome = commit(sink.rule(batch, attempt, findings, extra), uri, storage_options)
-    if sink.dead_letters_follow(attempt):  # the main commit decided: its dead letters follow (or an earlier attempt's)
-        DeadLetterSink.follow(findings, uri, batch.plan.ingest_id, outcome.batch, storage_options)
+    # the main commit decided: its dead letters follow (or an earlier attempt's; a reprocess's replace the batch's)
+    DeadLetterSink.follow(attempt, findings, uri, outcome.batch, storage_options)
     staging.end_attempt(attempt.attempt_id, committed=outcome.status == COMMITTED)
     return outcome

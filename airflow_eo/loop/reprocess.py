@@ -51,6 +51,7 @@ from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.core.planning import BatchPlan, CommitCheck
 from airflow_eo.loop.runner import verdict
+from airflow_eo.sinks.dead_letters import commit_reprocessed_dead_letters
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.lease import HeldLease, LeasePurpose
 from airflow_eo.table.ledger import Ledger
@@ -118,6 +119,7 @@ class Reprocessor:
         if pending and not pending.done and pending.batch == plan.batch and pending.target_run_key == target:
             if counter == pending.from_version + 1:
                 log.info("reprocess of batch %s by %s already committed; starting nothing", plan.batch, requester.run_key)
+                self.complete_dead_letters(plan, pending.from_version, ledger)
                 self.requests.record(replace(pending, done=True))
                 return ing.result(RunStatus.ALREADY_REPROCESSED, plan,
                                   ledger.find_batch(ingest_id, batch=plan.batch), ledger)
@@ -127,6 +129,16 @@ class Reprocessor:
         self._check_kafka(plan, ledger)
         self.requests.record(request)
         return self._execute(plan, request, requester, held, ledger.features.pinned())
+
+    def complete_dead_letters(self, plan: BatchPlan, from_version: int, ledger: Ledger) -> None:
+        """The dead-letter commit of the batch's reprocess from ``from_version``, if its driver died before it
+        (each reprocess's dead letters replace the batch's once: :class:`airflow_eo.sinks.dead_letters.ReprocessedDeadLetters`)."""
+        record = ledger.find_batch(plan.ingest_id, batch=plan.batch, operation=CommitKind.REPROCESS)
+        info, manifest = (record.meta.reprocess, record.meta.findings.dead_letters) if record else (None, None)
+        if record is None or info is None or info.from_version != from_version or manifest is None or not manifest.uri:
+            return
+        commit_reprocessed_dead_letters(ledger, replace(plan, attempt_id=record.meta.attempt_id), from_version,
+                                        manifest, self.ing.storage_options)
 
     def _committed_plan(self, target: str, ledger: Ledger) -> BatchPlan:
         ingest_id = self.ing.config.ingest_id
@@ -182,5 +194,7 @@ class Reprocessor:
         error = ing.runner.submit(attempt)
         ledger = ing.ledger()
         found = verdict(attempt, ledger, error)  # raises when the reprocess did not land
+        if error is not None:  # its driver died after the commit: its dead letters may not have followed
+            self.complete_dead_letters(plan, request.from_version, ledger)
         self.requests.record(replace(request, done=True))
         return ing.result(found.status, plan, found.record, ledger, spark_started=True)

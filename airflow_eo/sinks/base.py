@@ -79,11 +79,6 @@ class Sink:
         """What ``attempt``'s commit records beyond its rows (:meth:`BatchFindings.of`)."""
         return BatchFindings.of(attempt, dead_letters, None, late, reader_schemas)
 
-    def dead_letters_follow(self, attempt: Attempt) -> bool:
-        """Whether the dead-letter commit follows ``attempt``'s commit (:meth:`DeadLetterSink.follow
-        <airflow_eo.sinks.dead_letters.DeadLetterSink.follow>`: it rolls the newest batch's forward)."""
-        return True
-
     # -- the commit rules ------------------------------------------------------------------------
     def ingest_rule(self, staged: StagedBatch, attempt: Attempt, findings: BatchFindings,
                     extra: Any = None) -> CommitRule:

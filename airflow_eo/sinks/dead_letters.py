@@ -19,7 +19,9 @@ import pyarrow as pa
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import Transaction
 
-from airflow_eo.attempt import Attempt
+from dataclasses import replace
+
+from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.core.errors import CommitConflictError, TableError, TableFeatureError
 from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.core.planning import BatchPlan, CommitCheck
@@ -30,7 +32,8 @@ from airflow_eo.table.features import ConstraintKind, TableUse
 from airflow_eo.faults import failpoint
 from airflow_eo.table.app_ids import dead_letters_app_id, dlq_app_id
 from airflow_eo.table.ledger import BatchRecord, Ledger
-from airflow_eo.table.metadata import BatchFindings, BatchMetadata, CommitKind
+from airflow_eo.sinks.append import ReprocessCommit
+from airflow_eo.table.metadata import BatchFindings, BatchMetadata, CommitKind, DeadLetterManifest
 from airflow_eo.table.schema import delta_schema_of
 from airflow_eo.table.staging import missing_staged
 
@@ -66,14 +69,22 @@ class DeadLetterSink(Sink):
         return DeadLetterCommit(staged)
 
     @staticmethod
-    def follow(findings: BatchFindings, table_uri: str, ingest_id: str, batch: int,
+    def follow(attempt: Attempt, findings: BatchFindings, table_uri: str, batch: int,
                storage_options: dict | None = None) -> None:
         """After the main table's commit of ``batch`` decided: its dead letters follow (an earlier attempt's,
-        if that one committed), and with them any earlier batch's the dead-letter table still misses."""
-        if findings.dead_letters is not None:
-            failpoint("before_dead_letters")  # the main commit landed, its dead letters not yet
-            commit_dead_letters_of(Ledger.open(table_uri, storage_options), ingest_id, findings.dead_letters.uri,
-                                   storage_options, upto=batch)
+        if that one committed), and with them any earlier batch's the dead-letter table still misses. A
+        reprocess's replace the batch's earlier ones (:func:`commit_reprocessed_dead_letters`)."""
+        manifest = findings.dead_letters
+        if manifest is None or not manifest.uri:
+            return
+        failpoint("before_dead_letters")  # the main commit landed, its dead letters not yet
+        main, ingest_id = Ledger.open(table_uri, storage_options), attempt.plan.ingest_id
+        if attempt.kind is AttemptKind.REPROCESS:
+            assert attempt.reprocess_from is not None  # a reprocess attempt carries it
+            commit_reprocessed_dead_letters(main, replace(attempt.plan, batch=batch), attempt.reprocess_from,
+                                            manifest, storage_options)
+        else:
+            commit_dead_letters_of(main, ingest_id, manifest.uri, storage_options, upto=batch)
 
 
 class DeadLetterCommit:
@@ -198,6 +209,45 @@ def commit_dead_letters_of(ledger: Ledger, ingest_id: str, dead_letter_uri: str,
             committed += 1
             log.info("rolled forward the dead letters of batch %s (%d records)", meta.batch, manifest.records)
     return committed
+
+
+class ReprocessedDeadLetters(ReprocessCommit):
+    """A reprocess's dead letters on the dead-letter table: the batch's earlier ones replaced by its new
+    ones, in one commit, once per reprocess (the dead-letter table's own reprocess counter of the batch
+    follows the main table's). Where the batch's first dead letters never landed (their staged files
+    were lost), the new ones take their place: the ``dlq`` counter moves to the batch."""
+
+    kind = CommitKind.DEAD_LETTERS
+
+    def open(self, table_uri: str, storage_options) -> Ledger:
+        return DeadLetterCommit.open(self, table_uri, storage_options)  # type: ignore[arg-type]
+
+    def check(self, ledger: Ledger) -> CommitCheck:
+        done = ledger.reprocess_count(self.plan.ingest_id, self.plan.batch) > self.reprocess_from
+        return CommitCheck.ALREADY_COMMITTED if done else CommitCheck.READY
+
+    def prepare(self, ledger: Ledger, table_uri: str, storage_options) -> Ledger:
+        ledger.check_features(TableUse.REPROCESS)  # the dead letters' own columns: no schema to compare
+        return ledger
+
+    def transactions(self, ledger: Ledger) -> list[Transaction]:
+        counter = ledger.transaction(dlq_app_id(self.plan.ingest_id))
+        first = [Transaction(dlq_app_id(self.plan.ingest_id), self.plan.batch)] if counter < self.plan.batch else []
+        return [*super().transactions(ledger), *first]
+
+    def verify(self, table_uri: str, storage_options, read_version: int | None) -> CommitOutcome:
+        log.info("batch %s: the reprocess's %s dead-letter file(s) replaced the batch's earlier ones in %s",
+                 self.plan.batch, len(self.staged.files), table_uri)
+        return outcome_of(self.staged, COMMITTED, Ledger.open(table_uri, storage_options).version)
+
+
+def commit_reprocessed_dead_letters(main: Ledger, plan: BatchPlan, reprocess_from: int, manifest: DeadLetterManifest,
+                                    storage_options: dict | None = None) -> RunStatus:
+    """A reprocess of ``plan``'s batch committed: its dead letters replace the batch's in the dead-letter
+    table. Every earlier batch's pending ones land first, so the ``dlq`` counter never skips one."""
+    commit_dead_letters_of(main, plan.ingest_id, manifest.uri, storage_options, upto=plan.batch - 1)
+    rule = ReprocessedDeadLetters(StagedBatch(plan, manifest.files), reprocess_from=reprocess_from)
+    return commit(rule, manifest.uri, storage_options).status
 
 
 def ensure_table(table_uri: str, arrow_schema: pa.Schema, storage_options: dict | None = None) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 from deltalake.transaction import Transaction
 
-from airflow_eo.attempt import Attempt, AttemptKind
+from airflow_eo.attempt import Attempt
 from airflow_eo.core.errors import CommitConflictError, ConfigError
 from airflow_eo.core.planning import BatchPlan, CommitCheck
 from airflow_eo.core.offsets import RunIdentity
@@ -72,10 +72,6 @@ class MergeSink(Sink):
     def check_reprocess(self, ledger: Ledger, plan: BatchPlan, last: int) -> None:
         if plan.batch != last:
             raise ConfigError(newest_only(plan.batch, last, ledger.table_uri))
-
-    def dead_letters_follow(self, attempt: Attempt) -> bool:
-        # as merge shipped: after an ingest only (an append table's reprocess rolls the newest batch's forward too)
-        return attempt.kind is AttemptKind.INGEST
 
     def ingest_rule(self, staged: StagedBatch, attempt: Attempt, findings: BatchFindings,
                     extra: Any = None) -> "MergeCommit":

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -125,6 +126,25 @@ class TestBroker:
         admin = AdminClient(self.config)  # kept alive until the futures resolve
         for future in admin.create_partitions([NewPartitions(topic, total)]).values():
             future.result()
+
+    def recreate_topic(self, topic: str, partitions: int = 3, timeout: float = 30.0) -> None:
+        """Delete ``topic`` and create it again under its name, empty (its offsets start at 0 again)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(self.config)
+        for future in admin.delete_topics([topic]).values():
+            future.result()
+        deadline = time.monotonic() + timeout
+        while True:  # the deletion completes asynchronously: creating too early is refused
+            try:
+                for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+                    future.result()
+                return
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def partitions(self, topic: str) -> list[int]:
         from confluent_kafka.admin import AdminClient

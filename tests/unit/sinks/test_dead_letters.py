@@ -11,7 +11,8 @@ import pytest
 
 from airflow_eo.core.errors import TableError
 from airflow_eo.sinks.append import BatchCommit
-from airflow_eo.sinks.dead_letters import commit_dead_letters_of, ensure_table
+from airflow_eo.core.outcomes import RunStatus
+from airflow_eo.sinks.dead_letters import commit_dead_letters_of, commit_reprocessed_dead_letters, ensure_table
 from airflow_eo.table.app_ids import dead_letters_app_id, dlq_app_id
 from airflow_eo.table.commit import COMMITTED, commit
 from airflow_eo.table.ledger import Ledger
@@ -84,3 +85,34 @@ def test_gone_staged_files_fail_in_one_line_naming_what_was_lost_and_how_to_reco
     assert re.search(r"batch 1 .*\(3 records of orders\[0\] 0\.\.10\)", message)
     assert "airflow-eo reprocess --run-key dag/run-1/ingest/-1" in message and "audit" in message
     assert Ledger.open(dlq).transaction(dlq_app_id(INGEST)) == 0 and rows(dlq) == {}
+
+
+def reprocess_letters(dlq: str, batch: int, start: int, bad: int, attempt: str) -> DeadLetterManifest:
+    staged = stage(dlq, batch_plan(batch, start, start + bad, attempt_id=attempt), body="again", files=1)
+    return DeadLetterManifest(dlq, staged.files)
+
+
+def test_a_reprocess_replaces_the_batchs_dead_letters_once(tables):
+    main, dlq = tables
+    commit_batch(main, dlq, 1, 0, 10, bad=3)
+    assert commit_dead_letters_of(Ledger.open(main), INGEST, dlq) == 1
+    letters = reprocess_letters(dlq, 1, 0, 2, attempt="r")
+    plan = batch_plan(1, 0, 10, attempt_id="r")
+    assert commit_reprocessed_dead_letters(Ledger.open(main), plan, 0, letters) is RunStatus.COMMITTED
+    assert rows(dlq) == {0: "again0", 1: "again1"}  # the batch's three earlier ones are gone
+    assert commit_reprocessed_dead_letters(Ledger.open(main), plan, 0, letters) is RunStatus.ALREADY_COMMITTED
+    assert rows(dlq) == {0: "again0", 1: "again1"} and Ledger.open(dlq).reprocess_count(INGEST, 1) == 1
+
+
+def test_reprocessing_a_batch_whose_dead_letters_were_lost_commits_them_and_unblocks_the_roll_forward(tables):
+    main, dlq = tables
+    commit_batch(main, dlq, 1, 0, 10, bad=3)
+    record = Ledger.open(main).find_batch(INGEST, batch=1)
+    for staged in record.meta.findings.dead_letters.files:
+        os.remove(f"{dlq}/{staged.path}")
+    with pytest.raises(TableError):
+        commit_dead_letters_of(Ledger.open(main), INGEST, dlq)
+    letters = reprocess_letters(dlq, 1, 0, 3, attempt="r")
+    commit_reprocessed_dead_letters(Ledger.open(main), batch_plan(1, 0, 10, attempt_id="r"), 0, letters)
+    assert sorted(rows(dlq)) == [0, 1, 2] and Ledger.open(dlq).transaction(dlq_app_id(INGEST)) == 1
+    assert commit_dead_letters_of(Ledger.open(main), INGEST, dlq) == 0  # nothing pending any more

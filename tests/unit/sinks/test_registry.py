@@ -102,13 +102,6 @@ def test_the_commit_rule_follows_the_attempt_kind():
     assert type(merge.boundaries_rule(staged, attempt(m))) is BatchCommit
 
 
-def test_dead_letters_follow_an_ingest_and_an_appended_tables_reprocess():
-    s, m = spec(), spec(write_mode="merge", merge_key="id")
-    assert sink_of(s.sink).dead_letters_follow(attempt(s, AttemptKind.REPROCESS))
-    assert sink_of(m.sink).dead_letters_follow(attempt(m))
-    assert not sink_of(m.sink).dead_letters_follow(attempt(m, AttemptKind.REPROCESS))
-
-
 def test_only_a_dedup_sink_records_duplicates():
     d = spec(dedup_key="key", dead_letter_table_uri="/data/dlq", duplicates_to_dead_letters=True)
     assert sink_of(d.sink).findings(attempt(d), dropped=3).duplicates == Duplicates(3, True)
