@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
-from airflow_eo.core.errors import CommitConflictError, DataLossError, OffsetsAheadError, SparkJobError
+from airflow_eo.core.errors import CommitConflictError, DataLossError, SparkJobError
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.table.staging import StagingArea
@@ -224,20 +224,6 @@ def test_retention_loss_fails_then_skip_records_gap(broker, kafka_config, spark_
     assert result.rows == 5
     latest = Ledger.open(table_uri).batches("test", limit=1)[0]
     assert [(s.start, s.end) for s in latest.meta.skipped] == [(10, 15)]
-
-
-def test_topic_recreated_is_refused(broker, kafka_config, spark_path, table_uri, ingestion):
-    topic = new_topic(kafka_config, 1)
-    produce(kafka_config, topic, 10, partitions=1)
-    ing = ingestion(table_uri, [topic], kafka_config, spark_path.submitter())
-    run(ing)
-    admin = AdminClient(kafka_config)
-    for f in admin.delete_topics([topic]).values():
-        f.result()
-    new_topic(kafka_config, 1, name=topic)
-    produce(kafka_config, topic, 3, partitions=1)
-    with pytest.raises(OffsetsAheadError, match="recreated or truncated"):
-        run(ing)
 
 
 def test_new_partition_picked_up_from_starting_position(broker, kafka_config, spark_path, table_uri, ingestion):
