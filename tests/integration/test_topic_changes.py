@@ -88,3 +88,35 @@ def test_a_recreated_topic_is_refused_then_with_reset_read_once_from_its_start(k
                  "--all", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["drift"] == 0 and "was deleted and created again" in report["note"]
+
+
+def test_routing_by_topic_leaves_only_the_recreated_topics_table_behind_on_every_run(kafka_config, tmp_path, capsys):
+    """``{topic}`` routing with ``airflow-eo ingest --spec``: topic ``a`` is deleted and created again; its
+    table is refused at planning (without retry) on every run while ``b``'s table commits each time."""
+    a, b = new_topic(kafka_config, 1), new_topic(kafka_config, 1)
+    broker = TestBroker.connect(kafka_config["bootstrap.servers"])
+    spec = tmp_path / "routed.json"
+    spec.write_text(json.dumps({"ingest_id": "routed", "topics": [a, b],
+                                "sinks": [{"table_uri": str(tmp_path / "{topic}")}]}))
+
+    def run(*extra: str) -> tuple[int, str]:
+        code = main(["ingest", "--spec", str(spec), "--bootstrap-servers", kafka_config["bootstrap.servers"],
+                     "--master", "local[1]", "--json", *extra])
+        out = capsys.readouterr()
+        return code, out.out if code == 0 else out.err.strip().splitlines()[-1]
+
+    for topic in (a, b):
+        produce(kafka_config, topic, 10, partitions=1)
+    assert run()[0] == 0
+    broker.recreate_topic(a, 1)
+    for i in range(2):
+        produce(kafka_config, a, 20, partitions=1, prefix=f"new{i}-")
+        produce(kafka_config, b, 5, partitions=1, start=10 + 5 * i)
+        code, error = run()
+        assert code == 2 and error.startswith(f"airflow-eo: TopicRecreatedError: {tmp_path / a}: topic {a!r}")
+        assert len(rows_of(str(tmp_path / a))) == 10  # a's table as it was
+        assert len(rows_of(str(tmp_path / b))) == 15 + 5 * i  # b's table went on
+    code, out = run("--on-topic-recreated", "reset")
+    assert code == 0
+    tables = {t["table_uri"]: t for t in json.loads(out)["tables"]}
+    assert tables[str(tmp_path / a)]["rows"] == 40 and tables[str(tmp_path / b)]["status"] == "nothing_new"
