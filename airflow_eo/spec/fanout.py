@@ -120,6 +120,15 @@ class FanOutSpec:
         if len(set(uris)) != len(uris):
             raise ConfigError("two sinks write the same table (or dead-letter table): give each sink its own "
                               "table_uri and dead_letter_table_uri (or '{topic}' in them)")
+        mirrored: dict[tuple[str, str], str] = {}
+        for t in tables:  # two tables mirroring one topic into one group would overwrite each other's offsets
+            for topic in t.topics if t.source.mirror_consumer_group else ():
+                other = mirrored.setdefault((t.source.mirror_consumer_group, topic), t.table_uri)
+                if other != t.table_uri:
+                    raise ConfigError(
+                        f"the tables {other} and {t.table_uri} both mirror their offsets of topic {topic!r} to "
+                        f"consumer group {t.source.mirror_consumer_group!r}: each would overwrite the other's; give "
+                        "each sink its own mirror_consumer_group (or set it on one sink only)")
         debezium = {t.merge.cdc_format is CdcFormat.DEBEZIUM for t in tables if t.decode.enabled}
         if len(debezium) > 1:
             raise ConfigError("sinks of one ingest read its records decoded alike: a cdc_format='debezium' sink "

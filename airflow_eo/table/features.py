@@ -123,6 +123,15 @@ SUPPORT: dict[str, FeatureSupport] = {f.name: f for f in (
                      "variant data") for name in ("variantType", "variantType-preview")),
 )}
 
+# The table properties that turn a feature on (besides ``delta.feature.<name>=supported``), and the
+# features another one needs (Delta's PROTOCOL.md: row tracking and clustering write domain metadata)
+_TURNED_ON_BY = {"rowTracking": "delta.enableRowTracking", "inCommitTimestamp": "delta.enableInCommitTimestamps",
+                 "typeWidening": "delta.enableTypeWidening", "typeWidening-preview": "delta.enableTypeWidening",
+                 "icebergCompatV1": "delta.enableIcebergCompatV1", "icebergCompatV2": "delta.enableIcebergCompatV2",
+                 "deletionVectors": "delta.enableDeletionVectors", "changeDataFeed": "delta.enableChangeDataFeed",
+                 "variantShredding": "delta.enableVariantShredding"}
+_NEEDED_BY = {"domainMetadata": ("rowTracking", "clustering"), "vacuumProtocolCheck": ("catalogManaged",)}
+
 # Protocols before table features (writer version < 7) imply features by version.
 _BY_WRITER_VERSION = {2: ("appendOnly", "invariants"), 3: ("checkConstraints",),
                       4: ("changeDataFeed", "generatedColumns"), 5: ("columnMapping",), 6: ("identityColumns",)}
@@ -291,13 +300,17 @@ class TableFeatures:
         if self.reader_version > MAX_READER_VERSION or self.writer_version > MAX_WRITER_VERSION:
             return (f"protocol version {self.reader_version}/{self.writer_version} is newer than the Delta "
                     "protocol airflow-eo knows; upgrade airflow-eo or ingest into another table")
-        for name in sorted(self.reader_features | self.writer_features):
-            known = SUPPORT.get(name)
-            if known is None:
-                return (f"table feature {name!r} is unknown to airflow-eo (a writer must honour every feature a "
-                        f"table lists); {_COPY}")
-            if known.support is Support.REFUSED and (name != "identityColumns" or self.writer_version >= 7):
-                return f"table feature {name!r} is not supported: {known.how}"
+        listed = sorted(self.reader_features | self.writer_features)
+        unknown = [name for name in listed if name not in SUPPORT]
+        if unknown:
+            return (f"{_features(unknown)} unknown to airflow-eo (a writer must honour every feature a table "
+                    f"lists); {_COPY}")
+        refused = [name for name in listed if SUPPORT[name].support is Support.REFUSED
+                   and (name != "identityColumns" or self.writer_version >= 7)]
+        if refused:
+            how = SUPPORT[refused[0]].how if len({SUPPORT[n].how for n in refused}) == 1 else \
+                f"{_ENGINE}; {_COPY}"
+            return f"{_features([f'{n!r}{self._turned_on(n, listed)}' for n in refused], quoted=True)} not supported: {how}"
         if self.identity_columns:  # writer version 6 implies the feature; refused where a column uses it
             return (f"identity column(s) {', '.join(self.identity_columns)}: {SUPPORT['identityColumns'].how}")
         if self.default_columns:
@@ -310,12 +323,29 @@ class TableFeatures:
                     "forbids; append instead (write_mode='append'), or unset delta.appendOnly if the table may change")
         return None
 
+    def _turned_on(self, name: str, listed: list[str]) -> str:
+        """What turned feature ``name`` on, as far as the table says (a property, or a feature needing it)."""
+        prop = _TURNED_ON_BY.get(name)
+        if prop is not None and self.properties.get(prop, "").lower() == "true":
+            return f" (turned on by {prop}=true)"
+        by = [n for n in _NEEDED_BY.get(name, ()) if n in listed]
+        if by:
+            return f" (needed by {', '.join(map(repr, by))})"
+        explicit = f"delta.feature.{name}"
+        return f" ({explicit}={self.properties[explicit]})" if explicit in self.properties else ""
+
     def check(self, use: TableUse, table_uri: str) -> None:
         """Refuse ``use`` of the table at ``table_uri`` when a feature forbids it (one line, no retry)."""
         reason = self.refusal(use)
         if reason is not None:
             raise TableFeatureError(f"the Delta table at {table_uri} cannot be used for {use.value}: {reason}; "
                                     "nothing was changed")
+
+
+def _features(names: list[str], quoted: bool = False) -> str:
+    """'table feature 'x' is' or 'table features 'x', 'y' are' (one line naming each)."""
+    shown = ", ".join(names if quoted else map(repr, names))
+    return f"table feature {shown} is" if len(names) == 1 else f"table features {shown} are"
 
 
 def matrix_markdown() -> str:

@@ -75,3 +75,16 @@ def test_a_debezium_sink_does_not_share_a_read_with_plain_decoded_sinks():
                       dead_letter_table_uri="/dl", sinks=[
                           {"table_uri": "/a", "dead_letter_table_uri": "/dl_a"},
                           {"table_uri": "/b", "write_mode": "merge", "merge_key": "id", "cdc_format": "debezium"}])
+
+
+def test_sinks_mirroring_one_topic_into_one_consumer_group_are_refused_up_front():
+    with pytest.raises(ConfigError, match=r"the tables /a and /b both mirror their offsets of topic 'a' to consumer "
+                                          r"group 'lag'.*give each sink its own mirror_consumer_group"):
+        FanOutSpec.of(ingest_id="i", topics="a,b", mirror_consumer_group="lag",
+                      sinks=[{"table_uri": "/a"}, {"table_uri": "/b"}])
+    # a group per sink, one table per topic, or disjoint topics: nothing to overwrite
+    FanOutSpec.of(ingest_id="i", topics="a,b", sinks=[{"table_uri": "/a", "mirror_consumer_group": "lag-a"},
+                                                      {"table_uri": "/b", "mirror_consumer_group": "lag-b"}])
+    FanOutSpec.of(ingest_id="i", topics="a,b", mirror_consumer_group="lag", sinks=[{"table_uri": "/t/{topic}"}])
+    FanOutSpec.of(ingest_id="i", topics="a,b", mirror_consumer_group="lag",
+                  sinks=[{"table_uri": "/a", "topics": "a"}, {"table_uri": "/b", "topics": "b"}])

@@ -463,3 +463,17 @@ def test_a_dead_letter_table_with_rules_or_column_mapping_is_refused_before_plan
     enable_column_mapping(other)
     with pytest.raises(TableFeatureError, match="has column mapping"):
         Ingestion(config.replace(dead_letter_table_uri=other), submitter=None).check_dead_letter_table()
+
+
+def test_a_refused_table_names_every_feature_that_stops_it_and_what_turned_it_on(tmp_path):
+    """Row tracking needs domain metadata: the refusal names both, the property that turned row tracking on,
+    and why domain metadata is there (not only the first feature in alphabetical order)."""
+    uri = str(tmp_path / "t")
+    first_batch(uri)
+    add_features(uri, writer=("rowTracking", "domainMetadata"), configuration={"delta.enableRowTracking": "true"})
+    with pytest.raises(TableFeatureError) as raised:
+        Ledger.open(uri).check_features(TableUse.APPEND)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "table features 'domainMetadata' (needed by 'rowTracking'), 'rowTracking' (turned on by " \
+           "delta.enableRowTracking=true) are not supported" in message
