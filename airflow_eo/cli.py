@@ -83,14 +83,6 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
     return dict(v.split("=", 1) for v in values or [])
 
 
-def _config(args, interval=None, options: dict | None = None):
-    """The IngestConfig of one table a command line describes: the spec's options (flags derived
-    from its fields, over a ``--spec`` file's keys) and the secrets from their flags or environment."""
-    from airflow_eo.loop.config import IngestConfig
-
-    return IngestConfig(credentials=_secrets(args), **(_options(args, interval) if options is None else options))
-
-
 def _secrets(args):
     """The secrets of a command line: from their own flags or the environment, never from a spec file."""
     from airflow_eo.attempt import Secrets
@@ -113,17 +105,14 @@ def _options(args, interval=None) -> dict:
     return options
 
 
-def _fans_out(options: dict) -> bool:
-    """Several tables, a pattern's topics or a table per topic: the fan-out loop (:mod:`airflow_eo.loop.fanout`)."""
-    from airflow_eo.spec.fanout import fans_out
-
-    return fans_out(options)
-
-
-def _fan_out_spec(options: dict):
+def _ingest_of(args, options: dict, submitter):
+    """The ingest a command line describes (:class:`airflow_eo.loop.ingest.FanOut`: its one table, or its
+    sinks): its spec checked before Spark's client starts."""
+    from airflow_eo.loop.ingest import FanOut
     from airflow_eo.spec.fanout import FanOutSpec
 
-    return FanOutSpec.of(**options)
+    spec = FanOutSpec.of(**options)  # a bad option is refused before Spark's client starts
+    return FanOut(spec, _secrets(args), submitter() if callable(submitter) else submitter)
 
 
 def _submitter(args):
@@ -140,14 +129,6 @@ def _submitter(args):
         submitter = LocalSparkSubmit(master=args.master, conf=conf)
     _stop_spark_on_sigterm(submitter)
     return submitter
-
-
-def _ingestion(args, interval=None, options: dict | None = None):
-    """The Ingestion (and its submitter) a command line describes: spark-submit or a Spark Connect server."""
-    from airflow_eo.loop.ingest import Ingestion
-
-    config = _config(args, interval, options)  # a bad option is refused before Spark's client starts
-    return Ingestion(config, _submitter(args))
 
 
 # --spec FILE: the operator's arguments as JSON. The keys a spec file must not hold, each with where
@@ -234,60 +215,52 @@ def _interval(args):
 
 
 def cmd_ingest(args) -> int:
-    """One batch; with ``sinks`` or ``topic_pattern`` one read into each of the tables (:mod:`airflow_eo.loop.fanout`)."""
+    """One batch: its one table, or one read into each table of its sinks (:mod:`airflow_eo.loop.ingest`)."""
     from airflow_eo.core.offsets import RunIdentity
 
     interval = _interval(args)
     run = RunIdentity(args.run_key or f"cli-{uuid.uuid4().hex}")
-    options = _options(args, interval)
-    if _fans_out(options):
-        from airflow_eo.loop.fanout import FanOut
-
-        spec = _fan_out_spec(options)  # a bad option is refused before Spark's client starts
-        result = FanOut(spec, _secrets(args), _submitter(args)).run(run, interval)
-    else:
-        result = _ingestion(args, interval, options).run(run, interval)
+    result = _ingest_of(args, _options(args, interval), lambda: _submitter(args)).run(run, interval)
     _print(result.to_dict(), args.json)
     return 0
 
 
 def cmd_plan(args) -> int:
     """What ``ingest`` with the same options would read and write next, writing nothing
-    (:mod:`airflow_eo.loop.preview`); of a fan-out, each of its tables."""
-    from airflow_eo.loop.ingest import Ingestion
+    (:mod:`airflow_eo.loop.preview`): each of its tables."""
     from airflow_eo.core.offsets import RunIdentity
-    from airflow_eo.loop.preview import NO_SPARK, plan_preview
+    from airflow_eo.loop.preview import NO_SPARK, plan_previews
 
     interval = _interval(args)
     # no --run-key: a run of its own (ingest's default), so no logged plan is replayed
     run = RunIdentity(args.run_key or "")
-    options = _options(args, interval)
-    if not _fans_out(options):
-        preview = plan_preview(Ingestion(_config(args, interval, options), NO_SPARK), run, interval,
-                               count_records=not args.no_count)
-        print(json.dumps(preview.to_dict(), default=str) if args.json else "\n".join(preview.lines()))
-        return 0
-    from airflow_eo.loop.fanout import FanOut
-
-    configs = FanOut(_fan_out_spec(options), _secrets(args), NO_SPARK).configs()  # the tables now
-    previews = [plan_preview(Ingestion(c, NO_SPARK), run, interval, count_records=not args.no_count) for c in configs]
-    print(json.dumps({"tables": [p.to_dict() for p in previews]}, default=str) if args.json else
-          "\n\n".join("\n".join(p.lines()) for p in previews))
+    previews = plan_previews(_ingest_of(args, _options(args, interval), NO_SPARK), run, interval,
+                             count_records=not args.no_count)
+    print(json.dumps(previews.to_dict(), default=str) if args.json else "\n".join(previews.lines()))
     return 0
 
 
 def cmd_reprocess(args) -> int:
-    """Replace one committed batch's rows (the operator's reprocess, :mod:`airflow_eo.loop.reprocess`)."""
+    """Replace one committed batch's rows, in each table of the ingest or in the one named (the operator's
+    reprocess, :mod:`airflow_eo.loop.reprocess`)."""
     from airflow_eo.core.offsets import RunIdentity
-    from airflow_eo.loop.reprocess import Reprocessor, parse_range
+    from airflow_eo.loop.reprocess import parse_range, reprocess, run_key_of_ranges
 
     if (args.run_key is None) == (not args.range):
         raise ConfigError("name the batch to reprocess by --run-key KEY or by its --range options, not both")
+    if args.table_uri and args.table and args.spec is None:
+        raise ConfigError("give the table as TABLE or as --table (with --spec: one of its tables), not both")
+    options = _options(args)
+    table = args.table if args.spec else None
+    if args.table_uri and args.spec:
+        table = args.table_uri  # with --spec, TABLE names which of its tables
+    elif args.table_uri or args.table:
+        options["table_uri"] = args.table_uri or args.table
     ranges = [parse_range(r) for r in args.range or []]
-    reprocessor = Reprocessor(_ingestion(args))
-    target = args.run_key or reprocessor.run_key_of_ranges(ranges)
+    ingest = _ingest_of(args, options, lambda: _submitter(args))
+    target = args.run_key or run_key_of_ranges(ingest, ranges, table)
     requester = RunIdentity(args.request_key or f"cli-reprocess-{uuid.uuid4().hex}")
-    result = reprocessor.run(requester, target_run_key=target)
+    result = reprocess(ingest, requester, target_run_key=target, table=table)
     _print(result.to_dict(), args.json)
     return 0
 
@@ -500,8 +473,12 @@ def _add_reprocess(sub) -> None:
         "its rows in one commit (offsets and other batches untouched)",
         description="Reprocess one committed batch, named by the run key that committed it or by its offset "
         "ranges; the same code path, guarantees and refusals as the operator's reprocess (docs/reprocess.md).")
-    rep.add_argument("table_uri", metavar="TABLE", help="the Delta table: a local path or an s3://… URI")
-    add_arguments(rep, skip=("table_uri",))  # the spec's options: the transform and decoding to reprocess with
+    rep.add_argument("table_uri", metavar="TABLE", nargs="?", help="the Delta table: a local path or an s3://… URI "
+                     "(with --spec: which of its tables; default every one)")
+    rep.add_argument("--spec", metavar="FILE", help="the ingest's options as `ingest --spec` takes them: the batch "
+                     "is read once and replaced in each of its tables (or in --table)")
+    rep.add_argument("--table", metavar="URI", help="with --spec: reprocess only this table of it")
+    add_arguments(rep, skip=("table_uri",), require=False)  # the spec's options: what to reprocess with
     which = rep.add_argument_group("the batch to reprocess (one of)")
     which.add_argument("--run-key", help="the run key that committed the batch (an Airflow task's "
                        "<dag_id>/<run_id>/<task_id>/<map_index>, or the --run-key given to `ingest`)")

@@ -305,6 +305,10 @@ class KafkaOffsets:
         """Every topic the cluster has (internal ones included; a pattern leaves them out)."""
         return tuple(self.metadata().topics)
 
+    def current(self) -> "KafkaOffsets":
+        """A client that answers with what Kafka holds now (this one; a pinned one gives a fresh one)."""
+        return self
+
 
 class PinnedKafka(KafkaOffsets):
     """One answer per question for the whole run: the tables of one read plan against the same
@@ -317,6 +321,12 @@ class PinnedKafka(KafkaOffsets):
         self._bounds: dict[TopicPartition, PartitionBounds] = {}
         self._at: dict[tuple[TopicPartition, int], int] = {}
         self._ids: dict[str, str | None] = {}
+        self._current: KafkaOffsets | None = None
+
+    def current(self) -> KafkaOffsets:
+        if self._current is None:
+            self._current = KafkaOffsets(self.config, self.timeout)
+        return self._current
 
     def metadata(self):
         if self._metadata is None:

@@ -1,8 +1,10 @@
-"""One table's batch in the driver: steps 1-5 of a recorded attempt (:mod:`airflow_eo.driver.main`
-runs it; a fan-out runs it per table over one shared read: :mod:`airflow_eo.driver.fanout`).
+"""One table's batch in the driver: steps 2-5 of a recorded attempt, over the records the attempt's
+one read gave it (:mod:`airflow_eo.driver.tables` reads once for every table of the attempt, a single
+table's too, and runs this per table).
 
-1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed) — a small batch
-   on the direct path in this process, without Spark (:attr:`airflow_eo.driver.direct.DirectStage.in_driver`);
+1. **read** the plan's ranges (:mod:`airflow_eo.driver.source`, read_committed: done by the one read) —
+   a small batch on the direct path in this process, without Spark
+   (:attr:`airflow_eo.driver.direct.DirectStage.in_driver`);
 2. **decode** keys and values (:mod:`airflow_eo.decoding` in the read step, JSON by
    :mod:`airflow_eo.driver.decode`), undecodable records to the dead-letter table
    (:mod:`airflow_eo.driver.dead_letters`);
@@ -28,7 +30,6 @@ from airflow_eo.driver.direct import DirectStage
 from airflow_eo.driver.stages import spark_stage
 from airflow_eo.driver.lateness import late_records
 from airflow_eo.driver.progress import Progress
-from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.transforms import apply_transform, keep
 from airflow_eo.driver.writer import stage
 from airflow_eo.faults import failpoint
@@ -65,43 +66,31 @@ class Staged:
 
 @dataclass(frozen=True)
 class SharedRead:
-    """Records a fan-out read once for several tables (:mod:`airflow_eo.driver.fanout`): this table's
-    share of them (its own ranges, decoded) and the reader schemas they were decoded with; or, for a
-    table whose rows the read tasks wrote themselves (the direct path), its staged files and rows."""
+    """One table's records from its attempt's one read (:mod:`airflow_eo.driver.tables`): for a table
+    whose rows the read tasks wrote themselves (``direct``: the direct path), its staged files and rows;
+    else its share of the records (its own ranges, decoded) and the reader schemas they were decoded with."""
 
     source: object = None  # a DataFrame
     reader_schemas: tuple = ()
     staged: "tuple[list[StagedFile], dict[str, int]] | None" = None
+    direct: DirectStage | None = None
+    started: float = 0.0  # when the read was planned (monotonic): the phase timings
 
 
 def run_staged_attempt(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea,
-                       shared: SharedRead | None = None) -> CommitOutcome:
-    """Steps 1-5 of one table's attempt; ``shared``: its records, already read (a fan-out)."""
-    started = time.monotonic()
+                       shared: SharedRead) -> CommitOutcome:
+    """Steps 2-5 of one table's attempt on ``shared``, its records from the attempt's one read."""
+    started = shared.started or time.monotonic()
     plan, storage_options = attempt.plan, secrets.storage_options
-    failpoint("before_read")
     planned_offsets = sum(r.size for r in plan.data_ranges)
     features = features_of(attempt, storage_options)
     sink = sink_of(attempt.spec.sink)
-    # identity or a projection of the Kafka columns: the read tasks write (a shared read is read already)
-    direct = DirectStage.of(attempt, features) if shared is None or shared.staged is not None else None
-    if spark is None and (direct is None or not direct.in_driver):
-        raise ValueError(f"batch {plan.batch} needs Spark ({planned_offsets} offsets; the driver reads a direct "
-                         f"batch of at most {attempt.spark.driver_read_max_offsets} itself) but was given no session")
-    if direct is not None:
-        planned = time.monotonic()
-        if shared is not None and shared.staged is not None:  # a fan-out's read tasks wrote them
-            files, rows = shared.staged
-        else:
-            if direct.in_driver:
-                log.info("batch %s: %d offsets (driver_read_max_offsets %d): the driver reads and stages them "
-                         "itself, no Spark job", plan.batch, planned_offsets, attempt.spark.driver_read_max_offsets)
-            with Progress(None if direct.in_driver else spark, plan.batch, planned_offsets):
-                files, rows = direct.stage(spark, attempt, secrets, staging.loc, staging.attempt_path(plan))
+    if shared.direct is not None and shared.staged is not None:  # the read tasks wrote its rows
+        files, rows = shared.staged
         late = None
         if plan.interval is not None and attempt.kind is AttemptKind.INGEST:
-            late = late_records(files, staging.loc, direct.arrow_schema, plan.interval.start_ms, None)
-        out = Staged(files, rows, direct.arrow_schema, planned, late=late)
+            late = late_records(files, staging.loc, shared.direct.arrow_schema, plan.interval.start_ms, None)
+        out = Staged(files, rows, shared.direct.arrow_schema, time.monotonic(), late=late)
     else:
         out = _stage_with_spark(spark, attempt, secrets, staging, planned_offsets, features, sink, shared)
     staged = time.monotonic()
@@ -123,8 +112,6 @@ def run_staged_attempt(spark, attempt: Attempt, secrets: Secrets, staging: Stagi
     outcome = commit_staged(attempt, staging, batch, findings, storage_options, out.extra, sink)
     log.info("batch %s: %s (compare-and-set commit and verify) in %.2fs", plan.batch, outcome.status,
              time.monotonic() - staged)
-    if shared is None:  # a fan-out's: after its last table's commit (airflow_eo.driver.fanout)
-        failpoint("after_commit")
     if outcome.status == ALREADY_COMMITTED:
         log.info("batch %s was already committed by an earlier attempt", plan.batch)
     return outcome
@@ -141,24 +128,15 @@ def features_of(attempt: Attempt, storage_options) -> TableFeatures:
 
 
 def _stage_with_spark(spark, attempt: Attempt, secrets: Secrets, staging: StagingArea,
-                      planned_offsets: int, features: TableFeatures, sink: Sink,
-                      shared: SharedRead | None = None) -> Staged:
+                      planned_offsets: int, features: TableFeatures, sink: Sink, shared: SharedRead) -> Staged:
     """Steps 1-4 through Spark: read, decode, what the sink's write mode does before the transform,
     transform, what it does after, check the table's rules (:mod:`airflow_eo.driver.constraints`),
     stage (the sink's Spark step: :mod:`airflow_eo.driver.stages`)."""
-    # imported here: the registry client they import is ~0.2 s of every warm command that needs none
-    from airflow_eo.decoding.decoder import record_decoder
     from airflow_eo.driver.dead_letters import DeadLetters
 
     plan, storage_options, location = attempt.plan, secrets.storage_options, staging.loc
     decoding = decoding_attempt(attempt)  # Debezium JSON: the envelope's DDL around the row's
-    if shared is not None:
-        source, reader_schemas = shared.source, shared.reader_schemas
-    else:
-        # None unless keys or values are decoded or checked; registry reader schemas as the plan pinned them
-        decoder, reader_schemas = record_decoder(decoding.decode.columns, secrets.schema_registry, plan)
-        source = read_plan(spark, plan.data_ranges, dict(secrets.kafka_config), attempt.spark.max_offsets_per_task,
-                           decoder=decoder)
+    source, reader_schemas = shared.source, shared.reader_schemas
     dead = DeadLetters.of(source, decoding, secrets, features.enforced, sink.sends_dead_letters)  # None: none may
     step = spark_stage(sink, attempt, staging, features, dead, storage_options)
     view = f"source_{attempt.attempt_id}"  # the attempt's own: a warm session may be shared

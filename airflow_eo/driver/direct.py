@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind, Secrets
+from airflow_eo.attempt import TIMESTAMP_COLUMN, Attempt, AttemptKind
 from airflow_eo.spec import KEY_COLUMNS, IngestSpec, Transform
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.driver.source import read_tasks, task_frame, task_reader
@@ -114,26 +114,9 @@ class DirectStage:
         limit = attempt.spark.driver_read_max_offsets  # 0: off
         return cls(columns, in_driver=limit > 0 and sum(r.size for r in attempt.plan.data_ranges) <= limit)
 
-    @staticmethod
-    def needs_spark(attempt: Attempt, features: TableFeatures | None = None) -> bool:
-        """Whether ``attempt`` runs Spark at all (not when the driver reads its batch itself)."""
-        if attempt.companions:  # a fan-out's one read serves several tables: through Spark's cache
-            return True
-        direct = DirectStage.of(attempt, features)
-        return direct is None or not direct.in_driver
-
     @property
     def arrow_schema(self) -> pa.Schema:
         return pa.schema([KAFKA_SCHEMA.field(c) for c in self.columns])
-
-    def stage(self, spark, attempt: Attempt, secrets: Secrets, location: TableLocation,
-              target: str) -> tuple[list[StagedFile], dict[str, int]]:
-        """Run the read tasks (as Spark tasks, or here when :attr:`in_driver`), each writing its files
-        under ``target``; the staged files and the rows per Kafka partition, from what the successful
-        tasks reported."""
-        return read_and_stage(None if self.in_driver else spark, attempt.plan.data_ranges,
-                              dict(secrets.kafka_config), attempt.spark.max_offsets_per_task, location, target,
-                              secrets.storage_options, self.columns, attempt.partition_by)
 
 
 def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int, location: TableLocation,
@@ -213,32 +196,31 @@ def share_of(batch: pa.RecordBatch, spans: dict[tuple[str, int], tuple[int, int]
 
 
 def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int, storage_options: dict | None,
-                    destinations: list[Destination], keep_records: bool):
-    """One read of ``ranges`` for several tables: each read task writes every destination's share of
-    the records it read (:class:`Destination`) as that table's staged files, and reports them in
-    :data:`REPORT_COLUMN` rows (JSON of a :data:`~airflow_eo.driver.writer.WRITTEN_SCHEMA` row and
-    its ``destination``); with ``keep_records`` the records come out too (report null), for the
-    tables whose rows need Spark. A DataFrame: the read runs when it is first computed."""
+                    destinations: list[Destination], keep_records: bool = False, cache: bool = False):
+    """One read of ``ranges`` for the tables of ``destinations``: each read task writes every destination's
+    share of the records it read (:class:`Destination`) as that table's staged files and reports them;
+    with ``keep_records`` the records come out too, for the tables whose rows need Spark. Returns each
+    destination's report rows and those records (a DataFrame, cached when ``cache``; None without
+    ``keep_records``). With ``spark`` None the tasks run here, one after another (no records kept)."""
     import json
-
-    from airflow_eo.compat import spark_schema_of
-    from airflow_eo.driver.session import for_session
 
     tasks = read_tasks(ranges, max_offsets_per_task)
     read = task_reader(tasks, dict(kafka_config))
     out_schema = pa.schema([*KAFKA_SCHEMA, pa.field(REPORT_COLUMN, pa.string())])
     schemas = [pa.schema([KAFKA_SCHEMA.field(c) for c in d.columns]) for d in destinations]
     spans = [{(r.topic, r.partition): (r.start, r.end) for r in d.ranges} for d in destinations]
+    whole = [tuple(d.ranges) == tuple(r for r in ranges if r.size) for d in destinations]
 
-    def read_and_write(batches):
-        files = [TaskFiles(d.table_uri, storage_options, d.target, schema, d.partition_by)
+    def read_and_write(batches, task: int | None = None):
+        files = [TaskFiles(d.table_uri, storage_options, d.target, schema, d.partition_by, task=task)
                  for d, schema in zip(destinations, schemas)]
         try:
             for records in read(batches):
-                for table_files, destination, span in zip(files, destinations, spans):
-                    share = share_of(records, span)
-                    if share is not None:
-                        table_files.add(share.select(list(destination.columns)))
+                for table_files, destination, span, all_of in zip(files, destinations, spans, whole):
+                    share = records if all_of else share_of(records, span)  # a table of the whole read takes all
+                    if share is not None and share.num_rows:
+                        table_files.add(share if destination.columns == tuple(KAFKA_SCHEMA.names)
+                                        else share.select(list(destination.columns)))
                 if keep_records:
                     yield pa.RecordBatch.from_arrays([*records.columns, pa.nulls(records.num_rows, pa.string())],
                                                      schema=out_schema)
@@ -252,8 +234,25 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
                 yield pa.RecordBatch.from_arrays([*(pa.nulls(len(rows), f.type) for f in KAFKA_SCHEMA),
                                                   pa.array(rows, pa.string())], schema=out_schema)
 
+    if spark is None:  # the driver runs the tasks: task i gets the row Spark would give it
+        assert not keep_records, "records are kept for Spark steps: the read runs on Spark then"
+        rows = [(row[REPORT_COLUMN],) for i in range(len(tasks))
+                for out in read_and_write(iter([pa.RecordBatch.from_arrays([pa.array([i], pa.int64())], ["id"])]), i)
+                for row in out.select([REPORT_COLUMN]).to_pylist()]
+        return reports_by_destination(rows, len(destinations)), None
+
+    from pyspark import StorageLevel
+
+    from airflow_eo.compat import spark_schema_of
+    from airflow_eo.driver.session import for_session
+
     with for_session(spark):
-        return task_frame(spark, tasks).mapInArrow(read_and_write, spark_schema_of(out_schema))
+        frame = task_frame(spark, tasks).mapInArrow(read_and_write, spark_schema_of(out_schema))
+    if cache:
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    reports = reports_by_destination(frame.where(f"`{REPORT_COLUMN}` IS NOT NULL").select(REPORT_COLUMN).collect(),
+                                     len(destinations))
+    return reports, frame.where(f"`{REPORT_COLUMN}` IS NULL").drop(REPORT_COLUMN) if keep_records else None
 
 
 def reports_by_destination(rows: list, destinations: int) -> list[list[dict]]:

@@ -3,9 +3,9 @@
 Runs inside ``spark-submit`` (``spark_jobs/kafka_to_delta.py``) or, with :class:`InProcessSubmitter`,
 in the calling process (a local SparkSession, or a Spark Connect session whose server does the
 reading and writing). The plan was logged and the attempt recorded before it starts; this code
-only executes it: one table's batch (:mod:`airflow_eo.driver.batch`: read, decode, filter and
-transform, stage, compare-and-set commit), or a fan-out's tables over one read
-(:mod:`airflow_eo.driver.fanout`).
+only executes it: its tables over one read (:mod:`airflow_eo.driver.tables`; a single table is one
+of them), each table's batch (:mod:`airflow_eo.driver.batch`: decode, filter and transform, stage,
+compare-and-set commit).
 
 Secrets (Kafka client config, storage credentials) arrive as :class:`airflow_eo.attempt.Secrets`
 (through environment variables under spark-submit), never as command-line arguments.
@@ -24,14 +24,13 @@ import logging
 import os
 
 from airflow_eo.attempt import Attempt, Secrets
-from airflow_eo.driver.batch import features_of, run_staged_attempt
-from airflow_eo.driver.direct import DirectStage
-from airflow_eo.driver.fanout import run_fan_out
+from airflow_eo.driver.batch import features_of
+from airflow_eo.driver.tables import attempts_of, needs_spark, run_tables
 from airflow_eo.driver.session import build_session, classic_process
-from airflow_eo.core.errors import ConfigError, error_line
+from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec import add_arguments, options_from_args
 from airflow_eo.table.commit import CommitOutcome
-from airflow_eo.table.staging import Heartbeat, StagingArea
+from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
@@ -40,20 +39,12 @@ RESULT_PREFIX = "AIRFLOW_EO_RESULT "
 
 
 def run_attempt(spark, attempt: Attempt, secrets: Secrets) -> CommitOutcome:
-    """Execute a recorded attempt: read, decode, transform, stage, compare-and-set commit.
+    """Execute a recorded attempt: one read of its tables' ranges, then each table's decode, transform,
+    stage and compare-and-set commit (:mod:`airflow_eo.driver.tables`).
 
-    A failure is also recorded in the attempt's marker as one typed line, so a caller that
+    A failure is also recorded in each attempt's marker as one typed line, so a caller that
     only sees an exit code (spark-submit) re-raises the same error (:mod:`airflow_eo.core.errors`)."""
-    if attempt.companions:  # one read for several tables
-        return run_fan_out(spark, attempt, secrets)
-    staging = StagingArea(TableLocation.of(attempt.table_uri, secrets.storage_options))
-    staging.driver_started(attempt.attempt_id)  # from here on, this process commits or nobody does
-    try:  # the driver renews the heartbeat too: in cluster mode it may outlive the host that submitted it
-        with Heartbeat([(staging, attempt.attempt_id)], attempt.spec.table.staging_grace_seconds):
-            return run_staged_attempt(spark, attempt, secrets, staging)
-    except Exception as exc:
-        staging.record_error(attempt.attempt_id, error_line(exc))
-        raise
+    return run_tables(spark, attempt, secrets)
 
 
 def run_recorded_attempt(spark, table_uri: str, attempt_id: str, secrets: Secrets) -> CommitOutcome:
@@ -105,8 +96,8 @@ def main(argv: list[str]) -> int:
         if args.attempt_id:
             attempt = StagingArea(TableLocation.of(args.table_uri, secrets.storage_options)).read_attempt(args.attempt_id)
             # a batch the driver reads itself needs no SparkContext: its start and stop are most of a small job
-            spark = job.session() if DirectStage.needs_spark(attempt, features_of(attempt, secrets.storage_options)) \
-                else None
+            attempts = [a for a, _ in attempts_of(attempt, secrets.storage_options)]
+            spark = job.session() if needs_spark(attempts, lambda a: features_of(a, secrets.storage_options)) else None
             outcome = run_attempt(spark, attempt, secrets)
             print(RESULT_PREFIX + json.dumps(outcome.__dict__), flush=True)
             return 0

@@ -1,9 +1,26 @@
-"""The ingestion loop: plan, log the plan, run the Spark attempt, verify.
+"""The ingest loop: one source and its sinks — one plan, one read, a commit per table. A single
+table is this loop with one sink (:meth:`FanOut.of`); there is no other loop.
 
-This is the one code path behind ``airflow-eo ingest``, the Airflow operator and the
-standalone Spark job; only *how Spark is started* differs (a :class:`Submitter`).
+This is the one code path behind ``airflow-eo ingest``, the Airflow operator and the standalone
+Spark job; only *how Spark is started* differs (a :class:`Submitter`). An ingest
+(:class:`airflow_eo.spec.fanout.FanOutSpec`: the flat options of one table, or ``sinks``, a
+``topic_pattern``, ``{topic}`` in a table URI) runs each table's steps (:class:`Ingestion`) for every
+table at once:
 
-Replays are decided from the table, never from the caller's memory
+1. **turns**: the run holds every table's lease, taken in table_uri order (two ingests sharing
+   tables never wait for each other in a circle): runs of one table take turns *before* they plan
+   (:mod:`airflow_eo.table.lease`), waiting up to ``table_wait_timeout`` (:meth:`Ingestion.turn`);
+2. **plan**: Kafka's metadata and bounds are asked once (:class:`airflow_eo.kafka.PinnedKafka`), so
+   every table's batch ends at the same offsets; each table plans from its own committed offsets
+   (a table new to the ingest from its ``starting_offsets``), or replays its logged plan, or holds
+   the run's batch already; each new plan is **logged** in its table's plan log before anything
+   is read;
+3. **read once, commit per table**: one Spark attempt (the first table's, naming the others:
+   :mod:`airflow_eo.driver.tables`) reads the union of the planned ranges once and commits each
+   table's rows with *its whole planned range's* offsets in the table's own compare-and-set commit;
+4. **verify** each table in its log.
+
+Replays are decided from each table, never from the caller's memory
 (:meth:`airflow_eo.table.ledger.Ledger.state_of`):
 
 * the run's logged plan is committed → report that batch, start nothing;
@@ -11,16 +28,24 @@ Replays are decided from the table, never from the caller's memory
 * the table moved elsewhere (another run committed first) → the logged plan never
   became visible, so planning anew is safe.
 
-Runs of one table take turns *before* they plan: a run holds the table's lease
-(:mod:`airflow_eo.table.lease`) from planning to the end of its verify step, waiting up to
-``table_wait_timeout`` while another run holds it (:meth:`Ingestion.turn`).
+A reprocess (:func:`airflow_eo.loop.reprocess.reprocess`) takes the same steps for one past run's batch.
+
+Delta has no commit across two tables: between two tables' commits a reader sees the batch in one
+and not yet in the other; each table alone is always exactly-once. A table whose batch fails stays
+behind (the others commit), ``run`` then raises its error, and a later run catches it up from its
+own offsets while the others read on.
 
 Example::
 
     >>> config = IngestConfig(table_uri="/data/orders", ingest_id="orders_raw",
     ...                       topics=["orders"], kafka_config={"bootstrap.servers": "…"})
-    >>> Ingestion(config, LocalSparkSubmit()).run(RunIdentity("manual-1"))  # doctest: +SKIP
+    >>> FanOut.of(config, LocalSparkSubmit()).run(RunIdentity("manual-1")).only  # doctest: +SKIP
     IngestResult(status='committed', batch=1, version=0, ...)
+    >>> spec = FanOutSpec.of(ingest_id="events", topics="events", sinks=[
+    ...     {"table_uri": "/lake/events_raw"},
+    ...     {"table_uri": "/lake/events_latest", "write_mode": "merge", "merge_key": "key"}])
+    >>> FanOut(spec, Secrets({"bootstrap.servers": "…"}), LocalSparkSubmit()).run(RunIdentity("r1"))  # doctest: +SKIP
+    FanOutResult(tables=(IngestResult(status='committed', table_uri='/lake/events_latest', ...), ...))
 """
 
 from __future__ import annotations
@@ -30,15 +55,17 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
-from airflow_eo.attempt import Attempt, PinnedFeatures
+from airflow_eo.attempt import Attempt, Companion, PinnedFeatures, Secrets
 from airflow_eo.loop.config import IngestConfig
 from airflow_eo.decoding.reader_schemas import pin
-from airflow_eo.core.errors import AirflowEoError, ConfigError
+from airflow_eo.core.errors import AirflowEoError, ConfigError, SparkJobError, error_from_line
 from airflow_eo.faults import failpoint
-from airflow_eo.kafka import KafkaOffsets
+from airflow_eo.kafka import KafkaOffsets, PinnedKafka
+from airflow_eo.logs import about_table
 from airflow_eo.core.intervals import CommittedInterval
 from airflow_eo.loop.planner import INTERVAL, IntervalPlanner, OffsetPlanner
 from airflow_eo.core.planning import BatchPlan, CommitCheck
@@ -49,6 +76,8 @@ from airflow_eo.loop.runner import AttemptRunner, Submitter, verdict
 from airflow_eo.status import lag_of
 from airflow_eo.sinks import Sink, recorded_sink, sink_of
 from airflow_eo.sinks.dead_letters import DeadLetterSink, commit_dead_letters_of
+from airflow_eo.spec import normalize_table_uri
+from airflow_eo.spec.fanout import FanOutSpec, matching_topics
 from airflow_eo.table.commit import StagedBatch, commit
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.lease import Claim, HeldLease, LeasePurpose, TableLease, turn
@@ -97,6 +126,11 @@ class Ingestion:
 
     def kafka(self) -> KafkaOffsets:
         return self._kafka if self._kafka is not None else KafkaOffsets(self.config.kafka_config)
+
+    @property
+    def given_kafka(self) -> KafkaOffsets | None:
+        """The Kafka client this ingestion was given (None: one of its config per use)."""
+        return self._kafka
 
     def ledger(self, use: TableUse | None = None) -> Ledger:
         """The table's snapshot, checked for this ingest (:meth:`Ledger.check_writable`): its owner, its
@@ -195,24 +229,8 @@ class Ingestion:
 
     # -- the loop -----------------------------------------------------------------
     def run(self, run: RunIdentity, interval: Interval | None = None) -> IngestResult:
-        """Plan (or replay the logged plan), log it, run Spark, verify. Idempotent per run key
-        (and, in interval mode, per interval: a committed interval is not read again)."""
-        started = time.monotonic()
-        with self.turn(run.run_key) as held:
-            result = self._run(run, interval, held).timed(started)
-        if result.spark_started:
-            counts = recorded_sink(result.write_mode).counts_text(result.to_dict())
-            log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s%s",
-                     result.batch, result.status, result.rows, result.files, result.seconds,
-                     result.rows / result.seconds if result.seconds else 0, result.version,
-                     f"; {counts}" if counts else "")
-        return result
-
-    def _run(self, run: RunIdentity, interval: Interval | None, held: HeldLease | None = None) -> IngestResult:
-        step, ledger = self.prepare(run, interval)
-        if step.result is not None:
-            return self.mirror(step.result)
-        return self.mirror(self.execute(step.plan, held, ledger.features.pinned()))
+        """A run of this one table: the ingest loop with one sink (:meth:`FanOut.of`)."""
+        return FanOut.of(self.config, self.submitter, self._kafka).run(run, interval).only
 
     def prepare(self, run: RunIdentity, interval: Interval | None = None) -> tuple[NextStep, Ledger]:
         """Steps 1-2 under the table's lease: the table checked and tidied, the run's next step
@@ -348,7 +366,7 @@ class Ingestion:
     def lag(self, ledger: Ledger) -> dict[str, int]:
         """Offsets Kafka holds beyond the table's committed offsets, per partition."""
         try:
-            kafka = self.kafka()
+            kafka = self.kafka().current()  # what Kafka holds after the run, not when it planned
             bounds = kafka.bounds(kafka.partitions(self.config.topics))
             lag = lag_of(kafka, bounds, ledger, self.config.ingest_id, self.config.starting_offsets)
             return {str(tp): n for tp, n in lag.items()}
@@ -373,3 +391,232 @@ class Ingestion:
             removed += collect_orphans(self.config.dead_letter_table_uri, self.storage_options,
                                        self.config.staging_grace_seconds)
         return removed
+
+
+@dataclass(frozen=True)
+class FanOutResult:
+    """Each table's result of one run, in table_uri order (``one_table``: the ingest is the single-table
+    form, whose summary is that table's, as it always was)."""
+
+    tables: tuple[IngestResult, ...]
+    one_table: bool = False
+
+    @property
+    def status(self) -> RunStatus:
+        """Committed when any table committed; else the tables' common status (nothing new without tables)."""
+        statuses = {RunStatus(t.status) for t in self.tables}
+        if RunStatus.COMMITTED in statuses:
+            return RunStatus.COMMITTED
+        if len(statuses) == 1:
+            return statuses.pop()
+        return RunStatus.ALREADY_COMMITTED if RunStatus.ALREADY_COMMITTED in statuses else RunStatus.NOTHING_NEW
+
+    @property
+    def rows(self) -> int:
+        return sum(t.rows for t in self.tables)
+
+    @property
+    def only(self) -> IngestResult:
+        """The result of the run's one table."""
+        (table,) = self.tables
+        return table
+
+    def to_dict(self) -> dict:
+        """The run's summary (XCom, the CLI's JSON): its status, rows and each table's result; of the
+        single-table form, that table's result."""
+        if self.one_table:
+            return self.only.to_dict()
+        return {"status": self.status.value, "rows": self.rows, "table_uris": [t.table_uri for t in self.tables],
+                "tables": [t.to_dict() for t in self.tables]}
+
+
+@dataclass
+class _Table:
+    """One table's part in a run (``error``: what stopped it; it stays behind, the others go on)."""
+
+    ingestion: Ingestion
+    held: HeldLease | None = None
+    step: NextStep | None = None
+    ledger: Ledger | None = None
+    attempt: Attempt | None = None
+    error: AirflowEoError | None = None
+    request: Any = None  # a reprocess: the logged request its attempt replays (airflow_eo.loop.reprocess)
+
+    @property
+    def uri(self) -> str:
+        return self.ingestion.config.table_uri
+
+    def started(self) -> Attempt:
+        """The attempt this table's read started (every table that reads has one)."""
+        assert self.attempt is not None
+        return self.attempt
+
+    @contextmanager
+    def step_of(self, what: str) -> Iterator[None]:
+        """One step of this table: its log lines name it; an error of ours stops this table only."""
+        with about_table(self.uri):
+            try:
+                yield
+            except AirflowEoError as exc:
+                log.error("the table stays behind (%s failed; the other tables go on): %s", what, exc)
+                self.error = exc
+
+
+class FanOut:
+    """One source and its tables (a :class:`FanOutSpec`), and the steps of a run over all of them.
+    ``configs``: the tables themselves instead of the spec's (:meth:`of`: one table's config)."""
+
+    def __init__(self, spec: FanOutSpec | None, credentials: Secrets, submitter: Submitter,
+                 kafka: KafkaOffsets | None = None, configs: tuple[IngestConfig, ...] | None = None):
+        self.spec, self.credentials, self.submitter = spec, credentials, submitter
+        self._kafka = kafka  # None: a pinned client of the credentials per run
+        self._configs = configs
+        self.one_table = configs is not None and len(configs) == 1 or spec is not None and spec.one_table
+
+    @classmethod
+    def of(cls, config: IngestConfig, submitter: Submitter, kafka: KafkaOffsets | None = None) -> "FanOut":
+        """The ingest of one table's config (the single-table form)."""
+        return cls(None, config.credentials, submitter, kafka, configs=(config,))
+
+    def configs(self, kafka: KafkaOffsets | None = None) -> tuple[IngestConfig, ...]:
+        """The tables now: a topic pattern (and ``{topic}``) resolved against Kafka's topics."""
+        if self._configs is not None:
+            return self._configs
+        assert self.spec is not None
+        topics = self.spec.topics
+        if self.spec.topic_pattern:
+            kafka = kafka or self._kafka or KafkaOffsets(self.credentials.kafka_config)
+            topics = matching_topics(self.spec.topic_pattern, kafka.topics())
+        return tuple(IngestConfig(spec, self.credentials) for spec in self.spec.tables(topics))
+
+    def kafka(self) -> KafkaOffsets:
+        """The run's Kafka client: one answer per question for every table (:class:`PinnedKafka`)."""
+        return self._kafka or PinnedKafka(self.credentials.kafka_config)
+
+    def tables_of(self, kafka: KafkaOffsets, only: str | None = None) -> list["_Table"]:
+        """Each table's part in a run (``only``: just that table), in table_uri order."""
+        configs = self.configs(kafka)
+        if only is not None:
+            uri = normalize_table_uri(only)
+            configs = tuple(c for c in configs if c.table_uri == uri)
+            if not configs:
+                raise ConfigError(f"the ingest writes no table {only} (its tables: "
+                                  f"{', '.join(c.table_uri for c in self.configs(kafka)) or 'none yet'}): name one of "
+                                  "them, or leave --table out for every table; nothing was changed")
+        return [_Table(Ingestion(c, self.submitter, kafka)) for c in configs]
+
+    def run(self, run: RunIdentity, interval: Interval | None = None) -> FanOutResult:
+        """Plan (or replay each table's logged plan), log, read once, commit each table, verify.
+        Idempotent per run key, per table."""
+        started = time.monotonic()
+        kafka = self.kafka()
+        tables = self.tables_of(kafka)
+        if not tables:
+            log.info("no topic matches %r yet: no table to write", self.spec.topic_pattern if self.spec else None)
+            return FanOutResult((), self.one_table)
+        if len(tables) > 1:
+            log.info("run %s: %d table(s): %s", run.run_key, len(tables), ", ".join(t.uri for t in tables))
+        with ExitStack() as turns:
+            for table in tables:  # in table_uri order
+                with table.step_of("taking its turn"):
+                    table.held = turns.enter_context(table.ingestion.turn(run.run_key))
+            results = self._run(run, interval, tables)
+        return self.done(FanOutResult(tuple(r.timed(started) for r in results), self.one_table))
+
+    @staticmethod
+    def done(out: FanOutResult) -> FanOutResult:
+        """``out``, each table's result logged (rows, files, seconds and rows/s when Spark ran)."""
+        for result in out.tables:
+            with about_table(result.table_uri):
+                if result.spark_started:
+                    counts = recorded_sink(result.write_mode).counts_text(result.to_dict())
+                    log.info("batch %s %s: %d rows in %d file(s), %.1f s (%.0f rows/s), table version %s%s",
+                             result.batch, result.status, result.rows, result.files, result.seconds,
+                             result.rows / result.seconds if result.seconds else 0, result.version,
+                             f"; {counts}" if counts else "")
+                else:
+                    log.info("batch %s %s, %d rows, table version %s", result.batch, result.status, result.rows,
+                             result.version)
+        return out
+
+    def _run(self, run: RunIdentity, interval: Interval | None, tables: list[_Table]) -> list[IngestResult]:
+        """Each table's steps; a table whose step fails (planning, its dead letters' roll-forward, a commit,
+        its verification) stays behind with its own error while the others commit; then the first error
+        is raised, of its own type (what a retry may fix stays retried)."""
+        for table in tables:  # every table's plan is logged before anything is read
+            if table.error is None:
+                with table.step_of("planning"):
+                    table.step, table.ledger = table.ingestion.prepare(run, interval)
+        results: dict[str, IngestResult] = {}
+        reading: list[_Table] = []
+        for table in tables:
+            if table.error is not None or table.step is None or table.ledger is None:
+                continue
+            ingestion, step, ledger = table.ingestion, table.step, table.ledger
+            with table.step_of("its batch"):
+                if step.result is not None:
+                    results[table.uri] = step.result
+                elif step.plan.interval is not None and not step.plan.data_ranges and ledger.table is not None:
+                    results[table.uri] = ingestion.execute(step.plan, table.held, ledger.features.pinned())
+                else:
+                    table.attempt = ingestion.attempt_of(step.plan, table.held, ledger.features.pinned())
+                    reading.append(table)
+        self.read_once(reading, results, lambda t, error: t.ingestion.verify(t.started(), error))
+        for table in tables:
+            if table.uri in results:
+                with table.step_of("mirroring its offsets"):
+                    table.ingestion.mirror(results[table.uri])
+        return self.results_of(tables, results)
+
+    @staticmethod
+    def results_of(tables: list["_Table"], results: dict[str, IngestResult]) -> list[IngestResult]:
+        """Each table's result in order; the first table's error, named, when one stayed behind."""
+        failed = [t for t in tables if t.error is not None]
+        if failed:
+            raise _naming_table(failed[0].uri, failed[0].error)  # type: ignore[arg-type]
+        return [results[t.uri] for t in tables]
+
+    def read_once(self, tables: list[_Table], results: dict[str, IngestResult],
+                   verify: Callable[[_Table, BaseException | None], IngestResult]) -> None:
+        """One Spark attempt for every table that reads: the first table's names the others; each
+        table's outcome from its own log (and its attempt's marker, when the job failed) into ``results``,
+        or its error into the table."""
+        if not tables:
+            return
+        attempts = [t.attempt for t in tables if t.attempt is not None]
+        assert len(attempts) == len(tables)  # every table that reads has its attempt
+        first = replace(attempts[0], companions=tuple(Companion(a.table_uri, a.attempt_id) for a in attempts[1:]))
+        for table, attempt in zip(tables[1:], attempts[1:]):  # the driver reads them beside their tables
+            table.ingestion.staging.begin_attempt(attempt)
+        try:
+            error = tables[0].ingestion.runner.submit(
+                first, also=tuple((t.ingestion.staging, a.attempt_id) for t, a in zip(tables[1:], attempts[1:])))
+        finally:
+            for table, attempt in zip(tables[1:], attempts[1:]):
+                table.ingestion.staging.end_attempt(attempt.attempt_id)
+        for table, attempt in zip(tables, attempts):
+            own = None if error is None else _own_error(table.ingestion, attempt, error)
+            with table.step_of("its commit"):
+                results[table.uri] = verify(table, own)
+
+
+def _own_error(ingestion: Ingestion, attempt: Attempt, error: BaseException) -> BaseException | None:
+    """What failed ``attempt``'s table when the job failed: the error its marker recorded; none when
+    the job's error is another table's (the driver records each table's error in its own marker);
+    the job's own (a kill, a crash) when no table could say."""
+    marker = ingestion.staging.read_marker(attempt.attempt_id)
+    if marker is not None and marker.error:
+        return error_from_line(marker.error) or SparkJobError(f"the Spark job failed: {marker.error}")
+    if isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
+        return None
+    return ingestion.runner.typed_failure(attempt, error)
+
+
+def _naming_table(table_uri: str, error: AirflowEoError) -> AirflowEoError:
+    """``error`` with its table named (of the same type: what a retry may fix stays retried)."""
+    try:
+        named = type(error)(f"{table_uri}: {error}")
+    except TypeError:
+        return error
+    named.__cause__ = error
+    return named

@@ -26,7 +26,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from airflow_eo.core.errors import IntervalNotClosedError
-from airflow_eo.loop.ingest import Ingestion, NextAction, NextStep
+from airflow_eo.loop.ingest import FanOut, Ingestion, NextAction, NextStep
 from airflow_eo.core.planning import BatchPlan, ReaderSchema
 from airflow_eo.core.offsets import Interval, OffsetRange, RunIdentity
 from airflow_eo.sinks import recorded_sink
@@ -141,6 +141,33 @@ class PlanPreview:
         return out
 
 
+@dataclass(frozen=True)
+class PlanPreviews:
+    """The previews of every table of an ingest (``one_table``: the single-table form, shown as that
+    table's preview as it always was)."""
+
+    tables: tuple[PlanPreview, ...]
+    one_table: bool = False
+
+    def to_dict(self) -> dict:
+        if self.one_table and len(self.tables) == 1:
+            return self.tables[0].to_dict()
+        return {"tables": [p.to_dict() for p in self.tables]}
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        for i, preview in enumerate(self.tables):
+            out += ([""] if i else []) + preview.lines()
+        return out
+
+
+def plan_previews(ingest: FanOut, run: RunIdentity, interval: Interval | None = None,
+                  count_records: bool = True) -> PlanPreviews:
+    """The next run of ``run``'s key on each table of ``ingest`` (its tables now: a pattern resolved)."""
+    return PlanPreviews(tuple(plan_preview(Ingestion(c, NO_SPARK), run, interval, count_records=count_records)
+                              for c in ingest.configs()), ingest.one_table)
+
+
 def plan_preview(ingestion: Ingestion, run: RunIdentity, interval: Interval | None = None,
                  count_records: bool = True) -> PlanPreview:
     """The next run of ``run``'s key on ``ingestion``'s table, decided as the run would decide it
@@ -215,10 +242,10 @@ def sinks_of(ingestion: Ingestion, ledger: Ledger) -> tuple[SinkPreview, ...]:
 def _starts_spark(ingestion: Ingestion, ledger: Ledger, plan: BatchPlan | None) -> bool:
     """Whether the attempt of ``plan`` would run a Spark job (not when the driver reads it itself; a
     table with rules for new rows or column mapping takes the Spark path)."""
-    from airflow_eo.driver.direct import DirectStage
+    from airflow_eo.driver.tables import needs_spark
 
-    return plan is not None and DirectStage.needs_spark(ingestion.config.attempt(plan.with_attempt("preview")),
-                                                        ledger.features)
+    return plan is not None and needs_spark([ingestion.config.attempt(plan.with_attempt("preview"))],
+                                            lambda _: ledger.features)
 
 
 def _record_counts(kafka_config, ranges: tuple[OffsetRange, ...]) -> dict[OffsetRange, int]:

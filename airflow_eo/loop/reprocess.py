@@ -41,11 +41,12 @@ import logging
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import replace
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 
-from airflow_eo.attempt import AttemptKind, PinnedFeatures
+from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.core.errors import ConfigError, DataLossError
-from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.ingest import FanOut, FanOutResult, Ingestion
 from airflow_eo.loop.result import IngestResult
 from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.core.outcomes import RunStatus
@@ -53,7 +54,7 @@ from airflow_eo.core.planning import BatchPlan, CommitCheck
 from airflow_eo.loop.runner import verdict
 from airflow_eo.sinks.dead_letters import commit_reprocessed_dead_letters
 from airflow_eo.table.features import TableUse
-from airflow_eo.table.lease import HeldLease, LeasePurpose
+from airflow_eo.table.lease import LeasePurpose
 from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import CommitKind
 from airflow_eo.table.plan_log import ReprocessLog, ReprocessRequest
@@ -74,22 +75,79 @@ def parse_range(text: str) -> OffsetRange:
     return OffsetRange(m["topic"], int(m["partition"]), int(m["start"]), int(m["end"]))
 
 
+@dataclass(frozen=True)
+class ReprocessStep:
+    """What one table's reprocess does next: report ``result`` (nothing to read), or run ``attempt``
+    for its logged ``request``."""
+
+    result: IngestResult | None = None
+    attempt: Attempt | None = None
+    request: ReprocessRequest | None = None
+
+
+def reprocess(ingest: FanOut, requester: RunIdentity, target_run_key: str | None = None,
+              table: str | None = None) -> FanOutResult:
+    """Replace the batch the run ``target_run_key`` (default: the requester's own) committed, in every
+    table of ``ingest`` (or in ``table``): each table's request logged, the batch's ranges read once
+    (the union of the tables' ranges), each table's rows replaced in its own commit. Idempotent per
+    requester, per table; a table that cannot be reprocessed stays behind with its error."""
+    started, target = time.monotonic(), target_run_key or requester.run_key
+    kafka = ingest.kafka()
+    tables = ingest.tables_of(kafka, table)
+    results: dict[str, IngestResult] = {}
+    with ExitStack() as turns:
+        for t in tables:  # in table_uri order, as a run's: the reprocess queues with each table's runs
+            with t.step_of("taking its turn"):
+                t.held = turns.enter_context(t.ingestion.turn(requester.run_key, LeasePurpose.REPROCESS))
+        reading = []
+        for t in tables:  # every table's request is logged before anything is read
+            if t.error is not None:
+                continue
+            with t.step_of("planning its reprocess"):
+                step = Reprocessor(t.ingestion).prepare(requester, target)
+                if step.result is not None:
+                    results[t.uri] = step.result
+                else:
+                    t.attempt, t.request = step.attempt, step.request
+                    if t.held is not None and step.attempt is not None:
+                        t.held.attempt(step.attempt.attempt_id)  # status and the UI show it as the holder
+                    reading.append(t)
+        ingest.read_once(reading, results,
+                         lambda t, error: Reprocessor(t.ingestion).verify(t.started(), t.request, error))
+        out = ingest.results_of(tables, results)
+    return ingest.done(FanOutResult(tuple(r.timed(started) for r in out), ingest.one_table))
+
+
+def run_key_of_ranges(ingest: FanOut, ranges: Iterable[OffsetRange], table: str | None = None) -> str:
+    """The run key of the committed batch whose offset ranges are exactly ``ranges``, in ``table`` (default:
+    the ingest's tables, the first that has it): the batch a reprocess by ``--range`` replaces."""
+    tables = ingest.tables_of(ingest.kafka(), table)
+    for t in tables[:-1]:
+        try:
+            return Reprocessor(t.ingestion).run_key_of_ranges(ranges)
+        except ConfigError:
+            continue
+    if not tables:
+        raise ConfigError("the ingest has no table yet: nothing to reprocess; nothing was changed")
+    return Reprocessor(tables[-1].ingestion).run_key_of_ranges(ranges)
+
+
 class Reprocessor:
-    """Reprocess the batch a past run committed (see the module docstring).
+    """One table's part in a reprocess of the batch a past run committed (see the module docstring).
 
     Composes the ingestion's parts: its plan log (the target's plan), its attempt runner
     and the one verification and result builder (:func:`airflow_eo.loop.runner.verdict`,
-    :meth:`Ingestion.result`), so a reprocess result carries what an ingest result does."""
+    :meth:`Ingestion.result`), so a reprocess result carries what an ingest result does. The loop
+    over the tables is :func:`reprocess`."""
 
     def __init__(self, ingestion: Ingestion):
         self.ing = ingestion
         self.requests = ReprocessLog(ingestion.location)
 
     def run(self, requester: RunIdentity, target_run_key: str | None = None) -> IngestResult:
-        """Reprocess the batch of ``target_run_key`` (default: the requester's own run)."""
-        started = time.monotonic()
-        with self.ing.turn(requester.run_key, LeasePurpose.REPROCESS) as held:  # it queues with the table's other runs
-            return self._run(requester, target_run_key or requester.run_key, held).timed(started)
+        """Reprocess this one table's batch of ``target_run_key`` (default: the requester's own run)."""
+        one = FanOut.of(self.ing.config, self.ing.submitter, self.ing.given_kafka)
+        return reprocess(one, requester, target_run_key).only
 
     def run_key_of_ranges(self, ranges: Iterable[OffsetRange]) -> str:
         """The run key of the committed batch whose offset ranges are exactly ``ranges`` (all its
@@ -106,14 +164,17 @@ class Reprocessor:
             "the ranges of one batch as `airflow-eo status` lists them; nothing was changed"
         )
 
-    def _run(self, requester: RunIdentity, target: str, held: HeldLease | None = None) -> IngestResult:
+    def prepare(self, requester: RunIdentity, target: str) -> ReprocessStep:
+        """The table checked and tidied, the target's committed batch found, and the request logged before
+        any of it is read: the attempt to run, or the result when there is nothing to (an empty batch, a
+        request that already committed)."""
         ing, ingest_id = self.ing, self.ing.config.ingest_id
         ledger = ing.ledger(TableUse.REPROCESS)
         ing.check_dead_letter_table()
         ing.collect_orphans()
         plan = self._committed_plan(target, ledger)
         if not plan.data_ranges:
-            return ing.result(RunStatus.NOTHING_NEW, plan, None, ledger)
+            return ReprocessStep(ing.result(RunStatus.NOTHING_NEW, plan, None, ledger))
         counter = ledger.reprocess_count(ingest_id, plan.batch)
         pending = self.requests.load(requester.run_key)
         if pending and not pending.done and pending.batch == plan.batch and pending.target_run_key == target:
@@ -121,14 +182,28 @@ class Reprocessor:
                 log.info("reprocess of batch %s by %s already committed; starting nothing", plan.batch, requester.run_key)
                 self.complete_dead_letters(plan, pending.from_version, ledger)
                 self.requests.record(replace(pending, done=True))
-                return ing.result(RunStatus.ALREADY_REPROCESSED, plan,
-                                  ledger.find_batch(ingest_id, batch=plan.batch), ledger)
+                return ReprocessStep(ing.result(RunStatus.ALREADY_REPROCESSED, plan,
+                                                ledger.find_batch(ingest_id, batch=plan.batch), ledger))
             if counter == pending.from_version:
                 log.info("replaying the pending reprocess of batch %s", plan.batch)
         request = ReprocessRequest(requester.run_key, target, plan.batch, counter)
         self._check_kafka(plan, ledger)
         self.requests.record(request)
-        return self._execute(plan, request, requester, held, ledger.features.pinned())
+        attempt = ing.config.attempt(plan.with_attempt(new_attempt_id()), AttemptKind.REPROCESS,
+                                     reprocess_from=request.from_version, requested_by=requester,
+                                     features=ledger.features.pinned())
+        log.info("reprocessing batch %s (attempt %s): %s", plan.batch, attempt.attempt_id,
+                 ", ".join(str(r) for r in plan.data_ranges))
+        return ReprocessStep(attempt=attempt, request=request)
+
+    def verify(self, attempt: Attempt, request: ReprocessRequest, error: BaseException | None) -> IngestResult:
+        """What the reprocess attempt did, from the log (raises when it did not land)."""
+        ledger = self.ing.ledger()
+        found = verdict(attempt, ledger, error)  # raises when the reprocess did not land
+        if error is not None:  # its driver died after the commit: its dead letters may not have followed
+            self.complete_dead_letters(attempt.plan, request.from_version, ledger)
+        self.requests.record(replace(request, done=True))
+        return self.ing.result(found.status, attempt.plan, found.record, ledger, spark_started=True)
 
     def complete_dead_letters(self, plan: BatchPlan, from_version: int, ledger: Ledger) -> None:
         """The dead-letter commit of the batch's reprocess from ``from_version``, if its driver died before it
@@ -181,20 +256,3 @@ class Reprocessor:
                     f"{r.tp} {b.log_start}..{b.end}; retention or a recreated topic). The batch's "
                     "rows stay as they are; nothing was changed"
                 )
-
-    def _execute(self, plan: BatchPlan, request: ReprocessRequest, requester: RunIdentity,
-                 held: HeldLease | None = None, features: PinnedFeatures | None = None) -> IngestResult:
-        ing = self.ing
-        attempt = ing.config.attempt(plan.with_attempt(new_attempt_id()), AttemptKind.REPROCESS,
-                                     reprocess_from=request.from_version, requested_by=requester, features=features)
-        if held is not None:
-            held.attempt(attempt.attempt_id)  # status and the UI show it as the table's holder
-        log.info("reprocessing batch %s (attempt %s): %s", plan.batch, attempt.attempt_id,
-                 ", ".join(str(r) for r in plan.data_ranges))
-        error = ing.runner.submit(attempt)
-        ledger = ing.ledger()
-        found = verdict(attempt, ledger, error)  # raises when the reprocess did not land
-        if error is not None:  # its driver died after the commit: its dead letters may not have followed
-            self.complete_dead_letters(plan, request.from_version, ledger)
-        self.requests.record(replace(request, done=True))
-        return ing.result(found.status, plan, found.record, ledger, spark_started=True)

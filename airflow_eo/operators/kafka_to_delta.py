@@ -58,12 +58,11 @@ from airflow.providers.common.compat.sdk import Asset, AssetAlias, BaseOperator,
 
 from airflow_eo.attempt import Secrets
 from airflow_eo.core.errors import AirflowEoError, ConfigError, IntervalNotClosedError
-from airflow_eo.loop.fanout import FanOut
 from airflow_eo.hooks.kafka import kafka_config_of
 from airflow_eo.hooks.schema_registry import schema_registry_config_of
 from airflow_eo.hooks.spark import submitter_for
 from airflow_eo.hooks.storage import storage_options_of
-from airflow_eo.loop.ingest import Ingestion
+from airflow_eo.loop.ingest import FanOut
 from airflow_eo.loop.config import IngestConfig
 from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.sinks import recorded_sink
@@ -139,13 +138,9 @@ class LineageSource:
         return cls(config.table_uri, config.ingest_id, tuple(config.topics), str(bootstrap) if bootstrap else None)
 
     @classmethod
-    def before_run(cls, operator: "KafkaToDeltaOperator") -> "LineageSource":
-        """From the (rendered) arguments alone, when ``execute`` failed before it knew more."""
-        return cls(normalize_table_uri(operator.table_uri), operator.default_ingest_id(), topic_list(operator.topics))
-
-    @classmethod
     def tables_before_run(cls, operator: "KafkaToDeltaOperator") -> tuple["LineageSource", ...]:
-        """A fan-out's tables known from its (rendered) arguments alone: those without ``{topic}``."""
+        """The tables known from the (rendered) arguments alone, when ``execute`` failed before it knew more:
+        those without ``{topic}``."""
         topics = topic_list(operator.topics) if operator.topics else ()
         return tuple(cls(uri, operator.default_ingest_id(), topics) for uri in static_tables(operator.sinks,
                                                                                            operator.table_uri))
@@ -282,8 +277,7 @@ class KafkaToDeltaOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.submitter = None
         self.summary: dict | None = None
-        self.lineage_source: LineageSource | None = None
-        self.lineage_sources: tuple[LineageSource, ...] = ()  # a fan-out's: one per table
+        self.lineage_sources: tuple[LineageSource, ...] = ()  # one per table
 
     __init__.__signature__ = optional(operator_signature(inspect.signature(__init__)),  # type: ignore[attr-defined]
                                       "table_uri")
@@ -374,46 +368,35 @@ class KafkaToDeltaOperator(BaseOperator):
         self.submitter = self.make_submitter()
         try:
             target = self.reprocess_target(context, run)
-            result = self._fan_out(context, run, target) if self.fans_out else self._ingest(context, run, target)
+            result = self._run(context, run, target)
         except AirflowEoError as exc:
             raise_for_airflow(self.log, exc)
-        self.summary = summary = result.to_dict()
-        for table in summary.get("tables", [summary]):  # a fan-out's summary lists each table's
-            self.report_table(table, context)
-        return summary
+        self.summary = result.to_dict()
+        for table in result.tables:
+            self.report_table(table.to_dict(), context)
+        return self.summary
 
-    def _ingest(self, context, run: RunIdentity, target: str | None):
-        """One table: an ingest, or the reprocess of ``target``."""
-        config = self.ingest_config()
-        self.lineage_source = LineageSource.of(config)
-        ingestion = Ingestion(config, self.submitter)
-        if target is not None:
-            from airflow_eo.loop.reprocess import Reprocessor
-
-            self.log.info("reprocess requested for run %s", target)
-            result = Reprocessor(ingestion).run(run, target_run_key=target)
-        else:
-            result = self._run_or_defer(ingestion.run, run, self.data_interval(context), config)
-        self.lineage_source = replace(self.lineage_source,
-                                      columns=self.committed_columns(config.table_uri, config.storage_options))
-        return result
-
-    def _fan_out(self, context, run: RunIdentity, target: str | None):
-        """One read into each table of the fan-out (:mod:`airflow_eo.loop.fanout`)."""
-        if target is not None:
-            raise ConfigError("reprocess replaces the batch of one table: with sinks or topic_pattern, reprocess each "
-                              f"table by itself (airflow-eo reprocess TABLE --ingest-id ID --run-key {target}, "
-                              "docs/reprocess.md)")
-        fan_out = self.fan_out(self.submitter)
-        configs = fan_out.configs()  # the tables now (a pattern resolved): lineage's, and where a wait looks
+    def _run(self, context, run: RunIdentity, target: str | None):
+        """The ingest of this task's tables (its one table, or each of its sinks: :mod:`airflow_eo.loop.ingest`),
+        or the reprocess of ``target``'s batch in each of them."""
+        ingest = self.fan_out(self.submitter)
+        configs = ingest.configs()  # the tables now (a pattern resolved): lineage's, and where a wait looks
         topics = tuple(dict.fromkeys(t for c in configs for t in c.topics))
         bootstrap = LineageSource.of(configs[0]).bootstrap_servers if configs else None
-        self.lineage_sources = tuple(LineageSource(c.table_uri, c.ingest_id, topics, bootstrap) for c in configs)
-        result = self._run_or_defer(fan_out.run, run, self.data_interval(context), configs[0] if configs else None,
-                                    topics)
+        self.lineage_sources = tuple(LineageSource(c.table_uri, c.ingest_id, c.topics if ingest.one_table else topics,
+                                                   bootstrap) for c in configs)
+        if target is not None:
+            from airflow_eo.loop.reprocess import reprocess
+
+            self.log.info("reprocess requested for run %s", target)
+            result = reprocess(ingest, run, target_run_key=target)
+        else:
+            result = self._run_or_defer(ingest.run, run, self.data_interval(context), configs[0] if configs else None,
+                                        topics)
         storage = configs[0].storage_options if configs else None  # every table's: the operator's connection
-        self.lineage_sources = tuple(LineageSource(t.table_uri, t.ingest_id, topics, bootstrap,
-                                                   self.committed_columns(t.table_uri, storage)) for t in result.tables)
+        self.lineage_sources = tuple(replace(source, columns=self.committed_columns(source.table_uri, storage))
+                                     for source in self.lineage_sources
+                                     if source.table_uri in {t.table_uri for t in result.tables})
         return result
 
     def _run_or_defer(self, run_batch, run: RunIdentity, interval: Interval | None, config: IngestConfig | None,
@@ -429,8 +412,8 @@ class KafkaToDeltaOperator(BaseOperator):
     def report_table(self, summary: dict, context) -> None:
         """One table's result: its log lines, metrics and (when the run changed it) Asset event."""
         counts = recorded_sink(summary.get("write_mode") or "append").counts_text(summary)
-        self.log.info("airflow-eo %s: %sbatch %s, table version %s, %s rows, ranges %s, lag %s%s",
-                      summary["status"], f"table {summary['table_uri']}, " if self.fans_out else "", summary["batch"],
+        self.log.info("airflow-eo %s: table %s, batch %s, table version %s, %s rows, ranges %s, lag %s%s",
+                      summary["status"], summary["table_uri"], summary["batch"],
                       summary["version"], summary["rows"], json.dumps(summary["ranges"]), json.dumps(summary["lag"]),
                       f", {counts}" if counts else "")
         self.log.info("Delta batch: %s", summary_link(summary))
@@ -474,7 +457,7 @@ class KafkaToDeltaOperator(BaseOperator):
         has no command that calls it: call ``dag.get_task("ingest").dry_run()`` (a new run), or pass a
         task ``context`` (rendered) to preview that run: its logged plan if it has one, its data interval
         in interval mode."""
-        from airflow_eo.loop.preview import NO_SPARK, plan_preview
+        from airflow_eo.loop.preview import NO_SPARK, plan_previews
 
         super().dry_run()
         unrendered = [f for f in ("table_uri", "topics", "ingest_id") if "{{" in str(getattr(self, f) or "")]
@@ -487,12 +470,11 @@ class KafkaToDeltaOperator(BaseOperator):
             raise ConfigError("mode='interval': a preview needs the run's data interval: call dry_run(context) with "
                               "the run's context, or run airflow-eo plan with --interval-start and --interval-end")
         try:
-            configs = self.fan_out(NO_SPARK).configs() if self.fans_out else (self.ingest_config(),)
-            previews = [plan_preview(Ingestion(config, NO_SPARK), run, interval) for config in configs]
+            previews = plan_previews(self.fan_out(NO_SPARK), run, interval)
         except AirflowEoError as exc:
             raise_for_airflow(self.log, exc)
-        print("\n\n".join("\n".join(preview.lines()) for preview in previews))
-        return previews if self.fans_out else previews[0]
+        print("\n".join(previews.lines()))
+        return previews.tables[0] if previews.one_table else list(previews.tables)
 
     def committed_columns(self, table_uri: str, storage_options) -> tuple[tuple[str, str], ...]:
         """A table's columns after the run, for lineage (read here, in the task: see below)."""
@@ -517,11 +499,9 @@ class KafkaToDeltaOperator(BaseOperator):
         return self._lineage(self.summary)
 
     def _lineage(self, summary: dict | None):
-        from airflow_eo.operators.lineage import fan_out_lineage, ingest_lineage
+        from airflow_eo.operators.lineage import run_lineage
 
-        if self.fans_out:
-            return fan_out_lineage(summary, self.lineage_sources or LineageSource.tables_before_run(self))
-        return ingest_lineage(summary, self.lineage_source or LineageSource.before_run(self))
+        return run_lineage(summary, self.lineage_sources or LineageSource.tables_before_run(self))
 
     def get_openlineage_facets_on_failure(self, task_instance):
         return self.get_openlineage_facets_on_complete(task_instance)

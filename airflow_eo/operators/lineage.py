@@ -110,6 +110,14 @@ def ingest_lineage(summary: dict | None, source: LineageSource) -> OperatorLinea
                            run_facets=run_facets)
 
 
+def run_lineage(summary: dict | None, tables: Sequence[LineageSource]) -> OperatorLineage:
+    """A run's lineage: the single-table form's summary is its one table's (:func:`ingest_lineage`, as it
+    always was); else each table's (:func:`fan_out_lineage`)."""
+    if summary is not None and "tables" not in summary and len(tables) == 1:
+        return ingest_lineage(summary, tables[0])
+    return fan_out_lineage(summary, tables)
+
+
 def fan_out_lineage(summary: dict | None, tables: Sequence[LineageSource]) -> OperatorLineage:
     """A fan-out's run: one input per topic it reads, one output per table (the run's tables, from
     ``summary``: each with its schema and counts; before the run, the ``tables`` known), and the

@@ -49,8 +49,9 @@ _TEMPLATED = ("table_uri", "dead_letter_table_uri")
 
 
 def fans_out(options: Mapping[str, Any]) -> bool:
-    """Whether an ingest of these options (the operator's arguments) runs the fan-out loop: several
-    tables (``sinks``), the topics of a pattern, or a table per topic (``{topic}`` in a table URI).
+    """Whether an ingest of these options (the operator's arguments) may write several tables: ``sinks``,
+    the topics of a pattern, or a table per topic (``{topic}`` in a table URI). Else it is the
+    single-table form, whose result, preview and Asset are that one table's.
 
     >>> fans_out({"table_uri": "/t", "topics": "a"}), fans_out({"table_uri": "/t/{topic}", "topics": "a,b"})
     (False, True)
@@ -102,6 +103,11 @@ class FanOutSpec:
     def topic_pattern(self) -> str | None:
         return self.shared.get("topic_pattern") or None
 
+    @property
+    def one_table(self) -> bool:
+        """The single-table form: the flat options of one table (no sinks, pattern or ``{topic}``)."""
+        return not fans_out({**self.shared, "sinks": None if self.sinks == ({},) else self.sinks})
+
     def check(self) -> None:
         """Build every table of a stand-in topic list: each sink's options are checked as a
         single table's; no two sinks write one table; one read decodes for every sink."""
@@ -122,13 +128,14 @@ class FanOutSpec:
                               "table_uri and dead_letter_table_uri (or '{topic}' in them)")
         mirrored: dict[tuple[str, str], str] = {}
         for t in tables:  # two tables mirroring one topic into one group would overwrite each other's offsets
-            for topic in t.topics if t.source.mirror_consumer_group else ():
-                other = mirrored.setdefault((t.source.mirror_consumer_group, topic), t.table_uri)
+            group = t.source.mirror_consumer_group
+            for topic in t.topics if group else ():
+                other = mirrored.setdefault((str(group), topic), t.table_uri)
                 if other != t.table_uri:
                     raise ConfigError(
                         f"the tables {other} and {t.table_uri} both mirror their offsets of topic {topic!r} to "
-                        f"consumer group {t.source.mirror_consumer_group!r}: each would overwrite the other's; give "
-                        "each sink its own mirror_consumer_group (or set it on one sink only)")
+                        f"consumer group {group!r}: each would overwrite the other's; give each sink its own "
+                        "mirror_consumer_group (or set it on one sink only)")
         debezium = {t.merge.cdc_format is CdcFormat.DEBEZIUM for t in tables if t.decode.enabled}
         if len(debezium) > 1:
             raise ConfigError("sinks of one ingest read its records decoded alike: a cdc_format='debezium' sink "

@@ -32,7 +32,8 @@ import uuid
 from airflow_eo import __version__
 from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.compat import client_closed, close_client_once, limit_client_retries
-from airflow_eo.driver.direct import DirectStage
+from airflow_eo.driver.batch import features_of
+from airflow_eo.driver.tables import attempts_of, needs_spark
 from airflow_eo.driver.main import run_attempt
 from airflow_eo.core.errors import ConfigError, SparkUnavailableError
 
@@ -264,7 +265,8 @@ class ConnectSubmitter:
         spark.addTag(tag)  # first: the finally below removes it, whatever fails
         try:
             check_version(spark, self.url)
-            if DirectStage.needs_spark(attempt):  # a batch the driver reads itself does not use the server
+            attempts = [a for a, _ in attempts_of(attempt, secrets.storage_options)]
+            if needs_spark(attempts, lambda a: features_of(a, secrets.storage_options)):  # else: the driver reads
                 wait_until_ready(spark, self.url)
             run_attempt(spark, attempt, secrets)
         except Exception as exc:

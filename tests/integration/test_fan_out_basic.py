@@ -8,7 +8,7 @@ import json
 from confluent_kafka import Producer
 
 from airflow_eo.attempt import Secrets
-from airflow_eo.loop.fanout import FanOut
+from airflow_eo.loop.ingest import FanOut
 from airflow_eo.core.offsets import RunIdentity, TopicPartition
 from airflow_eo.spec.fanout import FanOutSpec
 from airflow_eo.table.ledger import Ledger

@@ -10,9 +10,9 @@ import signal
 import pytest
 
 from airflow_eo import cli
-from airflow_eo.loop import fanout as fanout_module
+from airflow_eo.loop import ingest as fanout_module
 from airflow_eo.attempt import Env, Secrets
-from airflow_eo.loop.fanout import FanOutResult
+from airflow_eo.loop.ingest import FanOutResult
 from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.loop.result import IngestResult
@@ -55,16 +55,16 @@ def test_without_sinks_the_file_is_the_one_table_of_today(tmp_path):
                                 "starting_offsets": "earliest"})
     args = cli.parser().parse_args(["plan", "--spec", path, "--bootstrap-servers", "b:9092",
                                     "--starting-offsets", "latest"])
-    given = cli._options(args)
-    assert not cli._fans_out(given)
-    config = cli._config(args, options=given)
-    assert (config.table_uri, config.ingest_id, config.topics) == ("/data/orders", "orders", ("orders",))
+    ingest = cli._ingest_of(args, cli._options(args), None)
+    (config,) = ingest.configs()
+    assert ingest.one_table and (config.table_uri, config.ingest_id, config.topics) == ("/data/orders", "orders",
+                                                                                        ("orders",))
     assert config.spec.source.starting_offsets.kind == "latest"  # the flag over the file's earliest
     assert config.kafka_config == {"bootstrap.servers": "b:9092"}
     # the flags alone, as before: the same config
-    same = cli._config(cli.parser().parse_args(["plan", "--table", "/data/orders", "--ingest-id", "orders",
-                                                "--topics", "orders", "--bootstrap-servers", "b:9092",
-                                                "--starting-offsets", "latest"]))
+    flags = cli.parser().parse_args(["plan", "--table", "/data/orders", "--ingest-id", "orders", "--topics", "orders",
+                                     "--bootstrap-servers", "b:9092", "--starting-offsets", "latest"])
+    (same,) = cli._ingest_of(flags, cli._options(flags), None).configs()
     assert same.spec == config.spec
 
 

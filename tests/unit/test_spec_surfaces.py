@@ -24,7 +24,7 @@ OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "opt
 CLI_OWN = {"help", "spec", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "storage_options",
            "schema_registry", "interval_start", "interval_end", "json"}
 REPROCESS_OWN = {"help", "bootstrap_servers", "kafka_config", "master", "remote", "conf", "run_key", "range",
-                 "request_key", "storage_options", "schema_registry", "json"}
+                 "request_key", "storage_options", "schema_registry", "json", "spec", "table"}
 JOB_OWN = {"help", "table_uri", "attempt_id", "run_key"}
 OPERATOR_OWN = {"kafka_conn_id", "spark_conn_id", "spark_conf", "spark_env_vars", "spark_hook_kwargs", "reprocess",
                 "reprocess_run_id", "reprocess_dag_id", "storage_conn_id", "storage_options",

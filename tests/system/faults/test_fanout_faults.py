@@ -23,7 +23,7 @@ import pytest
 
 from airflow_eo.attempt import Secrets
 from airflow_eo.core.errors import AirflowEoError
-from airflow_eo.loop.fanout import FanOut
+from airflow_eo.loop.ingest import FanOut
 from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.spec.fanout import FanOutSpec
 from airflow_eo.testing.kafka import TestBroker

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_eo.driver.direct import DirectStage, projected_columns
+from airflow_eo.driver.tables import needs_spark
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.spec.parts import Transform
 
@@ -67,7 +68,7 @@ def test_a_direct_batch_within_driver_read_max_offsets_is_read_by_the_driver(per
     attempt = _attempt(per_partition, transform_sql="SELECT topic, partition, offset, value FROM source", **options)
     direct = DirectStage.of(attempt)
     assert direct is not None and direct.columns == ("topic", "partition", "offset", "value")
-    assert direct.in_driver is in_driver and DirectStage.needs_spark(attempt) is not in_driver
+    assert direct.in_driver is in_driver and needs_spark([attempt]) is not in_driver
 
 
 @pytest.mark.parametrize("options", [
@@ -76,4 +77,4 @@ def test_a_direct_batch_within_driver_read_max_offsets_is_read_by_the_driver(per
 ])
 def test_a_small_batch_whose_rows_need_spark_still_runs_spark(options):
     attempt = _attempt(10, **options)
-    assert DirectStage.of(attempt) is None and DirectStage.needs_spark(attempt)
+    assert DirectStage.of(attempt) is None and needs_spark([attempt])

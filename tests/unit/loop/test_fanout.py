@@ -9,7 +9,7 @@ from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.driver.batch import commit_staged
 from airflow_eo.driver.reader import KAFKA_SCHEMA
 from airflow_eo.core.errors import ConfigError, error_line
-from airflow_eo.loop.fanout import FanOut
+from airflow_eo.loop.ingest import FanOut
 from airflow_eo.core.offsets import Interval, RunIdentity, TopicPartition
 from airflow_eo.sinks import sink_of
 from airflow_eo.spec.fanout import FanOutSpec

@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pytest
-from airflow.providers.common.compat.sdk import DAG, AirflowFailException, TaskDeferred
+from airflow.providers.common.compat.sdk import DAG, TaskDeferred
 from deltalake import write_deltalake
 
 from airflow_eo.core.errors import ConfigError, IntervalNotClosedError
-from airflow_eo.loop.fanout import FanOut, FanOutResult
+from airflow_eo.loop.ingest import FanOut, FanOutResult
 from airflow_eo.operators import kafka_to_delta
 from airflow_eo.operators.kafka_to_delta import KafkaToDeltaOperator, table_asset
 from airflow_eo.core.outcomes import RunStatus
@@ -167,13 +167,24 @@ def test_a_topic_pattern_writes_a_table_per_matching_topic_each_with_its_asset_a
     assert [i.name for i in lineage.inputs] == ["orders.eu", "orders.us"] and len(lineage.outputs) == 2
 
 
-def test_a_reprocess_of_a_fan_out_fails_at_once_naming_the_per_table_command(fan_out, tmp_path):
+def test_a_reprocess_of_a_fan_out_reprocesses_the_batch_of_the_run_in_every_table(fan_out, tmp_path, monkeypatch):
+    from airflow_eo.loop import reprocess as reprocess_module
+
     now, raw = tables(tmp_path)
+    asked = []
+
+    def recording(ingest, requester, target_run_key=None, table=None):
+        asked.append((ingest, requester.run_key, target_run_key, table))
+        return FanOutResult(tuple(IngestResult(RunStatus.REPROCESSED, c.ingest_id, c.table_uri, requester.run_key,
+                                               batch=3, version=7) for c in ingest.configs()))
+
+    monkeypatch.setattr(reprocess_module, "reprocess", recording)
     op = operator(topics="orders", sinks=[{"table_uri": now}, {"table_uri": raw}])
-    with pytest.raises(AirflowFailException, match=r"^reprocess replaces the batch of one table: .*airflow-eo "
-                       r"reprocess TABLE --ingest-id ID --run-key fan_dag/r1/ingest/-1"):
-        op.execute(context_for(op, "r2", params={"reprocess": True, "reprocess_run_id": "r1"}))
-    assert fan_out == []  # refused before anything was built or read
+    summary = op.execute(context_for(op, "r2", params={"reprocess": True, "reprocess_run_id": "r1"}))
+    ((ingest, requester, target, table),) = asked
+    assert ingest is fan_out[0] and fan_out[0].runs == []  # one ingest of both tables; nothing ingested
+    assert (requester, target, table) == ("fan_dag/r2/ingest/-1", "fan_dag/r1/ingest/-1", None)
+    assert summary["status"] == "reprocessed" and summary["table_uris"] == sorted([now, raw])
 
 
 def test_an_open_interval_defers_on_the_first_table_for_every_topic(fan_out, tmp_path):
