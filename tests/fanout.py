@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_eo.testing.kafka import Record, TestBroker
@@ -116,10 +116,12 @@ class MixedEvents:
 
 
 def assert_table(table: Table, broker: TestBroker, topic: str, *, ingest_id: str,
-                 ends: Mapping[int, int] | None, starts: Mapping[int, int] | None = None) -> int:
+                 ends: Mapping[int, int] | None, starts: Mapping[int, int] | None = None,
+                 keep: Callable[[Record], bool] | None = None) -> int:
     """``table`` holds exactly its model's rows from ``starts`` (its starting offsets; default the
     beginning) up to ``ends`` and its log's offsets are ``ends``; with ``ends`` None it has committed
-    nothing (no offsets, no rows). Returns its row count."""
+    nothing (no offsets, no rows). ``keep``: the records rows are made of (the others are dead letters).
+    Returns its row count."""
     partitions = broker.partitions(topic)
     committed = table.offsets(ingest_id, topic, partitions)
     if ends is None:
@@ -129,7 +131,7 @@ def assert_table(table: Table, broker: TestBroker, topic: str, *, ingest_id: str
         committed = {p: 0 if o is None and want[p] == 0 else o for p, o in committed.items()}
     assert committed == want, f"{table.name}: offsets {committed} in its log, expected {want}"
     got = table.rows()
-    expected = table.expected(broker.records(topic), ends or {}, starts)
+    expected = table.expected([r for r in broker.records(topic) if keep is None or keep(r)], ends or {}, starts)
     if got != expected:
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         raise AssertionError(f"{table.name} ({table.uri}) differs from its model: {len(got)} rows, "
@@ -138,9 +140,17 @@ def assert_table(table: Table, broker: TestBroker, topic: str, *, ingest_id: str
 
 
 def assert_tables(tables_: Iterable[Table], broker: TestBroker, topic: str, *, ingest_id: str,
-                  ends: Mapping[int, int] | None) -> dict[str, int]:
+                  ends: Mapping[int, int] | None, keep: Callable[[Record], bool] | None = None) -> dict[str, int]:
     """:func:`assert_table` for each table; their row counts by name."""
-    return {t.name: assert_table(t, broker, topic, ingest_id=ingest_id, ends=ends) for t in tables_}
+    return {t.name: assert_table(t, broker, topic, ingest_id=ingest_id, ends=ends, keep=keep) for t in tables_}
+
+
+def decodable(record: Record) -> bool:
+    """Whether a record's value is a JSON object (else a decoding sink sends it to its dead letters)."""
+    try:
+        return isinstance(record.json(), dict)
+    except ValueError:
+        return False
 
 
 def spec_file(path: str, options: Mapping) -> str:

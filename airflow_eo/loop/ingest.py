@@ -403,13 +403,14 @@ class FanOutResult:
 
     @property
     def status(self) -> RunStatus:
-        """Committed when any table committed; else the tables' common status (nothing new without tables)."""
+        """What the run did, over its tables: a commit when any table got one (committed, reprocessed); else the
+        tables' common status, or what an earlier attempt did (nothing new without tables)."""
         statuses = {RunStatus(t.status) for t in self.tables}
-        if RunStatus.COMMITTED in statuses:
-            return RunStatus.COMMITTED
-        if len(statuses) == 1:
-            return statuses.pop()
-        return RunStatus.ALREADY_COMMITTED if RunStatus.ALREADY_COMMITTED in statuses else RunStatus.NOTHING_NEW
+        for status in (RunStatus.COMMITTED, RunStatus.REPROCESSED, RunStatus.ALREADY_REPROCESSED,
+                       RunStatus.ALREADY_COMMITTED):
+            if status in statuses:
+                return status
+        return RunStatus.NOTHING_NEW
 
     @property
     def rows(self) -> int:

@@ -82,7 +82,7 @@ class ReprocessStep:
 
     result: IngestResult | None = None
     attempt: Attempt | None = None
-    request: ReprocessRequest | None = None
+    request: ReprocessRequest | None = None  # marked done once the whole reprocess (every table) has succeeded
 
 
 def reprocess(ingest: FanOut, requester: RunIdentity, target_run_key: str | None = None,
@@ -105,16 +105,22 @@ def reprocess(ingest: FanOut, requester: RunIdentity, target_run_key: str | None
                 continue
             with t.step_of("planning its reprocess"):
                 step = Reprocessor(t.ingestion).prepare(requester, target)
+                t.request = step.request
                 if step.result is not None:
                     results[t.uri] = step.result
                 else:
-                    t.attempt, t.request = step.attempt, step.request
+                    t.attempt = step.attempt
                     if t.held is not None and step.attempt is not None:
                         t.held.attempt(step.attempt.attempt_id)  # status and the UI show it as the holder
                     reading.append(t)
         ingest.read_once(reading, results,
                          lambda t, error: Reprocessor(t.ingestion).verify(t.started(), t.request, error))
         out = ingest.results_of(tables, results)
+        # done only now: a retry after any table failed replays every table's request (a table that
+        # committed it reports its commit), and never replaces a batch twice
+        for t in tables:
+            if t.request is not None:
+                Reprocessor(t.ingestion).requests.record(replace(t.request, done=True))
     return ingest.done(FanOutResult(tuple(r.timed(started) for r in out), ingest.one_table))
 
 
@@ -181,9 +187,8 @@ class Reprocessor:
             if counter == pending.from_version + 1:
                 log.info("reprocess of batch %s by %s already committed; starting nothing", plan.batch, requester.run_key)
                 self.complete_dead_letters(plan, pending.from_version, ledger)
-                self.requests.record(replace(pending, done=True))
                 return ReprocessStep(ing.result(RunStatus.ALREADY_REPROCESSED, plan,
-                                                ledger.find_batch(ingest_id, batch=plan.batch), ledger))
+                                                ledger.find_batch(ingest_id, batch=plan.batch), ledger), request=pending)
             if counter == pending.from_version:
                 log.info("replaying the pending reprocess of batch %s", plan.batch)
         request = ReprocessRequest(requester.run_key, target, plan.batch, counter)
@@ -202,7 +207,6 @@ class Reprocessor:
         found = verdict(attempt, ledger, error)  # raises when the reprocess did not land
         if error is not None:  # its driver died after the commit: its dead letters may not have followed
             self.complete_dead_letters(attempt.plan, request.from_version, ledger)
-        self.requests.record(replace(request, done=True))
         return self.ing.result(found.status, attempt.plan, found.record, ledger, spark_started=True)
 
     def complete_dead_letters(self, plan: BatchPlan, from_version: int, ledger: Ledger) -> None:

@@ -185,3 +185,44 @@ def test_interval_runs_that_do_not_wait_are_rebased_and_stay_replayable(broker, 
     assert in_batch == {k for k, iv in owner.items() if iv == Interval(**target.interval)}
     assert assert_exactly_once(uri, broker.bootstrap_servers, [topic], "racing") == \
         sum(1 for iv in owner.values() if iv in intervals)
+
+
+def test_two_fan_outs_sharing_two_tables_started_together_under_live_produce_lose_and_double_nothing(
+        kafka_config, tmp_path):
+    """Ingests {a, b, c} and {b, a, d} of one ingest id (so a and b are written by both), each an
+    ``airflow-eo ingest --spec`` process, started together five times while a producer writes: they take
+    the shared tables' leases in one order (table_uri), so neither deadlocks nor waits past its
+    ``table_wait_timeout``; every table holds each record below its offsets once."""
+    from tests.system.faults.harness import FlowingProducer
+
+    topic = new_topic(kafka_config, 2)
+    root = tmp_path / "tables"
+    timeout = 120
+
+    def spec(path, names):
+        path.write_text(json.dumps({"ingest_id": "shared", "topics": [topic], "table_wait_timeout": timeout,
+                                    "sinks": [{"table_uri": str(root / n)} for n in names]}))
+        return str(path)
+
+    specs = [spec(tmp_path / "one.json", "abc"), spec(tmp_path / "two.json", "bad")]
+    from airflow_eo.attempt import Env
+
+    env = {**os.environ, Env.KAFKA_CONFIG: json.dumps(kafka_config)}
+
+    def ingest(path: str, key: str):
+        started = time.monotonic()
+        done = subprocess.run([CLI, "ingest", "--spec", path, "--master", "local[1]", "--run-key", key, "--json"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout), time.monotonic() - started
+
+    with FlowingProducer(kafka_config, topic, 2, rate=100):
+        for round_ in range(5):
+            results = at_once([functools.partial(ingest, path, f"{i}-{round_}") for i, path in enumerate(specs)])
+            for result in results:
+                assert not isinstance(result, BaseException), result
+                summary, seconds = result
+                assert seconds < timeout, f"a run waited past its table_wait_timeout: {seconds:.0f} s"
+                assert {t["status"] for t in summary["tables"]} <= {"committed", "nothing_new"}, summary
+    for name in "abcd":
+        assert assert_exactly_once(str(root / name), kafka_config["bootstrap.servers"], [topic], ingest_id="shared")

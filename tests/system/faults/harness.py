@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 # Windows: failpoints (airflow_eo/faults.py) at the protocol's steps, real kill -9 of the process tree
 # for the others. WINDOWS are CI's (tests/system/faults/test_faults.py); the soak kills at every step.
 FAILPOINT_WINDOWS = {w: w for w in ("before_read", "after_stage", "before_commit", "during_commit", "after_commit",
-                                     "between_sink_commits")}  # the last: a fan-out's, after each sink's commit but the last
+                                     # a fan-out's, after each sink's commit but the last; a batch's with dead
+                                     # letters, after its main commit and before theirs
+                                     "between_sink_commits", "before_dead_letters")}
 TREE_WINDOWS = ("reading", "random")
 WINDOWS = ("reading", "after_stage", "during_commit", "random", "after_commit")
 STEP_WINDOWS = ("before_read", "reading", "after_stage", "before_commit", "during_commit", "random", "after_commit")
@@ -261,9 +263,9 @@ class KillingSubmit(LocalSparkSubmit):
         if pid is None:
             return
         if self.window == "reading":
-            from airflow_eo.driver.direct import DirectStage
+            from airflow_eo.driver.tables import attempts_of, needs_spark
 
-            in_driver = not DirectStage.needs_spark(self._attempt)
+            in_driver = not needs_spark([a for a, _ in attempts_of(self._attempt)])
             while not self._done.is_set() and not (
                     driver_started(self._attempt.table_uri, self._attempt.attempt_id) if in_driver
                     else has_python_worker(pid)):

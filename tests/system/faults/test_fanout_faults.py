@@ -127,3 +127,86 @@ def test_a_fan_out_killed_at_each_step_and_retried_keeps_every_tables_model(path
     assert status_of(second) == RunStatus.COMMITTED.value
     after = assert_tables(ts, broker, topic, ingest_id=INGEST_ID, ends=ends)
     assert after["type_b"] == counts["type_b"] and after["raw"] == counts["raw"] + 10, (counts, after)
+
+
+class Reprocessing:
+    """A reprocess as ``run_once`` runs a loop: ``run(requester)`` replaces the batch of ``target`` in every table."""
+
+    def __init__(self, ingest: FanOut, target: str):
+        self.ingest, self.target = ingest, target
+
+    def run(self, requester):
+        from airflow_eo.loop.reprocess import reprocess
+
+        return reprocess(self.ingest, requester, self.target)
+
+
+class ReprocessClients(SpecClients):
+    """``airflow-eo reprocess --spec FILE --run-key TARGET --request-key KEY --remote URL``: the request's retries
+    are the same command with the same request key."""
+
+    target = "first"
+
+    def _command(self, run_key: str) -> list[str]:
+        return [AIRFLOW_EO, "reprocess", "--spec", self.spec_path, "--remote", self.server.url, "--run-key",
+                self.target, "--request-key", run_key, "--json"]
+
+
+REPROCESS_WINDOWS = ("reading", "between_sink_commits", "before_dead_letters", "after_commit")
+
+
+def test_a_fan_out_reprocess_killed_at_each_step_replaces_each_tables_batch_once(path, kafka_config, tmp_path, request):
+    """One run's batch in a raw and a merge table, each with its dead-letter table, reprocessed for both
+    sinks and killed at each step (while it reads, between the two tables' commits, between a table's
+    commit and its dead letters', after the last): after every attempt each table equals its model, its
+    offsets unmoved, and each dead-letter table holds each undecodable record of the batch once."""
+    from airflow_eo.table.ledger import Ledger
+    from tests.delta_tables import duckdb_rows
+    from tests.fanout import decodable
+
+    broker = TestBroker.connect(kafka_config["bootstrap.servers"])
+    topic = new_topic(kafka_config, 2)
+    ts = tables(str(tmp_path / "tables"), ("raw", "current"))
+    options = {"topics": [topic], "ingest_id": INGEST_ID, "driver_read_max_offsets": 0, "value_format": "json",
+               "value_schema": "type STRING, id BIGINT, n BIGINT",
+               "sinks": [{**t.sink, "dead_letter_table_uri": f"{t.uri}_dead"} for t in ts]}
+    events = MixedEvents(broker, topic)
+    events.send(range(20), types="abc")
+    broken = broker.produce(topic, [b"{not json %d" % i for i in range(5)])
+    events.send(range(0, 20, 2), types="ba")
+    ends = broker.end_offsets(topic)
+    first = (runner(path, options, kafka_config, min(t.uri for t in ts), topic, tmp_path, request))("first", None)
+    assert status_of(first) == RunStatus.COMMITTED.value
+    assert_tables(ts, broker, topic, ingest_id=INGEST_ID, ends=ends, keep=decodable)
+
+    if path == "connect":
+        clients = ReprocessClients(spec_file(str(tmp_path / "spec.json"), options), min(t.uri for t in ts), topic,
+                                   kafka_config, request.getfixturevalue("connect_server"), str(tmp_path))
+        rng = random.Random(7)
+        run = lambda key, window: clients(key, window, rng)  # noqa: E731
+    else:
+        spec, secrets, rng = FanOutSpec.of(**options), Secrets(kafka_config), random.Random(7)
+        run = lambda key, window: run_once(  # noqa: E731
+            None, key, window, rng, loop=lambda submit: Reprocessing(FanOut(spec, secrets, submit), "first"))
+
+    def dead_letters_once() -> None:
+        for t in ts:
+            offsets = sorted(duckdb_rows(f"{t.uri}_dead", 'SELECT "partition", "offset" FROM t'))
+            assert len(offsets) == broken and len(set(offsets)) == broken, f"{t.name}'s dead letters: {offsets}"
+
+    for window in REPROCESS_WINDOWS:  # a request per window, killed there, then retried until it is done
+        key = f"request-{window}"
+        outcome = run(key, window)
+        assert outcome.killed, f"{path}: the reprocess was not killed in {window}"
+        assert_tables(ts, broker, topic, ingest_id=INGEST_ID, ends=ends, keep=decodable)
+        dead_letters_once()
+        if outcome.error is not None:  # a table stayed behind: the retry replays the same request
+            retry = run(key, None)
+            assert status_of(retry) in (RunStatus.REPROCESSED.value, RunStatus.ALREADY_REPROCESSED.value)
+            if path == "spark-submit":  # a table the killed attempt reprocessed reports its commit
+                assert {str(t.status) for t in retry.result.tables} <= {"reprocessed", "already_reprocessed"}
+            assert_tables(ts, broker, topic, ingest_id=INGEST_ID, ends=ends, keep=decodable)
+            dead_letters_once()
+    for t in ts:  # each request replaced each table's batch once, and its dead letters once
+        assert Ledger.open(t.uri).reprocess_count(INGEST_ID, 1) == len(REPROCESS_WINDOWS)
+        assert Ledger.open(f"{t.uri}_dead").reprocess_count(INGEST_ID, 1) == len(REPROCESS_WINDOWS)

@@ -160,3 +160,22 @@ def test_a_table_refused_at_planning_stays_behind_while_the_others_commit_on_eve
     assert offsets(str(tmp_path / "a"), "a", 1) == [8] and result.status == "committed"
     record = Ledger.open(str(tmp_path / "a")).batches("fan", limit=1)[0]
     assert [(r.topic, r.partition, r.committed, r.start) for r in record.meta.resets] == [("a", 0, 10, 0)]
+
+
+def test_leases_are_taken_in_table_uri_order_whatever_the_order_of_the_sinks(tmp_path, kafka, monkeypatch):
+    """Two ingests sharing tables take their leases in one order (table_uri): neither can hold one the
+    other waits for while waiting for one it holds."""
+    from airflow_eo.loop.ingest import Ingestion
+
+    taken: list[tuple[str, str]] = []
+    turn = Ingestion.turn
+
+    def recording(self, run_key, *args, **kwargs):
+        taken.append((run_key, self.config.table_uri))
+        return turn(self, run_key, *args, **kwargs)
+
+    monkeypatch.setattr(Ingestion, "turn", recording)
+    fan_out(tmp_path, kafka, CommittingSubmitter(), "b", "a", "c").run(RunIdentity("one"))
+    fan_out(tmp_path, kafka, CommittingSubmitter(), "d", "c", "b").run(RunIdentity("two"))
+    assert [uri for key, uri in taken if key == "one"] == [str(tmp_path / n) for n in "abc"]
+    assert [uri for key, uri in taken if key == "two"] == [str(tmp_path / n) for n in "bcd"]
