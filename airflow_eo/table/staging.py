@@ -179,7 +179,12 @@ class StagingArea:
             self._write_marker(AttemptMarker(**{**marker.__dict__, "error": line}))
 
     def end_attempt(self, attempt_id: str, committed: bool = False) -> None:
-        """Mark an attempt over: its files may be collected unless it committed."""
+        """Mark an attempt over: its files may be collected unless it committed (its heartbeat has said all it
+        had to: the marker says it ended)."""
+        try:
+            self.loc.fs.delete_file(self.heartbeat_path(attempt_id))
+        except FileNotFoundError:
+            pass
         marker = self.read_marker(attempt_id)
         if marker is None or marker.ended_at is not None and marker.committed >= committed:
             return
