@@ -21,7 +21,7 @@ import functools
 import importlib
 import logging
 import time
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -148,7 +148,7 @@ class KafkaOffsets:
                         "the broker is up and the connection's bootstrap.servers; nothing was changed"
                     ) from exc
 
-    def partitions(self, topics: list[str]) -> list[TopicPartition]:
+    def partitions(self, topics: Sequence[str]) -> list[TopicPartition]:
         meta = self.metadata()
         found = []
         for topic in topics:

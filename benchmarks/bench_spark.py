@@ -135,7 +135,7 @@ def committed_rerun(config: IngestConfig, run_key: str, exclude: set[int]) -> di
     started = time.perf_counter()
     operator = KafkaToDeltaOperator(task_id=task_id, topics=config.topics, table_uri=config.table_uri,
                                     ingest_id=config.ingest_id, kafka_conn_id="airflow_eo_bench",
-                                    max_records_per_run=config.max_records_per_run)
+                                    max_records_per_run=config.spec.planning.max_records_per_run)
     summary = operator.execute(context)
     seconds = time.perf_counter() - started
     if summary["status"] != "already_committed" or summary["spark_started"] or operator.submitter.hook is not None:

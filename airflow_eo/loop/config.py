@@ -3,7 +3,7 @@
 The spec (:class:`airflow_eo.spec.IngestSpec`) is the configuration; the secrets (Kafka client
 config, storage options, Schema Registry config) never enter it. The checks that need both, or
 a module above the spec (an inline Avro schema is parsed here, before any run), are made once,
-when the config is built. Options read by name (``config.table_uri``, ``config.mode``) come from
+when the config is built. Options read by name (``config.table_uri``, ``config.spec.planning.mode``) come from
 the spec, typed.
 
 Example::
@@ -57,14 +57,18 @@ class IngestConfig:
 
                 check_schema(column.schema)
 
-    def __getattr__(self, name: str) -> Any:
-        """An option of the spec by its name (``config.partition_by``), typed."""
-        if name.startswith("_") or name in ("spec", "credentials"):
-            raise AttributeError(name)
-        try:
-            return self.spec.value(name)
-        except KeyError:
-            raise AttributeError(f"IngestConfig has no option {name!r}") from None
+    # the table and what it reads: what every step names (every other option is read from the spec, typed)
+    @property
+    def table_uri(self) -> str:
+        return self.spec.table.table_uri
+
+    @property
+    def ingest_id(self) -> str:
+        return self.spec.table.ingest_id
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return self.spec.source.topics
 
     @property
     def kafka_config(self) -> Mapping[str, object]:

@@ -122,7 +122,7 @@ class Ingestion:
         self.location = TableLocation.of(config.table_uri, self.storage_options)
         self.plans = PlanLog(self.location)
         self.staging = StagingArea(self.location)
-        self.runner = AttemptRunner(self.staging, submitter, config.secrets, config.staging_grace_seconds)
+        self.runner = AttemptRunner(self.staging, submitter, config.secrets, config.spec.table.staging_grace_seconds)
 
     def kafka(self) -> KafkaOffsets:
         return self._kafka if self._kafka is not None else KafkaOffsets(self.config.kafka_config)
@@ -137,8 +137,8 @@ class Ingestion:
         Delta features for ``use`` (default: what this ingest's batches do) and, by the sink, its
         write mode (:meth:`airflow_eo.sinks.base.Sink.check_table`)."""
         ledger = Ledger.open(self.config.table_uri, self.storage_options)
-        ledger.check_writable(self.config.ingest_id, self.config.partition_by, use or self.use,
-                              self.config.adopt_table)
+        ledger.check_writable(self.config.ingest_id, self.config.spec.table.partition_by, use or self.use,
+                              self.config.spec.table.adopt_table)
         self.sink.check_table(ledger, self.config.ingest_id)
         return ledger
 
@@ -154,17 +154,17 @@ class Ingestion:
 
     def check_dead_letter_table(self) -> None:
         """The dead-letter table, if there is one yet, takes appends (its features allow them)."""
-        if self.config.dead_letter_table_uri:
+        if self.config.spec.dead_letters.table_uri:
             DeadLetterSink(self.config.spec.sink).check_table(
-                Ledger.open(self.config.dead_letter_table_uri, self.storage_options))
+                Ledger.open(self.config.spec.dead_letters.table_uri, self.storage_options))
 
     # -- step 1: plan -------------------------------------------------------------
     def plan(self, run: RunIdentity, ledger: Ledger | None = None,
              interval: Interval | None = None) -> "BatchPlan | CommittedInterval":
         """Plan the next batch (offset mode) or ``interval``'s batch (interval mode) from the
         table and Kafka's last stable offsets (:mod:`airflow_eo.loop.planner`)."""
-        if (self.config.mode == INTERVAL) != (interval is not None):
-            raise ConfigError(f"mode={self.config.mode!r} " + (
+        if (self.config.spec.planning.mode == INTERVAL) != (interval is not None):
+            raise ConfigError(f"mode={self.config.spec.planning.mode!r} " + (
                 "needs the run's data interval (interval_start and interval_end)" if interval is None else
                 "plans by offsets: an interval is given only with mode='interval'") + "; nothing was committed")
         planner = IntervalPlanner(self.config, interval) if interval is not None else OffsetPlanner(self.config)
@@ -176,7 +176,7 @@ class Ingestion:
     def pin_reader_schemas(self, plan: BatchPlan) -> BatchPlan:
         """``plan`` with the registry reader schema versions its batch decodes with, resolved now
         (a choice like its end offsets: logged with it, so every replay decodes alike)."""
-        pinned = pin(self.config.decode.columns, self.config.schema_registry)
+        pinned = pin(self.config.spec.decode.columns, self.config.schema_registry)
         for schema in pinned:
             log.info("batch %s: the %s reader schema is %s (asked for: %s)", plan.batch, schema.column, schema,
                      schema.requested)
@@ -185,7 +185,7 @@ class Ingestion:
     def lease(self) -> TableLease:
         """The table's lease (:mod:`airflow_eo.table.lease`); a path that is not this ingest's table is
         refused before its first lease is written there (the ledger's checks)."""
-        return TableLease(self.location, self.storage_options, self.config.staging_grace_seconds,
+        return TableLease(self.location, self.storage_options, self.config.spec.table.staging_grace_seconds,
                           check_first=self.ledger)
 
     @contextmanager
@@ -196,7 +196,7 @@ class Ingestion:
         of a run that holds no lease is running (:meth:`wait_for_turn`: one of an earlier version, or
         one that stopped waiting). Yields None when the wait timed out: the run goes on without the
         lease, its compare-and-set commit still guards the table."""
-        timeout, started = self.config.table_wait_timeout, time.monotonic()
+        timeout, started = self.config.spec.table.table_wait_timeout, time.monotonic()
         with turn(self.lease(), Claim(purpose, run_key, self.config.ingest_id), timeout, poll) as held:
             self.wait_for_turn(max(0.0, timeout - (time.monotonic() - started)), run_key, poll=min(poll * 2, 2.0))
             yield held
@@ -210,7 +210,7 @@ class Ingestion:
         started, next_log = time.monotonic(), 0.0
         while True:
             waited = time.monotonic() - started
-            running = self.staging.blocking_attempts(run_key, self._last_batches(), self.config.staging_grace_seconds)
+            running = self.staging.blocking_attempts(run_key, self._last_batches(), self.config.spec.table.staging_grace_seconds)
             if not running or waited >= timeout:
                 return waited
             if waited >= next_log:
@@ -276,10 +276,10 @@ class Ingestion:
     def mirror(self, result: IngestResult) -> IngestResult:
         """Copy the table's offsets to the configured consumer group (best effort; after
         every successful run, so a mirror that missed one run is corrected by the next)."""
-        if self.config.mirror_consumer_group:
+        if self.config.spec.source.mirror_consumer_group:
             from airflow_eo.loop.mirror import mirror_table
 
-            mirror_table(self.config.kafka_config, self.config.mirror_consumer_group, self.ledger(),
+            mirror_table(self.config.kafka_config, self.config.spec.source.mirror_consumer_group, self.ledger(),
                          self.config.ingest_id, self.config.topics)
         return result
 
@@ -368,7 +368,7 @@ class Ingestion:
         try:
             kafka = self.kafka().current()  # what Kafka holds after the run, not when it planned
             bounds = kafka.bounds(kafka.partitions(self.config.topics))
-            lag = lag_of(kafka, bounds, ledger, self.config.ingest_id, self.config.starting_offsets)
+            lag = lag_of(kafka, bounds, ledger, self.config.ingest_id, self.config.spec.source.starting_offsets)
             return {str(tp): n for tp, n in lag.items()}
         except AirflowEoError as exc:
             log.warning("could not measure lag: %s", exc)
@@ -378,18 +378,18 @@ class Ingestion:
         """Finish the dead-letter commits a driver left behind its main commit (killed between the two,
         or overtaken by another run's commit), every batch of them, in order (``upto``: only those up
         to that batch)."""
-        if self.config.dead_letter_table_uri:
-            commit_dead_letters_of(ledger, self.config.ingest_id, self.config.dead_letter_table_uri,
+        if self.config.spec.dead_letters.table_uri:
+            commit_dead_letters_of(ledger, self.config.ingest_id, self.config.spec.dead_letters.table_uri,
                                    self.storage_options, upto)
 
     def collect_orphans(self) -> list[str]:
         """Remove staged files of attempts that ended without committing (never a running one)."""
         removed = collect_orphans(self.config.table_uri, self.storage_options,
-                                  self.config.staging_grace_seconds)
-        self.staging.collect_scratch(self.config.staging_grace_seconds)
-        if self.config.dead_letter_table_uri:
-            removed += collect_orphans(self.config.dead_letter_table_uri, self.storage_options,
-                                       self.config.staging_grace_seconds)
+                                  self.config.spec.table.staging_grace_seconds)
+        self.staging.collect_scratch(self.config.spec.table.staging_grace_seconds)
+        if self.config.spec.dead_letters.table_uri:
+            removed += collect_orphans(self.config.spec.dead_letters.table_uri, self.storage_options,
+                                       self.config.spec.table.staging_grace_seconds)
         return removed
 
 
@@ -569,12 +569,14 @@ class FanOut:
                     table.ingestion.mirror(results[table.uri])
         return self.results_of(tables, results)
 
-    @staticmethod
-    def results_of(tables: list["_Table"], results: dict[str, IngestResult]) -> list[IngestResult]:
-        """Each table's result in order; the first table's error, named, when one stayed behind."""
+    def results_of(self, tables: list["_Table"], results: dict[str, IngestResult]) -> list[IngestResult]:
+        """Each table's result in order; the first table's error when one stayed behind (naming its table,
+        unless the ingest is the single-table form: then the error is the table's own, as it always was)."""
         failed = [t for t in tables if t.error is not None]
         if failed:
-            raise _naming_table(failed[0].uri, failed[0].error)  # type: ignore[arg-type]
+            error = failed[0].error
+            assert error is not None
+            raise error if self.one_table else _naming_table(failed[0].uri, error)
         return [results[t.uri] for t in tables]
 
     def read_once(self, tables: list[_Table], results: dict[str, IngestResult],

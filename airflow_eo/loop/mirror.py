@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from airflow_eo.core.offsets import TopicPartition
 
@@ -83,7 +83,7 @@ def mirror_offsets(kafka_config: Mapping[str, object], group_id: str,
 
 
 def mirror_table(kafka_config: Mapping[str, object], group_id: str, ledger, ingest_id: str,
-                 topics: list[str], timeout: float = DEFAULT_TIMEOUT) -> bool:
+                 topics: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Mirror the table's current committed offsets of ``topics`` (from the Delta log)."""
     try:
         from airflow_eo.kafka import KafkaOffsets

@@ -129,16 +129,17 @@ class OffsetPlanner:
         committed = vanished(ledger, c.ingest_id, {tp: v for tp, v in committed.items()
                                                    if v is not None or tp in bounds}, bounds)
         last = ledger.last_batch(c.ingest_id)
-        position = c.starting_offsets if last == 0 else c.starting_offsets.after_first_batch()
+        source, planning = c.spec.source, c.spec.planning
+        position = source.starting_offsets if last == 0 else source.starting_offsets.after_first_batch()
         new = partitions_without_offsets(committed, bounds)
         new_starts = kafka.resolve_starts(position, new, bounds)
         identities = TopicIdentities(ledger, kafka, c.ingest_id, c.topics)
         plan = plan_batch(
             ingest_id=c.ingest_id, batch=last + 1,
             committed=committed, bounds=bounds, new_starts=new_starts,
-            max_records=c.max_records_per_run, on_data_loss=c.on_data_loss, run=run, planned_at=_now(),
+            max_records=planning.max_records_per_run, on_data_loss=source.on_data_loss, run=run, planned_at=_now(),
             recreated=identities.recreated(committed, bounds) if last else (),
-            on_topic_recreated=c.on_topic_recreated,
+            on_topic_recreated=source.on_topic_recreated,
         )
         return identities.recorded(plan, bounds) if not plan.is_empty else plan
 
@@ -194,7 +195,7 @@ class IntervalPlanner:
 
     def closing(self, ledger: Ledger, kafka: KafkaOffsets, now_ms: int | None = None) -> IntervalClosing:
         """Is the interval closed now? What a deferred run waits on (:mod:`airflow_eo.triggers.interval_closed`)."""
-        iv, close_after_ms = self.interval, int(self.config.close_after * 1000)
+        iv, close_after_ms = self.interval, int(self.config.spec.planning.close_after * 1000)
         closes_by = iv.end_ms + close_after_ms
         facts = self.facts(ledger, kafka)
         if isinstance(facts, CommittedInterval):
@@ -203,7 +204,7 @@ class IntervalPlanner:
         return IntervalClosing(iv, self._open(facts, now_ms), closes_by)
 
     def _open(self, facts: dict[TopicPartition, PartitionFacts], now_ms: int) -> tuple[TopicPartition, ...]:
-        close_after_ms = int(self.config.close_after * 1000)
+        close_after_ms = int(self.config.spec.planning.close_after * 1000)
         return tuple(tp for tp, f in sorted(facts.items()) if waiting(f, self.interval, now_ms, close_after_ms))
 
     def plan(self, run: RunIdentity, ledger: Ledger, kafka: KafkaOffsets) -> "BatchPlan | CommittedInterval":
@@ -211,11 +212,12 @@ class IntervalPlanner:
         facts = self.facts(ledger, kafka)
         if isinstance(facts, CommittedInterval):
             return facts
-        now_ms, close_after_ms = int(time.time() * 1000), int(c.close_after * 1000)
+        now_ms, close_after_ms = int(time.time() * 1000), int(c.spec.planning.close_after * 1000)
         open_ = self._open(facts, now_ms)
         if open_:  # the plan will say the interval is not closed: with how far that partition got
             newest = kafka.newest_timestamps({tp: facts[tp].bounds for tp in open_[:1]})
             facts.update({tp: replace(facts[tp], newest_ms=ms) for tp, ms in newest.items()})
         return plan_interval(
             ingest_id=c.ingest_id, batch=ledger.last_batch(c.ingest_id) + 1, interval=iv, facts=facts,
-            now_ms=now_ms, close_after_ms=close_after_ms, on_data_loss=c.on_data_loss, run=run, planned_at=_now())
+            now_ms=now_ms, close_after_ms=close_after_ms, on_data_loss=c.spec.source.on_data_loss, run=run,
+            planned_at=_now())

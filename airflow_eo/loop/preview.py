@@ -191,7 +191,7 @@ def _preview(ingestion: Ingestion, ledger: Ledger, run: RunIdentity, step: NextS
     lag = step.result.lag if step is not None and step.result is not None else ingestion.lag(ledger)
     return PlanPreview(
         action="waiting" if step is None else step.action.value,
-        ingest_id=config.ingest_id, run_key=run.run_key, mode=str(config.mode.value),
+        ingest_id=config.ingest_id, run_key=run.run_key, mode=str(config.spec.planning.mode.value),
         batch=None if step is None or plan is None or step.action is NextAction.NOTHING_NEW else plan.batch,
         ranges=ranges, offsets=sum(r.offsets for r in ranges),
         records=sum(counts.values()) if counts else (0 if reads and not data else None),

@@ -431,9 +431,9 @@ class KafkaToDeltaOperator(BaseOperator):
                       "passes (checked every %.0f s)", str(why).split("; it closes when")[0], self.poll_interval)
         self.defer(trigger=IntervalClosedTrigger(
             table_uri=config.table_uri, ingest_id=config.ingest_id, topics=list(topics or config.topics),
-            interval_start_ms=interval.start_ms, interval_end_ms=interval.end_ms, close_after=config.close_after,
+            interval_start_ms=interval.start_ms, interval_end_ms=interval.end_ms, close_after=config.spec.planning.close_after,
             kafka_conn_id=self.kafka_conn_id, storage_conn_id=self.storage_conn_id,
-            storage_options=self.storage_options, poll_interval=self.poll_interval, adopt_table=config.adopt_table,
+            storage_options=self.storage_options, poll_interval=self.poll_interval, adopt_table=config.spec.table.adopt_table,
         ), method_name="execute_complete")
 
     def execute_complete(self, context, event: dict) -> dict:

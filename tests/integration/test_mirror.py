@@ -76,7 +76,7 @@ def test_mirror_follows_the_table_and_survives_a_broker_outage(spark, tmp_path, 
 
 
 def test_mirror_is_off_by_default_and_reports_failure_without_raising(kafka_config):
-    assert IngestConfig(table_uri="/tmp/x", ingest_id="x", topics=["t"], kafka_config={}).mirror_consumer_group is None
+    assert IngestConfig(table_uri="/tmp/x", ingest_id="x", topics=["t"], kafka_config={}).spec.source.mirror_consumer_group is None
     assert mirror_offsets({"bootstrap.servers": "127.0.0.1:1"}, GROUP, {TopicPartition("t", 0): 5}, timeout=2) is False
     topic = new_topic(kafka_config, partitions=1)
     assert mirror_offsets(kafka_config, "direct-mirror", {TopicPartition(topic, 0): 0, TopicPartition(topic, 1): None})

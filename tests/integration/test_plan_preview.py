@@ -46,8 +46,8 @@ def previewed(ingestion, run: RunIdentity = NEW_RUN, interval=None, *trees: str)
     """The preview of ``ingestion``'s next run, asserting the tables' trees did not change."""
     from airflow_eo.loop.ingest import Ingestion
 
-    paths = [ingestion.config.table_uri] + ([ingestion.config.dead_letter_table_uri]
-                                            if ingestion.config.dead_letter_table_uri else []) + list(trees)
+    paths = [ingestion.config.table_uri] + ([ingestion.config.spec.dead_letters.table_uri]
+                                            if ingestion.config.spec.dead_letters.table_uri else []) + list(trees)
     before = {p: tree(p) for p in paths}
     preview = plan_preview(Ingestion(ingestion.config, NO_SPARK), run, interval)
     assert {p: tree(p) for p in paths} == before, "the preview wrote something"

@@ -147,5 +147,5 @@ def test_the_standalone_job_builds_the_spec_from_its_flags():
                                     "--max-offsets-per-task", "500", "--partition-by", "date",
                                     "--transform-sql", "SELECT *, to_date(timestamp) AS date FROM source"])
     config = IngestConfig(**options_from_args(args, lambda path: path), kafka_config={"bootstrap.servers": "b"})
-    assert (config.table_uri, config.topics, config.partition_by) == ("/data/orders", ("a", "b"), ("date",))
+    assert (config.table_uri, config.topics, config.spec.table.partition_by) == ("/data/orders", ("a", "b"), ("date",))
     assert config.spec.spark.max_offsets_per_task == 500 and args.attempt_id is None

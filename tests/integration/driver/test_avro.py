@@ -137,7 +137,7 @@ def test_bad_records_are_dead_letters_with_reasons_and_counts_add_up(spark_path,
     config = config_for(topic, tmp_path, kafka_config=kafka_config, schema_registry={"url": registry.url})
     result = run(config, spark_path.submitter())
     assert result.status == COMMITTED and result.rows == 6 and result.dead_letters == 5
-    letters = sorted(read_table(config.dead_letter_table_uri, ["offset", "value", "reason"]).to_pylist(),
+    letters = sorted(read_table(config.spec.dead_letters.table_uri, ["offset", "value", "reason"]).to_pylist(),
                      key=lambda r: r["offset"])
     assert [r["offset"] for r in letters] == [6, 7, 8, 9, 10]
     for letter, (raw, why) in zip(letters, bad.items()):
@@ -215,7 +215,7 @@ def test_avro_keys_beside_json_values(spark_path, kafka_config, tmp_path):
     assert result.rows == 2 and result.dead_letters == 2
     assert sorted(read_table(config.table_uri, ["id", "k"]).to_pylist(), key=lambda r: r["id"]) == [
         {"id": 1, "k": "a"}, {"id": 2, "k": None}]  # a record without a key is not a bad record
-    letters = sorted(read_table(config.dead_letter_table_uri, ["offset", "reason"]).to_pylist(),
+    letters = sorted(read_table(config.spec.dead_letters.table_uri, ["offset", "reason"]).to_pylist(),
                      key=lambda r: r["offset"])
     assert [r["offset"] for r in letters] == [2, 3]
     assert "key is not decodable as Avro" in letters[0]["reason"] and "does not match value_schema" in letters[1]["reason"]

@@ -57,13 +57,13 @@ def run(config, spark_path, run_key="r1"):
 
 
 def dead_letters(config) -> list[tuple]:
-    t = read_table(config.dead_letter_table_uri, ["offset", "value", "reason", "batch"])
+    t = read_table(config.spec.dead_letters.table_uri, ["offset", "value", "reason", "batch"])
     return sorted(zip(t["offset"].to_pylist(), t["value"].to_pylist(), t["reason"].to_pylist(), t["batch"].to_pylist()),
                   key=lambda r: r[0])
 
 
 def test_undecodable_records_go_to_the_dead_letter_table(config, spark_path):
-    orphan = os.path.join(config.dead_letter_table_uri, "b00000009-0123456789abcdef")
+    orphan = os.path.join(config.spec.dead_letters.table_uri, "b00000009-0123456789abcdef")
     os.makedirs(orphan)  # staged by an attempt that died long ago
     open(os.path.join(orphan, "part-0.parquet"), "wb").close()
     result = run(dataclasses.replace(config, staging_grace_seconds=0), spark_path)
@@ -75,7 +75,7 @@ def test_undecodable_records_go_to_the_dead_letter_table(config, spark_path):
     assert [r[0] for r in letters] == [3, 4, 5, 6, 7]  # offsets of the bad records
     for (_, value, reason, batch), (raw, why) in zip(letters, BAD.items()):
         assert value == raw and why in reason and batch == 1
-    assert DeltaTable(config.dead_letter_table_uri).transaction_version(dlq_app_id(INGEST_ID)) == 1
+    assert DeltaTable(config.spec.dead_letters.table_uri).transaction_version(dlq_app_id(INGEST_ID)) == 1
 
 
 def test_a_crash_between_the_main_and_the_dead_letter_commit_is_rolled_forward_once(config, spark_path, monkeypatch):
@@ -92,9 +92,9 @@ def test_a_crash_between_the_main_and_the_dead_letter_commit_is_rolled_forward_o
     again = run(config, spark_path)  # the retry: same run key, nothing re-read, dead letters rolled forward
     assert again.status == ALREADY_COMMITTED and not again.spark_started
     assert [r[0] for r in dead_letters(config)] == [3, 4, 5, 6, 7]
-    version = DeltaTable(config.dead_letter_table_uri).version()
+    version = DeltaTable(config.spec.dead_letters.table_uri).version()
     assert run(config, spark_path, "r-next").status == "nothing_new"
-    assert DeltaTable(config.dead_letter_table_uri).version() == version  # never twice
+    assert DeltaTable(config.spec.dead_letters.table_uri).version() == version  # never twice
     assert read_table(config.table_uri, ["offset"]).num_rows == 6
 
 
@@ -124,6 +124,6 @@ def test_too_many_dead_letters_fail_the_run_and_commit_nothing(config, spark_pat
     with pytest.raises(DeadLetterThresholdError, match="5 of 11 records could not be decoded"):
         run(strict, spark_path)
     assert not Ledger.open(config.table_uri).exists
-    assert not Ledger.open(config.dead_letter_table_uri).exists
+    assert not Ledger.open(config.spec.dead_letters.table_uri).exists
     fraction = dataclasses.replace(config, max_dead_letter_fraction=0.5)  # 5/11 < 0.5: passes
     assert run(fraction, spark_path, "r2").status == COMMITTED

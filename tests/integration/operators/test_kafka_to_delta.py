@@ -105,10 +105,10 @@ def test_storage_connection_and_decoding_options_reach_the_ingest_config(kafka_e
     attempt = config.attempt(BatchPlan(config.ingest_id, 1, (), RunIdentity("r"), attempt_id="a1"))
     assert attempt.dead_letters.table_uri == "s3://bucket/orders_dead" and attempt.dead_letters.max_count == 5
     assert SECRET not in attempt.to_json()  # what is written beside the table holds no secret
-    assert config.value_schema == "id INT, name STRING" and config.max_dead_letters == 5
-    assert config.schema_evolution and config.mirror_consumer_group == "orders-lag"
+    assert config.spec.decode.value_schema == "id INT, name STRING" and config.spec.dead_letters.max_count == 5
+    assert config.spec.table.schema_evolution and config.spec.source.mirror_consumer_group == "orders-lag"
     assert "dead_letter_table_uri" in op.template_fields and "partition_by" in op.template_fields
-    assert config.partition_by == ("date",) and attempt.partition_by == ("date",)
+    assert config.spec.table.partition_by == ("date",) and attempt.partition_by == ("date",)
 
 
 def test_a_spark_connect_connection_runs_the_batch_on_the_warm_server(kafka_env, kafka_config, connect_server,
