@@ -5,7 +5,7 @@
 the dead-letter table, :mod:`~airflow_eo.sinks.registry` which sink writes a table (:func:`sink_of`).
 """
 
-from airflow_eo.sinks.base import Sink, SinkKind
+from airflow_eo.sinks.base import Sink
 from airflow_eo.sinks.registry import kind_of, recorded_sink, sink_of, table_sink
 
-__all__ = ["Sink", "SinkKind", "kind_of", "recorded_sink", "sink_of", "table_sink"]
+__all__ = ["Sink", "kind_of", "recorded_sink", "sink_of", "table_sink"]

@@ -18,7 +18,7 @@ from airflow_eo.attempt import Attempt
 from airflow_eo.core.errors import CommitConflictError
 from airflow_eo.core.planning import CommitCheck
 from airflow_eo.core.offsets import RunIdentity
-from airflow_eo.sinks.base import Sink, SinkKind
+from airflow_eo.sinks.base import Sink
 from airflow_eo.table.commit import (
     CommitOutcome, StagedBatch, add_actions, batch_lost_race, check_features, compare_offsets,
     compare_reprocess_counter, evolve_schema, offset_transactions, open_writable, rebase, remove_action,
@@ -37,7 +37,7 @@ from airflow_eo.table.staging import KEPT_SUFFIX, attempt_dir_name, attempt_dir_
 class AppendSink(Sink):
     """``write_mode="append"``: each batch's rows added with its offsets."""
 
-    kind = SinkKind.APPEND
+    kind = "append"
     use = TableUse.APPEND
 
     def ingest_rule(self, staged: StagedBatch, attempt: Attempt, findings: BatchFindings,

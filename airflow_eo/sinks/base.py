@@ -8,8 +8,8 @@ stay in one place; a sink says, for its write mode, what they check, stage, comp
 * **the table's checks and mark**: :meth:`Sink.check_table` (a table keeps the write mode its first
   batch had), :meth:`Sink.check_plan` (before a planned batch runs), :meth:`Sink.check_reprocess`;
 * **the stage step**: :attr:`Sink.direct` (whether the read tasks may stage its rows themselves, the
-  direct path) and the Spark step registered for its kind in :mod:`airflow_eo.driver.stages` (the
-  Spark glue it needs lives in the driver: see ``docs/development.md``);
+  direct path) and :attr:`Sink.stage`, its Spark step in the driver (the Spark glue it needs lives
+  there: see ``docs/development.md``);
 * **the commit rules** for ingest and reprocess: :meth:`Sink.ingest_rule`, :meth:`Sink.reprocess_rule`
   (the actions a commit adds and removes, its ``txn`` marks, its metadata);
 * **findings and result counts**: :meth:`Sink.findings` (what its commit records beyond the rows),
@@ -17,12 +17,11 @@ stay in one place; a sink says, for its write mode, what they check, stage, comp
 * **the audit's check**: :attr:`Sink.rows_keep_offsets` (one row per delivered offset, compared offset
   by offset, or not).
 
-The registry (:mod:`airflow_eo.sinks.registry`) maps each :class:`SinkKind` to its class.
+The registry (:mod:`airflow_eo.sinks.registry`) lists each sink class once, by its :attr:`Sink.kind`.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any, ClassVar, Mapping
 
 from airflow_eo.attempt import Attempt, AttemptKind
@@ -36,21 +35,14 @@ from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.metadata import BatchFindings, BatchMetadata, DeadLetterManifest, LateRecords
 
 
-class SinkKind(str, enum.Enum):
-    """How a sink writes a batch: the write mode, dedup (an append that drops repeated keys) apart."""
-
-    APPEND = "append"
-    DEDUP = "dedup"
-    MERGE = "merge"
-    DEAD_LETTERS = "dead_letters"  # the dead-letter table: a sink no write mode chooses
-
-
 class Sink:
     """One table and what happens to a batch in it (see the module). Subclasses set the class
     attributes and override the steps their write mode changes; the defaults are an append's."""
 
-    kind: ClassVar[SinkKind]
+    kind: ClassVar[str]  # its name in the registry: the write mode, dedup (an append that drops repeated keys) apart
     write_mode: ClassVar[WriteMode] = WriteMode.APPEND  # what its commits record (BatchMetadata.write_mode)
+    # its Spark step, "module:Class" (the driver's layer, above the sinks: imported where a batch runs through Spark)
+    stage: ClassVar[str] = "airflow_eo.driver.append:SparkStage"
     table_note: ClassVar[str] = ""  # what `airflow-eo status` says of its table ("": nothing)
     use: ClassVar[TableUse]  # what its batches do to the table (what the table's features are checked for)
     direct: ClassVar[bool] = True  # its rows may be staged by the read tasks themselves (the direct path)

@@ -27,7 +27,7 @@ from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.core.planning import BatchPlan, CommitCheck
 from airflow_eo.table.commit import COMMITTED, CommitOutcome, StagedBatch, add_actions, commit, outcome_of
 from airflow_eo.table.engine_merge import EngineMerge
-from airflow_eo.sinks.base import Sink, SinkKind
+from airflow_eo.sinks.base import Sink
 from airflow_eo.table.features import ConstraintKind, TableUse
 from airflow_eo.faults import failpoint
 from airflow_eo.table.app_ids import dead_letters_app_id, dlq_app_id
@@ -44,7 +44,7 @@ class DeadLetterSink(Sink):
     """The ingest's dead-letter table (``dead_letter_table_uri``): appended to once per batch that has
     dead letters, after the main table's commit; never chosen by a write mode."""
 
-    kind = SinkKind.DEAD_LETTERS
+    kind = "dead_letters"  # a sink no write mode chooses
     use = TableUse.APPEND
 
     @property

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from airflow_eo.attempt import Attempt
 from airflow_eo.sinks.append import AppendSink
-from airflow_eo.sinks.base import SinkKind
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, Duplicates, LateRecords
 
@@ -19,7 +18,8 @@ from airflow_eo.table.metadata import BatchFindings, DeadLetterManifest, Duplica
 class DedupSink(AppendSink):
     """``dedup_key``: see the module."""
 
-    kind = SinkKind.DEDUP
+    kind = "dedup"
+    stage = "airflow_eo.driver.dedup:DedupStage"
     use = TableUse.DEDUP
     direct = False  # keys are computed and looked up in Spark
 

@@ -24,7 +24,7 @@ from airflow_eo.core.errors import CommitConflictError, ConfigError
 from airflow_eo.core.planning import BatchPlan, CommitCheck
 from airflow_eo.core.offsets import RunIdentity
 from airflow_eo.sinks.append import boundaries_commit
-from airflow_eo.sinks.base import Sink, SinkKind, check_mark
+from airflow_eo.sinks.base import Sink, check_mark
 from airflow_eo.spec import MergeSpec, WriteMode
 from airflow_eo.table.commit import (
     CommitOutcome, CommitRule, StagedBatch, add_actions, batch_lost_race, check_features, compare_offsets,
@@ -55,7 +55,8 @@ class MergeStaged:
 class MergeSink(Sink):
     """``write_mode="merge"``: see the module."""
 
-    kind = SinkKind.MERGE
+    kind = "merge"
+    stage = "airflow_eo.driver.merge:MergeStage"
     write_mode = WriteMode.MERGE
     table_note = "merge by key"
     use = TableUse.MERGE

@@ -12,7 +12,7 @@ from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.core.errors import ConfigError
 from airflow_eo.core.planning import BatchPlan
 from airflow_eo.core.offsets import OffsetRange, RunIdentity
-from airflow_eo.sinks import SinkKind, kind_of, recorded_sink, sink_of
+from airflow_eo.sinks import kind_of, recorded_sink, sink_of
 from airflow_eo.sinks.append import AppendSink, BatchCommit, ReprocessCommit
 from airflow_eo.sinks.dead_letters import DeadLetterCommit, DeadLetterSink
 from airflow_eo.sinks.dedup import DedupSink
@@ -36,19 +36,24 @@ def attempt(s: IngestSpec, kind: AttemptKind = AttemptKind.INGEST) -> Attempt:
 
 
 @pytest.mark.parametrize("options, kind, cls", [
-    ({}, SinkKind.APPEND, AppendSink),
-    ({"dedup_key": "headers['id']"}, SinkKind.DEDUP, DedupSink),
-    ({"write_mode": "merge", "merge_key": "id"}, SinkKind.MERGE, MergeSink),
+    ({}, "append", AppendSink),
+    ({"dedup_key": "headers['id']"}, "dedup", DedupSink),
+    ({"write_mode": "merge", "merge_key": "id"}, "merge", MergeSink),
 ])
 def test_the_write_mode_chooses_the_sink(options, kind, cls):
     s = spec(**options)
-    assert kind_of(s.sink) is kind and type(sink_of(s.sink)) is cls and sink_of(s.sink).spec == s.sink
+    assert kind_of(s.sink) == kind and type(sink_of(s.sink)) is cls and sink_of(s.sink).spec == s.sink
 
 
-def test_every_write_mode_has_a_sink_and_every_sink_kind_but_the_dead_letters_is_registered():
-    assert {m.value for m in WriteMode} <= {k.value for k in SINKS}
-    assert set(SINKS) == set(SinkKind) - {SinkKind.DEAD_LETTERS}
-    assert all(SINKS[k].kind is k for k in SINKS)
+def test_every_write_mode_has_a_sink_listed_once_by_its_name_and_each_names_a_spark_step():
+    from airflow_eo.driver.append import SparkStage
+    from airflow_eo.driver.stages import stage_class
+
+    assert {m.value for m in WriteMode} <= set(SINKS)
+    assert all(SINKS[k].kind == k for k in SINKS)
+    assert {k: stage_class(SINKS[k](spec().sink)).__name__ for k in SINKS} == {
+        "append": "SparkStage", "dedup": "DedupStage", "merge": "MergeStage"}
+    assert all(issubclass(stage_class(SINKS[k](spec().sink)), SparkStage) for k in SINKS)
 
 
 def test_a_recorded_write_mode_names_its_sink():
