@@ -231,20 +231,16 @@ class ProtobufColumn:
         """What records of writer schema ``schema_id``'s message at ``indexes`` are for the reader."""
         assert self.registry is not None
         reader = self.reader
-        if schema_id == self.reader_id:
-            schema = self.schema
-        else:
-            schema = self._cache.get(("schema", schema_id))
-            if schema is None:
-                found = self.registry.schema(schema_id, fmt=SERIALIZED)
-                if found is None:
-                    return _Writer(reason=f"unknown schema id {schema_id} (not in the Schema Registry "
-                                          f"{self.registry.url})")
-                if found.schema_type != "PROTOBUF":
-                    return _Writer(reason=f"{self.source} was written with schema id {schema_id}, a "
-                                          f"{found.schema_type} schema, not Protobuf")
-                schema = self._cache[("schema", schema_id)] = registry_schema(
-                    found, self.registry, f"writer schema id {schema_id}")
+        schema: ProtoSchema | None = self.schema if schema_id == self.reader_id else self._cache.get(("schema", schema_id))
+        if schema is None:  # fetched once per id and task
+            found = self.registry.schema(schema_id, fmt=SERIALIZED)
+            if found is None:
+                return _Writer(reason=f"unknown schema id {schema_id} (not in the Schema Registry {self.registry.url})")
+            if found.schema_type != "PROTOBUF":
+                return _Writer(reason=f"{self.source} was written with schema id {schema_id}, a {found.schema_type} "
+                                      "schema, not Protobuf")
+            schema = self._cache[("schema", schema_id)] = registry_schema(found, self.registry,
+                                                                          f"writer schema id {schema_id}")
         message = schema.message_at(indexes)
         if message is None:
             return _Writer(reason=f"{self.source} names message {list(indexes)}, which writer schema id {schema_id} "

@@ -142,8 +142,9 @@ class RegistryDouble:
                 return False
             if references is not None and self.references.get(sid, []) != list(references):
                 return False
-            if schema_type.upper() == "PROTOBUF":
-                return self.schemas[sid].strip() == schema.strip()
+            if schema_type.upper() == "PROTOBUF":  # the same file, as text or serialized
+                return self.schemas[sid].strip() == schema.strip() or self._descriptor(self.schemas[sid], sid) == \
+                    self._descriptor(schema, None, references)
             return json.dumps(json.loads(self.schemas[sid]), sort_keys=True) == json.dumps(json.loads(schema),
                                                                                          sort_keys=True)
         return next((sid for sid in self.schemas if same(sid)), None)
@@ -161,30 +162,44 @@ class RegistryDouble:
             out["references"] = self.references[sid]
         return out
 
+    def _descriptor(self, text: str, sid: int | None, references=None) -> bytes:
+        """A Protobuf schema's ``FileDescriptorProto`` without its file name (how two forms compare)."""
+        from airflow_eo.decoding.protobuf_schemas import serialized_file
+
+        found = serialized_file(text) or self._compile(text, self.references.get(sid, []) if sid else references or [],
+                                                       f"schema id {sid}" if sid else "the schema registered")
+        found.name = ""
+        return found.SerializeToString(deterministic=True)
+
     def serialized(self, sid: int) -> str:
         """The base64 ``FileDescriptorProto`` of Protobuf schema ``sid`` (compiled once if it is text)."""
-        from airflow_eo.decoding.protobuf_schemas import compile_proto, serialized_file
+        from airflow_eo.decoding.protobuf_schemas import serialized_file
 
         text = self.schemas[sid]
         if serialized_file(text) is not None:
             return text
-        if sid in self._compiled:
-            return self._compiled[sid]
+        if sid not in self._compiled:
+            root = self._compile(text, self.references.get(sid, []), f"schema id {sid}")
+            root.name = ""  # a registry's serialized form names no file: the reader names it
+            self._compiled[sid] = base64.b64encode(root.SerializeToString()).decode()
+        return self._compiled[sid]
+
+    def _compile(self, text: str, references, where: str):
+        """The ``FileDescriptorProto`` of ``.proto`` text whose imports are ``references`` (their texts)."""
+        from google.protobuf import descriptor_pb2
+
+        from airflow_eo.decoding.protobuf_schemas import compile_proto
+
         imports = {}
-        stack = list(self.references.get(sid, []))
+        stack = list(references)
         while stack:  # every file it imports, transitively, as .proto text
             ref = stack.pop()
             dep = self.subjects[ref["subject"]][ref["version"] - 1]
             imports[ref["name"]] = self.schemas[dep]
             stack.extend(self.references.get(dep, []))
-        from google.protobuf import descriptor_pb2
-
-        compiled = compile_proto(text, f"schema-{sid}.proto", imports, where=f"schema id {sid}")
-        root = next(f for f in descriptor_pb2.FileDescriptorSet.FromString(compiled.files).file
+        compiled = compile_proto(text, "registered.proto", imports, where=where)
+        return next(f for f in descriptor_pb2.FileDescriptorSet.FromString(compiled.files).file
                     if f.name == compiled.root)
-        root.name = ""  # a registry's serialized form names no file: the reader names it
-        self._compiled[sid] = base64.b64encode(root.SerializeToString()).decode()
-        return self._compiled[sid]
 
     @property
     def config(self) -> dict[str, str]:
