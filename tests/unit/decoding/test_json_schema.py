@@ -158,3 +158,11 @@ def test_an_incompatible_writer_fails_and_a_subject_of_another_type_is_refused()
         registry.register("avro-value", json.dumps({"type": "record", "name": "R", "fields": []}))
         with pytest.raises(ConfigError, match="is a AVRO schema, not JSON Schema: value_format='json_schema'"):
             pin((RegistryJsonSchema(source=Source.VALUE, subject="avro-value"),), registry.config)
+
+
+def test_records_are_checked_by_a_compiled_validator_and_later_drafts_by_jsonschema():
+    draft7, later = column(), column({**ORDER, "$schema": "https://json-schema.org/draft/2020-12/schema"})
+    assert draft7._writer(None).fast is not None and later._writer(None).fast is None
+    values = [json.dumps(FULL).encode(), b'{"status": "NEW"}']
+    assert decode(draft7, values)[1] == decode(later, values)[1] == [
+        None, "value does not match its JSON Schema (the inline value schema): 'id' is a required property"]
