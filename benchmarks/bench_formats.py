@@ -80,12 +80,13 @@ STATUSES = ("NEW", "PAID", "SHIPPED")
 
 def row(i: int) -> dict:
     """Row ``i``: ~200 bytes in each format."""
-    return {"id": i, "customer": f"customer-{i % 10_007:05d} of the northern region", "status": STATUSES[i % 3],
+    return {"id": i, "customer": f"customer-{i % 10_007:05d} of the northern region, key account since {2000 + i % 26}",
+            "status": STATUSES[i % 3],
             "amount": (i % 100_000) / 100, "quantity": i % 50,
             "at": datetime.fromtimestamp(1_767_225_600 + i, timezone.utc),
-            "note": None if i % 3 else f"deliver after {i % 24}:00, ring twice",
+            "note": None if i % 3 else f"deliver after {i % 24}:00, ring twice, leave with the neighbour if away",
             "tags": [f"tag-{j}" for j in range(i % 4)], "attrs": {"priority": i % 5, "lane": i % 9},
-            "address": {"city": f"city-{i % 997}", "zip": f"{i % 100_000:05d}"}}
+            "address": {"city": f"city-{i % 997} on the river", "zip": f"{i % 100_000:05d}"}}
 
 
 def serializers(registry_config: dict) -> dict:

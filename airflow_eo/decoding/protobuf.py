@@ -41,6 +41,9 @@ from airflow_eo.decoding.registry import SERIALIZED, WIRE_HEADER_BYTES, WIRE_MAG
 from airflow_eo.spec.columns import ColumnSpec
 
 
+_FIRST = (0,)
+
+
 class _BadWire(Exception):
     """The message-index list is malformed."""
 
@@ -217,10 +220,13 @@ class ProtobufColumn:
             return None, b"", (f"{self.source} is not in the Confluent wire format (magic byte 0, a 4-byte schema "
                                f"id and the message indexes; got first byte {raw[0] if raw else 'none'})")
         schema_id = int.from_bytes(raw[1:WIRE_HEADER_BYTES], "big")
-        try:
-            indexes, start = message_indexes(raw)
-        except _BadWire as exc:
-            return None, b"", f"{self.source} is not in the Confluent wire format: {exc}"
+        if raw[WIRE_HEADER_BYTES] == 0:  # the file's first message: the common case, one byte
+            indexes, start = _FIRST, WIRE_HEADER_BYTES + 1
+        else:
+            try:
+                indexes, start = message_indexes(raw)
+            except _BadWire as exc:
+                return None, b"", f"{self.source} is not in the Confluent wire format: {exc}"
         key = (schema_id, indexes)
         writer = self._cache.get(("writer", key))
         if writer is None:
