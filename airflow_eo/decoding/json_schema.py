@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from airflow_eo.core.errors import ConfigError, IncompatibleSchemaError
 from airflow_eo.decoding.json_schema_types import Node, NotDecodable, incompatibility, parse
 from airflow_eo.decoding.registry import WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
+from airflow_eo.decoding.shared import TaskCache, fitted_array
 from airflow_eo.spec.columns import ColumnSpec, InlineJsonSchema, Source  # noqa: F401 - the example
 
 
@@ -104,7 +105,7 @@ def _fast(schema):
 
 
 @dataclass(frozen=True)
-class JsonSchemaColumn:
+class JsonSchemaColumn(TaskCache):
     """Decodes one Kafka column into the struct column of ``reader_schema``: the
     :class:`~airflow_eo.decoding.decoder.ColumnDecoder` of JSON Schema. With ``registry`` the bytes are
     in the Confluent wire format; without, plain JSON of the reader schema."""
@@ -116,15 +117,6 @@ class JsonSchemaColumn:
     reader_id: int | None = None
     validate: bool = True
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    def __getstate__(self):
-        return {k: getattr(self, k) for k in ("spec", "reader_schema", "registry", "reader_name", "reader_id",
-                                               "validate")}
-
-    def __setstate__(self, state):
-        for key, value in state.items():
-            object.__setattr__(self, key, value)
-        object.__setattr__(self, "_cache", {})
 
     @property
     def source(self) -> str:
@@ -145,21 +137,8 @@ class JsonSchemaColumn:
         return self.node.spark_type()
 
     def to_arrow(self, values: list, arrow_type) -> tuple:
-        import pyarrow as pa
-
         records, reasons = self.decode(values)
-        try:
-            return pa.array(records, type=arrow_type), reasons
-        except (pa.ArrowException, ValueError, TypeError, OverflowError):
-            fitted = []
-            for i, record in enumerate(records):
-                try:
-                    pa.array([record], type=arrow_type)
-                    fitted.append(record)
-                except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-                    fitted.append(None)
-                    reasons[i] = reasons[i] or f"decoded JSON record does not fit its column type: {str(exc)[:200]}"
-            return pa.array(fitted, type=arrow_type), reasons
+        return fitted_array(records, reasons, arrow_type, "JSON"), reasons
 
     def decode(self, values: list) -> tuple[list, list]:
         """(decoded records or None, dead-letter reason or None) for each raw value."""

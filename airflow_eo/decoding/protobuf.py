@@ -38,10 +38,11 @@ from airflow_eo.core.errors import IncompatibleSchemaError
 from airflow_eo.decoding.protobuf_schemas import ProtoSchema, registry_schema
 from airflow_eo.decoding.protobuf_types import NotDecodable, absent_fields, incompatibility, spark_type, struct_builder
 from airflow_eo.decoding.registry import SERIALIZED, WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
+from airflow_eo.decoding.shared import TaskCache
 from airflow_eo.spec.columns import ColumnSpec
 
 
-_FIRST = (0,)
+_FIRST: tuple[int, ...] = (0,)
 
 
 class _BadWire(Exception):
@@ -91,7 +92,7 @@ class _Writer:
 
 
 @dataclass(frozen=True)
-class ProtobufColumn:
+class ProtobufColumn(TaskCache):
     """Decodes one Kafka column into the struct column of ``schema``'s message ``message_name``: the
     :class:`~airflow_eo.decoding.decoder.ColumnDecoder` of Protobuf. With ``registry`` the bytes are in the
     Confluent wire format; without, plain messages of the reader."""
@@ -103,15 +104,6 @@ class ProtobufColumn:
     reader_name: str = "the inline schema"  # "orders-value version 3 (schema id 7)"
     reader_id: int | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    def __getstate__(self):
-        return {k: getattr(self, k) for k in ("spec", "schema", "message_name", "registry", "reader_name",
-                                               "reader_id")}
-
-    def __setstate__(self, state):
-        for key, value in state.items():
-            object.__setattr__(self, key, value)
-        object.__setattr__(self, "_cache", {})
 
     @property
     def source(self) -> str:
