@@ -2,7 +2,7 @@
 
 No I/O. The descriptors come from :mod:`.protobuf_schemas`; the records are the ``protobuf``
 runtime's dynamic messages, parsed by :mod:`.protobuf`. Columns are built a field at a time over
-a whole batch (one ``attrgetter`` call per record for the plain scalars, lists flattened once),
+a whole batch (each message's set fields from one ``ListFields()`` call, lists flattened once),
 not record by record into dicts.
 
 ==================================================  =========================================
@@ -40,7 +40,6 @@ Example::
 from __future__ import annotations
 
 import json
-from operator import attrgetter
 from typing import Any, Callable
 
 from airflow_eo.core.errors import ConfigError
@@ -236,82 +235,79 @@ def _json(message, pool) -> str:
                            "value": base64.b64encode(getattr(message, "value", b"")).decode()})
 
 
-def _has(name: str) -> Callable:
-    return lambda m: m.HasField(name)
+def _default(field):
+    """What a field reads in a message that did not set it (before its column is built): None where it
+    has presence, ``[]`` for a repeated field, ``{}`` for a map, else the scalar's default."""
+    if is_map(field):
+        return {}
+    if field.is_repeated:
+        return []
+    if field.has_presence:
+        return None
+    return field.default_value
 
 
-def field_builder(field, arrow_type, absent: dict | None, pool) -> Callable[[list], Any]:
-    """Builds a field's column from a list of parent messages (every one a message: the parent's
-    nulls are masked by the parent)."""
+def values_builder(field, arrow_type, absent: dict | None, pool) -> Callable[[list], Any]:
+    """Builds a field's column from its value in each record (a scalar, a message or None, a repeated
+    field's or a map's container)."""
     pa = _pa()
-    name = field.name
-    get = attrgetter(name)
     if is_map(field):
         key_f, value_f = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
         keys = element_builder(key_f, arrow_type.key_type, None, pool)
         items = element_builder(value_f, arrow_type.item_type, (absent or {}).get("value"), pool)
 
-        def build_map(parents: list):
+        def build_map(maps: list):
             offsets, ks, vs, at = [0], [], [], 0
-            for parent in parents:
-                entries = get(parent)
-                for k in entries:
-                    ks.append(k)
-                    vs.append(entries[k])
-                at += len(entries)
+            for entries in maps:
+                if entries:
+                    for k in entries:
+                        ks.append(k)
+                        vs.append(entries[k])
+                    at += len(entries)
                 offsets.append(at)
             return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys(ks), items(vs), type=arrow_type)
         return build_map
     if field.is_repeated:
         element = element_builder(field, arrow_type.value_type, absent, pool)
 
-        def build_list(parents: list):
-            lists = [get(p) for p in parents]
+        def build_list(lists: list):
             offsets, at = [0], 0
             for one in lists:
                 at += len(one)
                 offsets.append(at)
-            flat = [x for one in lists for x in one]
-            return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), element(flat), type=arrow_type)
+            return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), element([x for one in lists for x in one]),
+                                            type=arrow_type)
         return build_list
-    element = element_builder(field, arrow_type, absent, pool)
-    if field.has_presence:
-        return lambda parents: element([get(p) if p.HasField(name) else None for p in parents])
-    return lambda parents: element([get(p) for p in parents])
+    return element_builder(field, arrow_type, absent, pool)
 
 
 def struct_builder(message, arrow_type, absent: dict | None, pool) -> Callable[[list], Any]:
     """Builds the struct column of ``message`` from a list of messages (None: null); ``absent``: the
-    fields the writer lacks (:func:`absent_fields`), null in every row."""
+    fields the writer lacks (:func:`absent_fields`), null in every row. Each message's set fields come
+    from one ``ListFields()`` call (the runtime's, in C), not a lookup per field."""
     pa = _pa()
-    from google.protobuf import message_factory
-
     absent = absent or {}
     types = {f.name: f.type for f in arrow_type}
     gone = [f for f in message.fields if f.name in absent and absent[f.name] is None]
-    # plain scalars (no presence, not repeated, no enum): one attrgetter call per record for all of them
-    plain = [f for f in message.fields if f not in gone and f.type not in (MESSAGE, ENUM, GROUP)
-             and not f.is_repeated and not f.has_presence]
-    together = attrgetter(*[f.name for f in plain]) if len(plain) > 1 else None
-    plain_columns = [(f.name, _scalars(f.type, types[f.name])) for f in plain]
-    others = [(f.name, field_builder(f, types[f.name], absent.get(f.name), pool))
-              for f in message.fields if f not in gone and f not in plain]
-    empty = message_factory.GetMessageClass(message)()
+    kept = [f for f in message.fields if f not in gone]
+    position = {f.number: k for k, f in enumerate(kept)}
+    defaults = [_default(f) for f in kept]
+    columns = [values_builder(f, types[f.name], absent.get(f.name), pool) for f in kept]
 
     def build(messages: list):
         count = len(messages)
-        nulls = [m is None for m in messages]
-        parents = [empty if m is None else m for m in messages] if any(nulls) else messages
-        children: dict = {f.name: pa.nulls(count, types[f.name]) for f in gone}
-        if together is not None:
-            rows = [together(p) for p in parents]
-            for (name, column), values in zip(plain_columns, zip(*rows) if rows else [() for _ in plain]):
-                children[name] = column(list(values))
-        elif plain_columns:
-            name, column = plain_columns[0]
-            children[name] = column([getattr(p, name) for p in parents])
-        for name, column in others:
-            children[name] = column(parents)
-        mask = pa.array(nulls, pa.bool_()) if any(nulls) else None
+        values = [[default] * count for default in defaults]
+        nulls = False
+        for i, m in enumerate(messages):
+            if m is None:
+                nulls = True
+                continue
+            for fd, value in m.ListFields():
+                at = position.get(fd.number)
+                if at is not None:  # an extension, or a field the reader has and the writer lacks
+                    values[at][i] = value
+        children = {f.name: build_column(values[k]) for k, (f, build_column) in enumerate(zip(kept, columns))}
+        children.update({f.name: pa.nulls(count, types[f.name]) for f in gone})
+        mask = pa.array([m is None for m in messages], pa.bool_()) if nulls else None
         return pa.StructArray.from_arrays([children[f.name] for f in arrow_type], fields=list(arrow_type), mask=mask)
     return build
