@@ -167,8 +167,8 @@ class ServerCommand:
     (the check a health check makes, independent of the command's output), which must be when it
     prints its URL."""
 
-    def __init__(self, master: str, work: str, timeout: float = 600.0):
-        self.master, self.work, self.timeout = master, work, timeout
+    def __init__(self, master: str, work: str, timeout: float = 600.0, conf: tuple[str, ...] = ()):
+        self.master, self.work, self.timeout, self.conf = master, work, timeout, conf
         stamp = time.time_ns()
         self.token_file = os.path.join(work, f"token-{stamp}")
         self.ready_file = os.path.join(work, f"ready-{stamp}")
@@ -188,7 +188,8 @@ class ServerCommand:
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [AIRFLOW_EO, "connect-server", "--port", str(free_port()), "--master", self.master,
-             "--token-file", self.token_file, "--ready-file", self.ready_file],
+             "--token-file", self.token_file, "--ready-file", self.ready_file,
+             *(arg for kv in self.conf for arg in ("--conf", kv))],
             stdout=subprocess.PIPE, stderr=open(os.path.join(self.work, "connect-server.log"), "ab"), text=True,
             env={k: v for k, v in os.environ.items() if k != TOKEN_ENV},
             preexec_fn=die_with_parent(os.getpid()))  # a killed benchmark takes its server (and the JVM) along

@@ -81,7 +81,7 @@ def targets(r: dict, times: dict, results: dict) -> dict:
         warm = {**warm, **results["merge"]["targets"]}
     if "shared" in results:
         warm = {**warm, **results["shared"]["targets"]}
-    for part in ("fanout", "routing"):
+    for part in ("fanout", "routing", "formats"):
         if part in results:
             warm = {**warm, **results[part]["targets"]}
     if "racing.racing" in med:  # the target: racing runs cost what the same runs one after another do

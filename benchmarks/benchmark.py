@@ -36,7 +36,10 @@ Starts the embedded broker, loads a fixed data set and measures, interleaving re
 * fan-out and routing (``bench_fanout``, warm server, whole commands, each after one plain consumer):
   1M records into three tables (append, projected append, merge) in one ``ingest --spec`` against one
   append of them and against the three tables' own ingests; 8 topics x 150,000 records routed into
-  a table per topic (``{topic}``, ``topic_pattern``) in one ingest against 8 ingests started at once.
+  a table per topic (``{topic}``, ``topic_pattern``) in one ingest against 8 ingests started at once;
+* formats (``bench_formats``, warm server, whole commands, each after one plain consumer): 1M rows as
+  Protobuf against the same rows as Avro through the Schema Registry (target: at most 1.5 times Avro's
+  time), and as JSON Schema with validation on against off.
 
 Prints the paths' table (raw time beside each ratio, warnings when the machine was busy), then
 medians and min-max of everything, and writes the same as JSON (``--out``)::
@@ -49,6 +52,7 @@ medians and min-max of everything, and writes the same as JSON (``--out``)::
     .venv/bin/python benchmarks/benchmark.py --only racing --racing-records 6000 --repetitions 1  # racing, small
     .venv/bin/python benchmarks/benchmark.py --only fanout --only routing --fanout-records 20000 \\
         --routing-topics 3 --routing-records 5000 --repetitions 1        # fan-out and routing, small
+    .venv/bin/python benchmarks/benchmark.py --only formats --formats-records 20000 --repetitions 1  # formats, small
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ import bench_paths  # noqa: E402
 import bench_racing  # noqa: E402
 import bench_ui  # noqa: E402
 import bench_fanout  # noqa: E402
+import bench_formats  # noqa: E402
 from bench_report import print_table, ratios, summary, targets  # noqa: E402
 from airflow_eo.demo.broker import EmbeddedBroker  # noqa: E402
 from airflow_eo.driver.session import classic_process  # noqa: E402
@@ -91,7 +96,7 @@ from airflow_eo.submit.spark_submit import LocalSparkSubmit  # noqa: E402
 DATA_TOPIC = "bench-data"
 # The parts, in the order a full run takes them: each a method of Bench (a new part is a method and a name here)
 PARTS = ["warm", "cold", "throughput", "planning", "memory", "decode", "dedup", "maintenance", "ui", "audit", "merge",
-         "shared", "racing", "fanout", "routing"]
+         "shared", "racing", "fanout", "routing", "formats"]
 
 
 def say(message: str) -> None:
@@ -149,6 +154,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--routing-topics", type=int, default=8, help="topics (and tables) of the routing part")
     p.add_argument("--routing-records", type=int, default=150_000, help="records of each routed topic")
     p.add_argument("--routing-partitions", type=int, default=4, help="partitions of each routed topic")
+    p.add_argument("--formats-records", type=int, default=1_000_000,
+                   help="rows of the formats part (each as Avro, Protobuf and JSON Schema)")
     p.add_argument("--out", default="bench-results/benchmark.json")
     p.add_argument("--cache-dir", default="bench-results/cache", help="built planning tables (reused)")
     return p.parse_args(argv)
@@ -587,6 +594,10 @@ class Bench:
     def routing(self) -> None:
         self.results["routing"] = bench_fanout.routing(self, say, interleaved)
 
+    # -- Protobuf and JSON Schema against Avro through the registry (bench_formats) --------------------
+    def formats(self) -> None:
+        self.results["formats"] = bench_formats.formats(self, say, interleaved)
+
 
 def machine() -> dict:
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
@@ -604,13 +615,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bench.stop_broker()
         shutil.rmtree(work, ignore_errors=True)
-    r = {**ratios(bench.times, args), **bench_fanout.ratios(bench.results)}
+    r = {**ratios(bench.times, args), **bench_fanout.ratios(bench.results), **bench_formats.ratios(bench.results)}
     report = {"machine": machine(), "args": vars(args), "seconds_total": time.monotonic() - started,
               "load_average_at_end": os.getloadavg(), "times": {k: summary(v) for k, v in bench.times.items()},
               "ratios": r, **bench.results}
     report["targets"] = targets(r, bench.times, bench.results)
     report["rows"] = (bench_paths.rows({**bench.results, "records": args.records, "small_records": args.small_records})
-                      + bench_fanout.rows(bench.results))  # the paths', fan-out's and routing's table (docs/performance.md)
+                      + bench_fanout.rows(bench.results) + bench_formats.rows(bench.results))
+    # (the paths', fan-out's, routing's and formats' table: docs/performance.md)
     report["other_load"] = bench.load.steps
     report["warnings"] = bench_paths.warnings(bench.results, bench.load)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

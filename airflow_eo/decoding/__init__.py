@@ -1,4 +1,4 @@
-"""Decoding Kafka keys and values: Avro (inline or through a Schema Registry), and the checks every decoded column gets.
+"""Decoding Kafka keys and values: Avro, Protobuf, JSON Schema (inline or through a Schema Registry), and the checks every decoded column gets.
 
 What a column is decoded as is the spec's (:mod:`airflow_eo.spec.columns`: one typed spec per
 column, built once from the options). This package does it, without Spark:
@@ -7,6 +7,11 @@ column, built once from the options). This package does it, without Spark:
   reason per record out), the checks before decoding, and the read step's :class:`.decoder.RecordDecoder`;
 - :mod:`.avro` — Avro's decoder (fastavro), :mod:`.avro_columns` its logical types in Arrow,
   :mod:`.avro_types` Avro schemas → column types;
+- :mod:`.protobuf` — Protobuf's decoder (Google's runtime), :mod:`.protobuf_types` descriptors → columns,
+  :mod:`.protobuf_schemas` descriptors from the registry or protoc;
+- :mod:`.json_schema` — JSON Schema's decoder (fastjsonschema, jsonschema), :mod:`.json_schema_types`
+  schemas → columns;
+- :mod:`.formats` — the decoder of a column spec; :mod:`.shared` what the decoders share;
 - :mod:`.registry` — the Schema Registry client; :mod:`.reader_schemas` the reader schema
   versions resolved when a batch is planned and pinned in its plan.
 

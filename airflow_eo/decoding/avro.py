@@ -41,6 +41,7 @@ from functools import lru_cache
 from airflow_eo.decoding.avro_columns import NotColumnar, to_column
 from airflow_eo.decoding.avro_types import canonical, converter, is_columnar, parse, spark_type
 from airflow_eo.decoding.registry import WIRE_HEADER_BYTES, WIRE_MAGIC, SchemaRegistry
+from airflow_eo.decoding.shared import fitted_array
 from airflow_eo.core.errors import IncompatibleSchemaError
 from airflow_eo.spec.columns import ColumnSpec, InlineAvro, Source  # noqa: F401 - Source, InlineAvro: the example
 
@@ -82,7 +83,7 @@ class AvroColumn:
             except NotColumnar:  # an older writer schema, or a value the column cannot hold
                 pass
         records, reasons = self.decode(values)
-        return _to_arrow(records, reasons, arrow_type), reasons
+        return fitted_array(records, reasons, arrow_type, "Avro"), reasons
 
     def decode(self, values: list, columnar: bool = False) -> tuple[list, list]:
         """(decoded records or None, dead-letter reason or None) for each raw value (None: no record,
@@ -158,23 +159,3 @@ class AvroColumn:
 @lru_cache(maxsize=64)
 def _columnar(reader_schema: str) -> bool:
     return is_columnar(json.loads(reader_schema))
-
-
-def _to_arrow(records: list, reasons: list, arrow_type):
-    """One conversion per batch; a record that does not fit its column (an out-of-range decimal,
-    a date beyond Arrow's) is found record by record and becomes a dead letter."""
-    import pyarrow as pa
-
-    try:
-        return pa.array(records, type=arrow_type)
-    except (pa.ArrowException, ValueError, TypeError, OverflowError):
-        fitted = []
-        for i, record in enumerate(records):
-            try:
-                pa.array([record], type=arrow_type)
-                fitted.append(record)
-            except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-                fitted.append(None)
-                if reasons[i] is None:
-                    reasons[i] = f"decoded Avro record does not fit its column type: {str(exc)[:200]}"
-        return pa.array(fitted, type=arrow_type)

@@ -1,7 +1,9 @@
 """The read step's decoder: each Arrow batch of Kafka records gets its decoded columns and one dead-letter reason.
 
 One interface decodes a column (:class:`ColumnDecoder`: raw values in, the decoded Arrow column
-and a reason per value out; Avro's is :class:`airflow_eo.decoding.avro.AvroColumn`), and one
+and a reason per value out; Avro's is :class:`airflow_eo.decoding.avro.AvroColumn`, Protobuf's
+:class:`airflow_eo.decoding.protobuf.ProtobufColumn`, JSON Schema's
+:class:`airflow_eo.decoding.json_schema.JsonSchemaColumn`: :func:`airflow_eo.decoding.formats.decoder_of`), and one
 :class:`RecordDecoder` applies the columns' decoders, in order (the value, then the key), in the
 Spark task that read the batch (:func:`airflow_eo.driver.source.read_plan` pickles it there),
 so raw values cross into Python once. Before any decoding, every checked column goes through the
@@ -28,13 +30,12 @@ from typing import Any, Mapping, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_eo.decoding.avro import AvroColumn
-from airflow_eo.decoding.avro_types import check_schema
+from airflow_eo.decoding.formats import decoder_of
 from airflow_eo.decoding.reader_schemas import reader_schemas
 from airflow_eo.decoding.registry import SchemaRegistry
 from airflow_eo.core.planning import BatchPlan, ReaderSchema
 from airflow_eo.spec.columns import (  # noqa: F401 - Format: the example
-    REASON_COLUMN, ColumnSpec, Format, InlineAvro, RegistryAvro, Source, column_of, require_registry,
+    REASON_COLUMN, ColumnSpec, Format, Source, column_of, require_registry,
 )
 
 
@@ -137,15 +138,12 @@ def record_decoder(columns: tuple[ColumnSpec, ...], registry_config: Mapping[str
     registry = SchemaRegistry(dict(registry_config)) if registry_config and any(
         c.needs_registry for c in columns) else None
     readers = reader_schemas(columns, registry, plan)
-    decoders: list[AvroColumn] = []
+    decoders: list = []
     for column in columns:
-        if isinstance(column, InlineAvro):
-            decoders.append(AvroColumn(column, column.schema, None, f"the inline {column.source.value} schema"))
-        elif isinstance(column, RegistryAvro):
-            pinned, text = readers[column.source]
-            decoders.append(AvroColumn(column, text, registry, str(pinned)))
-    for decoder in decoders:
-        check_schema(decoder.reader_schema)
+        pinned, found = readers.get(column.source, (None, None))
+        decoder = decoder_of(column, registry, pinned, found)
+        if decoder is not None:
+            decoders.append(decoder)
     if not decoders and not any(c.checked for c in columns):
         return None, ()
     return RecordDecoder(columns, tuple(decoders)), tuple(pinned for pinned, _ in readers.values())

@@ -1,4 +1,4 @@
-"""What the Schema Registry holds: writer schemas by id, reader schemas by subject version.
+"""What the Schema Registry holds: writer schemas by id, reader schemas by subject version, and their references.
 
 Speaks the Confluent Schema Registry REST API through confluent-kafka's own
 ``SchemaRegistryClient`` (basic auth, bearer tokens, TLS and retries as its config keys:
@@ -10,6 +10,11 @@ user info.
 An unreachable registry (or a 5xx) is :class:`SchemaRegistryUnavailableError` (retryable:
 nothing is dead-lettered or committed); a schema id the registry does not know is an
 answer (``None``) that makes the record a dead letter; a refused login is a ConfigError.
+Every schema comes with its ``schemaType`` (``AVRO``, ``PROTOBUF``, ``JSON``) and its references
+(other subjects' versions it imports, by the name it imports them as); a Protobuf schema is asked
+for in the registry's serialized form (``?format=serialized``: a base64 ``FileDescriptorProto``),
+as Confluent's own deserializer asks (:mod:`airflow_eo.decoding.protobuf_schemas` also takes the
+``.proto`` text a registry without that form answers).
 
 Example::
 
@@ -43,20 +48,52 @@ def _transport_errors() -> tuple:
     return tuple(found)
 
 
-# Confluent wire format: magic byte 0, a 4-byte big-endian schema id, then the Avro binary body
+# Confluent wire format: magic byte 0, a 4-byte big-endian schema id, then the body (Protobuf: the
+# message indexes first)
 WIRE_MAGIC = 0
 WIRE_HEADER_BYTES = 5
 DEFAULT_REGISTRY_SETTINGS = {"timeout": 10, "max.retries": 2}
+SERIALIZED = "serialized"  # the registry's compiled form of a Protobuf schema
+
+
+@dataclass(frozen=True)
+class SchemaRef:
+    """A reference of a schema: another subject's version, imported as ``name`` (``shop/money.proto``)."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
+class FoundSchema:
+    """A schema's text (or a Protobuf schema's serialized form), its ``schemaType`` and its references."""
+
+    text: str
+    schema_type: str = "AVRO"
+    references: tuple[SchemaRef, ...] = ()
+
+    @classmethod
+    def of(cls, schema) -> "FoundSchema":
+        """From confluent-kafka's ``Schema`` (a missing type is Avro, as the REST API says)."""
+        refs = tuple(SchemaRef(r.name, r.subject, int(r.version)) for r in schema.references or ())
+        return cls(schema.schema_str, (schema.schema_type or "AVRO").upper(), refs)
 
 
 @dataclass(frozen=True)
 class RegisteredSchema:
-    """One schema of a subject: its text (Avro JSON), id and version."""
+    """One schema of a subject: its text (Avro JSON), id and version; its type and references."""
 
     subject: str
     version: int
     schema_id: int
     schema: str
+    schema_type: str = "AVRO"
+    references: tuple[SchemaRef, ...] = ()
+
+    @property
+    def found(self) -> FoundSchema:
+        return FoundSchema(self.schema, self.schema_type, self.references)
 
 
 def public_url(url: str) -> str:
@@ -79,7 +116,7 @@ class SchemaRegistry:
         self.config = {**DEFAULT_REGISTRY_SETTINGS, **config}
         self.url = public_url(str(config["url"]))
         self._client = None
-        self._by_id: dict[int, str | None] = {}
+        self._by_id: dict[tuple[int, str | None], FoundSchema | None] = {}
 
     def __getstate__(self):  # pickled into Spark tasks: no live client, no cache
         return {"config": self.config, "url": self.url}
@@ -123,21 +160,33 @@ class SchemaRegistry:
                 "the run can be retried") from exc
 
     def writer_schema(self, schema_id: int) -> str | None:
-        """The schema text registered under ``schema_id``, or None when the registry has no such id."""
-        if schema_id not in self._by_id:
-            found = self._call(f"schema id {schema_id}", lambda: self.client.get_schema(schema_id))
-            if found is not None and found.schema_type not in (None, "AVRO"):
-                raise ConfigError(f"schema id {schema_id} at {self.url} is {found.schema_type}, not Avro")
-            self._by_id[schema_id] = None if found is None else found.schema_str
-        return self._by_id[schema_id]
+        """The Avro schema text registered under ``schema_id``, or None when the registry has no such id."""
+        found = self.schema(schema_id)
+        if found is not None and found.schema_type != "AVRO":
+            raise ConfigError(f"schema id {schema_id} at {self.url} is {found.schema_type}, not Avro")
+        return None if found is None else found.text
 
-    def version(self, subject: str, version: str | int = "latest") -> RegisteredSchema:
+    def schema(self, schema_id: int, fmt: str | None = None) -> FoundSchema | None:
+        """The schema registered under ``schema_id`` (``fmt``: the registry's ``format``, e.g.
+        :data:`SERIALIZED`), or None when the registry has no such id."""
+        key = (schema_id, fmt)
+        if key not in self._by_id:
+            # the client caches schemas by id whatever the format: ask it once per id, in one format
+            found = self._call(f"schema id {schema_id}", lambda: self.client.get_schema(schema_id, fmt=fmt))
+            self._by_id[key] = None if found is None else FoundSchema.of(found)
+        return self._by_id[key]
+
+    def version(self, subject: str, version: str | int = "latest", fmt: str | None = None) -> RegisteredSchema:
         """The reader schema: ``version`` (a number or ``latest``) of ``subject``."""
         if str(version) == "latest":
-            found = self._call(f"the latest version of {subject!r}", lambda: self.client.get_latest_version(subject))
+            found = self._call(f"the latest version of {subject!r}",
+                               lambda: self.client.get_latest_version(subject, fmt=fmt))
         else:
-            found = self._call(f"version {version} of {subject!r}", lambda: self.client.get_version(subject, int(version)))
+            found = self._call(f"version {version} of {subject!r}",
+                               lambda: self.client.get_version(subject, int(version), fmt=fmt))
         if found is None:
             raise ConfigError(f"the Schema Registry at {self.url} has no version {version} of subject {subject!r}: "
                               "register the schema, or set the subject (value_subject) and version")
-        return RegisteredSchema(subject, found.version, found.schema_id, found.schema.schema_str)
+        schema = FoundSchema.of(found.schema)
+        return RegisteredSchema(subject, found.version, found.schema_id, schema.text, schema.schema_type,
+                                schema.references)

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.core.planning import BatchPlan
 from airflow_eo.spec import IngestSpec
-from airflow_eo.spec.columns import InlineAvro, require_registry
+from airflow_eo.spec.columns import InlineAvro, InlineJsonSchema, InlineProtobuf, require_registry
 
 
 @dataclass(frozen=True, init=False)
@@ -52,10 +52,10 @@ class IngestConfig:
         object.__setattr__(self, "credentials", credentials)
         require_registry(spec.decode.columns, credentials.schema_registry is not None)
         for column in spec.decode.columns:
-            if isinstance(column, InlineAvro):  # parsed and mapped to column types now, not on Spark
-                from airflow_eo.decoding.avro_types import check_schema
+            if isinstance(column, (InlineAvro, InlineProtobuf, InlineJsonSchema)):  # checked now, not on Spark
+                from airflow_eo.decoding.formats import decoder_of
 
-                check_schema(column.schema)
+                decoder_of(column)
 
     # the table and what it reads: what every step names (every other option is read from the spec, typed)
     @property

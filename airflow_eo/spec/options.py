@@ -142,6 +142,11 @@ def switch(value: Any) -> bool:
     return bool(value)
 
 
+def switch_on(value: Any) -> bool:
+    """A switch that is on unless turned off: None or '' (an unset template) is on."""
+    return True if value is None or value == "" else switch(value)
+
+
 def topic_list(value: Any) -> tuple[str, ...]:
     parts = value.split(",") if isinstance(value, str) else list(value or ())
     topics = tuple(str(t).strip() for t in parts if str(t).strip())

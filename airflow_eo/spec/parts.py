@@ -12,14 +12,16 @@ from airflow_eo.core.errors import ConfigError
 from airflow_eo.core.intervals import DEFAULT_CLOSE_AFTER_SECONDS, parse_duration
 from airflow_eo.core.identity import OnTopicRecreated
 from airflow_eo.core.planning import OnDataLoss, StartingPosition
-from airflow_eo.spec.columns import FORMATS, LATEST, ColumnSpec, Format, Source, column_of, format_of, version_of
+from airflow_eo.spec.columns import (
+    FORMATS, LATEST, SCHEMA_FORMATS, ColumnSpec, Format, Source, column_of, format_of, version_of,
+)
 from airflow_eo.spec.options import (
     DEFAULT_DRIVER_READ_MAX_OFFSETS, DEFAULT_GRACE_SECONDS, DEFAULT_MAX_OFFSETS_PER_TASK, DEFAULT_TABLE_WAIT_SECONDS,
     FROM_EARLIEST, TXN_RETENTION, CdcFormat, Cli, Mode, WriteMode,
     check_partition_by, check_table_properties, dump_starting_position, duration, enum_value, horizon_text, integer,
     key_format_of, merge_key_of, normalize_table_uri, number, option, optional_enum_value, optional_table_uri,
-    schema_version_of, starting_position, switch, table_properties_of, text, topic_list, topic_regex, validate_ingest_id,
-    value_format_of,
+    schema_version_of, starting_position, switch, switch_on, table_properties_of, text, topic_list, topic_regex,
+    validate_ingest_id, value_format_of,
 )
 
 
@@ -136,11 +138,14 @@ class DecodeSpec:
     typed spec per column built from them (:attr:`value`, :attr:`key`: :mod:`airflow_eo.spec.columns`).
 
     ``value_format``: ``json`` (with ``value_schema``, Spark DDL, parsed into the column
-    ``data``), ``avro`` (Confluent wire format through the Schema Registry, reader schema
-    ``value_subject`` at ``value_schema_version``; or plain Avro of the inline ``avro_schema``)
+    ``data``), ``avro``, ``protobuf`` or ``json_schema`` (Confluent wire format through the Schema
+    Registry, reader schema ``value_subject`` at ``value_schema_version``; or plain values of the
+    inline ``avro_schema``, ``protobuf_schema`` with ``message_name``, ``json_schema``)
     or ``raw`` (bytes as they are). ``key_format`` the same for the key, into ``key_data``
-    (``key_schema`` for JSON, ``key_avro_schema`` / ``key_subject`` / ``key_schema_version`` for
-    Avro). Records that do not decode, or values larger than ``max_value_bytes``, become dead letters.
+    (``key_schema`` for JSON, ``key_avro_schema`` / ``key_protobuf_schema`` / ``key_message_name`` /
+    ``key_json_schema`` / ``key_subject`` / ``key_schema_version`` for the others). Records that do not
+    decode (or that their JSON Schema refuses, unless ``json_schema_validation`` is off), or values
+    larger than ``max_value_bytes``, become dead letters.
 
     >>> spec = DecodeSpec(value_format="avro", avro_schema='"long"', key_format="json", key_schema="id STRING")
     >>> spec.enabled, type(spec.value).__name__, type(spec.key).__name__, spec.key.target
@@ -150,8 +155,8 @@ class DecodeSpec:
     value_schema: str | None = option("value_schema", "Spark DDL of JSON values, e.g. 'id INT, name STRING': "
                                       "decoded into column `data`, undecodable records become dead letters",
                                       None, templated=True, parse=text)
-    value_format: Format = option("value_format", "json (with value_schema), avro (a registry or avro_schema) or "
-                                  "raw bytes", Format.JSON, choices=FORMATS, templated=True, parse=value_format_of,
+    value_format: Format = option("value_format", "json (with value_schema), avro, protobuf or json_schema (a "
+                                  "registry, or avro_schema / protobuf_schema / json_schema) or raw bytes", Format.JSON, choices=FORMATS, templated=True, parse=value_format_of,
                                   dump=enum_value)
     max_value_bytes: int | None = option("max_value_bytes", "values larger than this become dead letters", None,
                                          parse=integer)
@@ -163,7 +168,7 @@ class DecodeSpec:
                                        "(resolved when a batch is planned; its retries and reprocesses keep it) or a "
                                        "number", LATEST, templated=True, parse=schema_version_of)
     key_format: Format = option("key_format", "decode the key too, into column `key_data`: raw, json (with "
-                                "key_schema) or avro", Format.RAW, choices=FORMATS, templated=True,
+                                "key_schema), avro, protobuf or json_schema", Format.RAW, choices=FORMATS, templated=True,
                                 parse=key_format_of, dump=enum_value)
     key_schema: str | None = option("key_schema", "Spark DDL of JSON keys", None, templated=True, parse=text)
     key_avro_schema: str | None = option("key_avro_schema", "inline Avro schema (JSON) of plain Avro keys", None,
@@ -172,6 +177,24 @@ class DecodeSpec:
                                      "<first topic>-key)", None, templated=True, parse=text)
     key_schema_version: str = option("key_schema_version", "version of the keys' reader schema: latest or a number",
                                      LATEST, templated=True, parse=schema_version_of)
+    protobuf_schema: str | None = option(
+        "protobuf_schema", "inline .proto text of plain Protobuf values (no wire header), instead of a registry; "
+        "imports of google/protobuf/*.proto only", None, templated=True, from_file=True, parse=text)
+    message_name: str | None = option(
+        "message_name", "the values' Protobuf message, by full name (package.Message), in the registry's or the "
+        "inline schema (default: the file's first message)", None, templated=True, parse=text)
+    json_schema: str | None = option("json_schema", "inline JSON Schema of plain JSON values (no wire header), "
+                                     "instead of a registry", None, templated=True, from_file=True, parse=text)
+    json_schema_validation: bool = option(
+        "json_schema_validation", "json_schema values and keys: a record its JSON Schema refuses is a dead letter "
+        "(true); false skips validation (faster; records are still decoded into the schema's columns)", True,
+        metavar="BOOL", parse=switch_on)
+    key_protobuf_schema: str | None = option("key_protobuf_schema", "inline .proto text of plain Protobuf keys",
+                                             None, templated=True, from_file=True, parse=text)
+    key_message_name: str | None = option("key_message_name", "the keys' Protobuf message (package.Message)", None,
+                                          templated=True, parse=text)
+    key_json_schema: str | None = option("key_json_schema", "inline JSON Schema of plain JSON keys", None,
+                                         templated=True, from_file=True, parse=text)
     # no option: set by the spec for write_mode="merge", where a null value (a tombstone) is a
     # change (a delete, or a Debezium no-op), not an undecodable record
     tombstones: bool = False
@@ -189,15 +212,33 @@ class DecodeSpec:
     @cached_property
     def value(self) -> ColumnSpec:
         """How the value is decoded."""
-        return column_of(Source.VALUE, self.value_format, ddl=self.value_schema, schema=self.avro_schema,
+        return column_of(Source.VALUE, self.value_format, ddl=self.value_schema,
+                         schema=self._inline_schema(Source.VALUE, self.value_format),
                          subject=self.value_subject, version=_version(self.value_schema_version, Source.VALUE),
-                         max_bytes=self.max_value_bytes, tombstones=self.tombstones)
+                         max_bytes=self.max_value_bytes, tombstones=self.tombstones, message_name=self.message_name,
+                         validate=self.json_schema_validation)
 
     @cached_property
     def key(self) -> ColumnSpec:
         """How the key is decoded (never size-checked: ``max_value_bytes`` is about values)."""
-        return column_of(Source.KEY, self.key_format, ddl=self.key_schema, schema=self.key_avro_schema,
-                         subject=self.key_subject, version=_version(self.key_schema_version, Source.KEY))
+        return column_of(Source.KEY, self.key_format, ddl=self.key_schema,
+                         schema=self._inline_schema(Source.KEY, self.key_format),
+                         subject=self.key_subject, version=_version(self.key_schema_version, Source.KEY),
+                         message_name=self.key_message_name, validate=self.json_schema_validation)
+
+    def _inline_schema(self, source: Source, format: Format) -> str | None:
+        """The column's inline schema of its format; an inline schema of another format is refused."""
+        found = None
+        for kind, (_, name, _) in SCHEMA_FORMATS.items():
+            option_name = source.option(name)
+            given = getattr(self, option_name)
+            if given and kind is not format:
+                raise ConfigError(f"{option_name} is the inline schema of {source.option('value_format')}="
+                                  f"{kind!r}, but {source.option('value_format')}={format!r}: set the format, or "
+                                  f"leave {option_name} unset")
+            if given:
+                found = given
+        return found
 
     @property
     def columns(self) -> tuple[ColumnSpec, ...]:
@@ -205,7 +246,7 @@ class DecodeSpec:
         return (self.value, self.key)
 
     def with_default_subjects(self, topics: tuple[str, ...]) -> "DecodeSpec":
-        """Avro read through a registry defaults to ``<first topic>-value`` / ``-key`` (Confluent's
+        """Avro, Protobuf or JSON Schema read through a registry defaults to ``<first topic>-value`` / ``-key`` (Confluent's
         TopicNameStrategy); without one, no subject."""
         value, key = self.value.needs_registry, self.key.needs_registry
         return replace(self, value_subject=(self.value_subject or f"{topics[0]}-value") if value else None,

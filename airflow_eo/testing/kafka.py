@@ -3,7 +3,7 @@
 :class:`TestBroker` wraps the embedded broker (noida-db, :mod:`airflow_eo.demo.broker`: a
 Kafka-protocol broker in one binary from PyPI, with transactions and read_committed) with what a
 DAG's test needs: a fresh topic, records produced plain, keyed, in a committed or an aborted
-transaction, or as Avro through a Schema Registry stand-in; and :meth:`TestBroker.records`, every
+transaction, or as Avro, Protobuf or JSON Schema through a Schema Registry stand-in; and :meth:`TestBroker.records`, every
 record the broker holds, read with kafka-python — another client than the pipeline's
 (confluent-kafka), so a bug of the reader cannot hide itself in the assertions.
 
@@ -206,6 +206,37 @@ class TestBroker:
         serialize = AvroSerializer(SchemaRegistryClient(dict(registry_config)), schema)
         context = SerializationContext(subject_topic or topic, MessageField.VALUE)
         return self.produce(topic, [serialize(dict(r), context) for r in records], keys=keys)
+
+    def produce_protobuf(self, topic: str, messages: Iterable[Any], registry_config: Mapping, *,
+                         keys: Iterable[Any] | None = None, subject_topic: str | None = None) -> int:
+        """Produce Protobuf ``messages`` (instances of one message class: generated code, or a class of
+        ``google.protobuf.message_factory``) in the Confluent wire format with confluent-kafka's
+        ``ProtobufSerializer``, which registers the message's file (its imports as references) under
+        ``<subject_topic or topic>-value``; returns how many."""
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        messages = list(messages)
+        if not messages:
+            return 0
+        serialize = ProtobufSerializer(type(messages[0]), SchemaRegistryClient(dict(registry_config)))
+        context = SerializationContext(subject_topic or topic, MessageField.VALUE)
+        return self.produce(topic, [serialize(m, context) for m in messages], keys=keys)
+
+    def produce_json_schema(self, topic: str, records: Iterable[Any], schema: str, registry_config: Mapping, *,
+                            keys: Iterable[Any] | None = None, subject_topic: str | None = None,
+                            validate: bool = True) -> int:
+        """Produce JSON ``records`` in the Confluent wire format with confluent-kafka's ``JSONSerializer``,
+        which registers ``schema`` under ``<subject_topic or topic>-value``; ``validate=False`` lets
+        records the schema refuses through (to test what a reader does with them); returns how many."""
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.json_schema import JSONSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        serialize = JSONSerializer(schema, SchemaRegistryClient(dict(registry_config)), conf={"validate": validate})
+        context = SerializationContext(subject_topic or topic, MessageField.VALUE)
+        return self.produce(topic, [serialize(r, context) for r in records], keys=keys)
 
     def _send(self, producer, topic: str, values, keys, partition, timestamps, headers) -> int:
         values = list(values)

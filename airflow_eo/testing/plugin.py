@@ -10,7 +10,7 @@ Fixtures:
 
 * ``kafka_broker`` (session) — the embedded broker (:class:`airflow_eo.testing.kafka.TestBroker`:
   ``bootstrap_servers``, ``config``, ``create_topic``, ``produce``, ``produce_keyed``,
-  ``produce_transaction``, ``produce_avro``, ``records``); while it runs, the Airflow connection
+  ``produce_transaction``, ``produce_avro``, ``produce_protobuf``, ``produce_json_schema``, ``records``); while it runs, the Airflow connection
   ``kafka_default`` points at it;
 * ``kafka_topic`` — a new topic of 3 partitions on it (its name);
 * ``schema_registry`` (session) — a Schema Registry stand-in (``url``, ``config``); the Airflow

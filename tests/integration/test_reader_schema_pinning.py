@@ -25,6 +25,7 @@ from airflow_eo.table.ledger import Ledger
 from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.storage import TableLocation
 from tests.helpers import new_topic, produce_avro, read_table
+from airflow_eo.testing.kafka import TestBroker
 from airflow_eo.testing.registry import RegistryDouble
 
 CLI = os.path.join(os.path.dirname(sys.executable), "airflow-eo")
@@ -46,9 +47,9 @@ def remote(request):
     return request.getfixturevalue("connect_server").url if request.param == "connect" else None
 
 
-def cli(command, kafka_config, table, topic, registry, scratch, remote, *args, failpoints=""):
-    """``airflow-eo ingest|reprocess`` of Avro values through the registry, in a session of its own."""
-    cmd = [CLI, command, table, "--ingest-id", INGEST_ID, "--topics", topic, "--value-format", "avro",
+def cli(command, kafka_config, table, topic, registry, scratch, remote, *args, failpoints="", fmt="avro"):
+    """``airflow-eo ingest|reprocess`` of ``fmt`` values through the registry, in a session of its own."""
+    cmd = [CLI, command, table, "--ingest-id", INGEST_ID, "--topics", topic, "--value-format", fmt,
            "--schema-registry", registry.url, "--dead-letter-table", table + "_dlq", "--schema-evolution",
            "--transform-sql", "SELECT topic, partition, offset, data.* FROM source",
            "--bootstrap-servers", kafka_config["bootstrap.servers"], "--json", *args]
@@ -98,3 +99,58 @@ def test_a_retry_and_a_reprocess_decode_with_the_reader_schema_of_the_plan(kafka
     rows = {r["id"]: r["tier"] for r in read_table(table_uri, ["id", "tier"]).to_pylist()}
     assert sorted(rows) == list(range(25))  # each record once
     assert {rows[i] for i in range(20)} == {None} and {rows[i] for i in range(20, 25)} == {"gold"}
+
+
+PROTO_V1 = 'syntax = "proto3"; package plant; message Reading { int64 id = 1; string name = 2; }'
+PROTO_V2 = PROTO_V1.replace("string name = 2;", "string name = 2; string tier = 3;")
+JSON_V1 = {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}, "required": ["id"]}
+JSON_V2 = {**JSON_V1, "properties": {**JSON_V1["properties"], "tier": {"type": "string"}}}
+
+
+@pytest.mark.parametrize("fmt, remote", [("protobuf", "spark-submit"), ("protobuf", "connect"),
+                                         ("json_schema", "connect")], indirect=["remote"])
+def test_a_retry_after_a_kill_mid_batch_decodes_protobuf_and_json_schema_with_the_planned_schema(
+        fmt, kafka_config, registry, table_uri, tmp_path, remote):
+    """Killed with its process group once the batch was read, decoded and staged (``after_stage@group``);
+    a newer reader version registered before the retry, which still decodes with the plan's."""
+    from google.protobuf import message_factory
+
+    from airflow_eo.decoding.protobuf_schemas import compile_proto
+
+    scratch = str(tmp_path / "scratch")
+    os.mkdir(scratch)
+    topic = new_topic(kafka_config, 2)
+    subject = f"{topic}-value"
+    broker = TestBroker.connect(kafka_config["bootstrap.servers"])
+    if fmt == "protobuf":
+        cls = message_factory.GetMessageClass(compile_proto(PROTO_V1).message("plant.Reading"))
+        broker.produce_protobuf(topic, [cls(id=i, name=f"n{i}") for i in range(20)], registry.config)
+    else:
+        broker.produce_json_schema(topic, [{"id": i, "name": f"n{i}"} for i in range(20)], json.dumps(JSON_V1),
+                                   registry.config)
+    first = ReaderSchema("value", subject, 1, registry.subjects[subject][0])
+
+    killed = cli("ingest", kafka_config, table_uri, topic, registry, scratch, remote, "--run-key", "run-1",
+                 failpoints="after_stage@group", fmt=fmt)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+    assert PlanLog(TableLocation.of(table_uri)).load("run-1").reader_schemas == (first,)
+
+    newer = registry.register(subject, PROTO_V2 if fmt == "protobuf" else json.dumps(JSON_V2),
+                              "PROTOBUF" if fmt == "protobuf" else "JSON")
+    retry = cli("ingest", kafka_config, table_uri, topic, registry, scratch, remote, "--run-key", "run-1", fmt=fmt)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    assert (json.loads(retry.stdout)["status"], json.loads(retry.stdout)["rows"]) == ("committed", 20)
+    assert "tier" not in read_table(table_uri).schema.names  # decoded with version 1: no such field
+    assert reader_schemas_of(table_uri, 1) == (first,)
+    if fmt == "protobuf":  # a producer on the newer version: the next batch pins it and the column arrives
+        cls = message_factory.GetMessageClass(compile_proto(PROTO_V2).message("plant.Reading"))
+        broker.produce_protobuf(topic, [cls(id=i, name=f"n{i}", tier="gold") for i in range(20, 25)], registry.config)
+    else:
+        broker.produce_json_schema(topic, [{"id": i, "name": f"n{i}", "tier": "gold"} for i in range(20, 25)],
+                                   json.dumps(JSON_V2), registry.config)
+    following = cli("ingest", kafka_config, table_uri, topic, registry, scratch, remote, "--run-key", "run-2", fmt=fmt)
+    assert following.returncode == 0, following.stderr[-3000:]
+    assert reader_schemas_of(table_uri, 2) == (ReaderSchema("value", subject, 2, newer),)
+    rows = {r["id"]: r for r in read_table(table_uri, ["id", "name", "tier"]).to_pylist()}
+    assert sorted(rows) == list(range(25)) and all(r["name"] == f"n{i}" for i, r in rows.items())  # each once
+    assert {rows[i]["tier"] for i in range(20)} == {None} and {rows[i]["tier"] for i in range(20, 25)} == {"gold"}

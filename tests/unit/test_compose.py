@@ -187,7 +187,8 @@ def test_the_spark_image_holds_what_the_connect_server_command_imports():
                 "numpy": "pandas", "dateutil": "pandas", "pytz": "pandas", "yaml": "pyspark-client",
                 "arro3": "deltalake", "typing_extensions": "deltalake", "six": "pandas", "airflow_eo": None,
                 "py4j": None,  # this venv's full pyspark imports it, the image's pyspark-client does not
-                "cython_runtime": None}  # a module Cython extensions register, not a package
+                "cython_runtime": None,  # a module Cython extensions register, not a package
+                "grpc_tools": None}  # grpc imports it where it is installed (extra protobuf), never needs it
     missing = {m for m in third_party if provided.get(m, m) is not None and provided.get(m, m) not in installed}
     assert not missing, f"the spark image lacks {missing} (installed there: {installed})"
 

@@ -4,7 +4,8 @@ servers (the warm path's, the fan-out's and the routing part's), real Delta tabl
 
 Kept small (5,000 records, one repetition, no scaling, 10x memory or large warm batch, a 200-commit
 planning table with a 5-commit tail, a 300-commit long log, 2,000 changes merged into 20,000
-rows, a racing backfill of 2 intervals, a fan-out of 3,000 records, 3 routed topics of 1,000 records)
+rows, a racing backfill of 2 intervals, a fan-out of 3,000 records, 3 routed topics of 1,000 records,
+2,000 rows in each of Avro, Protobuf and JSON Schema)
 so it fits a ~6 minute budget on an idle 2-core machine (the fan-out and routing parts start a
 Connect server each).
 """
@@ -29,6 +30,7 @@ def test_benchmark_smoke(tmp_path):
     cmd += ["--ui-tables", "3", "--ui-commits", "120"]  # the UI page's list: 3 tables of 120 commits
     cmd += ["--racing-intervals", "2", "--racing-records", "600"]  # 2 intervals at once, then one after another
     cmd += ["--fanout-records", "3000", "--routing-topics", "3", "--routing-records", "1000"]  # one ingest, several tables
+    cmd += ["--formats-records", "2000"]  # Protobuf and JSON Schema against Avro
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -60,13 +62,14 @@ def test_benchmark_smoke(tmp_path):
     # the paths' table: every row of docs/performance.md's first table but the large batch (--warm-scale 0)
     rows = {row["metric"]: row for row in report["rows"]}
     targets = {metric: row for metric, row in rows.items() if row["must"]}
-    assert len(targets) == 9 and all(row["met"] in (True, False) for row in targets.values())
+    assert len(targets) == 10 and all(row["met"] in (True, False) for row in targets.values())
     # beside them, without a target: the small batches run as Spark tasks (the driver reads them otherwise),
     # the fan-out's tables as ingests of their own and the routed topics' ingests started at once
     assert {metric for metric, row in rows.items() if row["met"] is None} == {
         *(f"{path}, 100-record batch as Spark tasks (--driver-read-max-offsets 0)" for path in ("warm", "cold")),
         "fan-out, the same 3 tables as 3 ingests one after another / one append",
-        "routing, 3 topics x 1,000 records into 3 tables, 3 ingest --remote at once: raw / wall"}
+        "routing, 3 topics x 1,000 records into 3 tables, 3 ingest --remote at once: raw / wall",
+        *(m for m in rows if m.startswith("JSON Schema, 2,000 rows"))}
     assert rows["warm, 5,000 records, steady state: raw / whole command"]["raw"]  # the raw time beside the ratio
     # the first batch starts when the fresh server's ready file appears (what a deployment's restart sees)
     assert "warm, first 5,000-record batch from ready (a fresh server's ready file) / steady batch" in targets
@@ -103,3 +106,8 @@ def test_benchmark_smoke(tmp_path):
     assert ratios["fanout_over_append"] > 0 and ratios["routing_raw_over_one_ingest"] > 0
     assert {"fanout(3 tables)/append<=1.5", "routing raw/command>=0.8"} <= set(report["targets"])
     assert rows["fan-out, 3,000 records into 3 tables (append, projected, merge) in one ingest / one append"]["raw"]
+    # Protobuf and JSON Schema against Avro through the registry (each side's rows checked by the command)
+    for key in ("formats.avro", "formats.protobuf", "formats.json_schema", "formats.json_schema_unvalidated"):
+        assert 0 < times[key]["median"] < 600 and 0 < times[f"{key}.raw"]["median"] < 600, key
+    assert ratios["protobuf_over_avro"] > 0 and ratios["json_schema_validated_over_unvalidated"] > 0
+    assert "protobuf/avro<=1.5" in report["targets"] and report["formats"]["value_bytes"]["protobuf"] > 100

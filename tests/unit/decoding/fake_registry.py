@@ -31,7 +31,7 @@ class FakeClient:
         if self.fail is not None:
             raise self.fail
 
-    def get_schema(self, schema_id: int) -> Schema:
+    def get_schema(self, schema_id: int, subject_name=None, fmt=None) -> Schema:
         self._answer(("get_schema", schema_id))
         if schema_id not in self.schemas:
             raise SchemaRegistryError(404, 40403, "Schema not found")
@@ -42,13 +42,13 @@ class FakeClient:
         schema_id = self.subjects[subject][version - 1]
         return ClientRegisteredSchema(subject, version, schema_id, None, Schema(json.dumps(self.schemas[schema_id])))
 
-    def get_latest_version(self, subject: str) -> ClientRegisteredSchema:
+    def get_latest_version(self, subject: str, fmt=None) -> ClientRegisteredSchema:
         self._answer(("get_latest_version", subject))
         if subject not in self.subjects:
             raise SchemaRegistryError(404, 40401, "Subject not found")
         return self._registered(subject, len(self.subjects[subject]))
 
-    def get_version(self, subject: str, version: int) -> ClientRegisteredSchema:
+    def get_version(self, subject: str, version: int, deleted=False, fmt=None) -> ClientRegisteredSchema:
         self._answer(("get_version", subject, version))
         if subject not in self.subjects or version > len(self.subjects[subject]):
             raise SchemaRegistryError(404, 40402, "Version not found")

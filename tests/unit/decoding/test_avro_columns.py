@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from airflow_eo.compat import arrow_type_of
-from airflow_eo.decoding.avro import AvroColumn, _to_arrow
+from airflow_eo.decoding.avro import AvroColumn
+from airflow_eo.decoding.shared import fitted_array
 from airflow_eo.decoding.avro_columns import NotColumnar, to_column
 from airflow_eo.decoding.avro_types import is_columnar
 from airflow_eo.spec.columns import InlineAvro, Source
@@ -59,7 +60,7 @@ def both_paths(schema: dict, values: list):
     column = AvroColumn(InlineAvro(source=Source.VALUE, schema=text), text)
     arrow_type = arrow_type_of(column.spark_type())
     records, reasons = column.decode(values)
-    return column, arrow_type, (_to_arrow(records, reasons, arrow_type), reasons)
+    return column, arrow_type, (fitted_array(records, reasons, arrow_type, "Avro"), reasons)
 
 
 def test_the_columnar_column_equals_the_value_by_value_one():

@@ -180,8 +180,8 @@ def test_a_changed_spec_is_not_replayed_and_a_vanished_pinned_schema_is_a_config
     assert plan.reader_schemas == (pinned(2, 2),)
     first = (RegistryAvro(source=Source.VALUE, subject="orders-value", version=1), RawColumn(source=Source.KEY))
     caplog.set_level(logging.INFO, logger="airflow_eo")
-    (found, text), = reader_schemas(first, client, plan).values()
-    assert found == pinned(1, 1, requested="1") and json.loads(text) == V1
+    (found, schema), = reader_schemas(first, client, plan).values()
+    assert found == pinned(1, 1, requested="1") and json.loads(schema.text) == V1 and schema.schema_type == "AVRO"
     assert "the spec asks for another subject or version than its plan pinned" in caplog.text
     gone = BatchPlan("o", 1, (), RunIdentity("r"), reader_schemas=(pinned(2, 99),))
     with pytest.raises(ConfigError, match="orders-value version 2 \\(schema id 99\\), is no longer in the Schema "

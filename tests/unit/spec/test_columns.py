@@ -9,7 +9,8 @@ import pytest
 from airflow_eo.core.errors import ConfigError
 from airflow_eo.spec import DecodeSpec, IngestSpec
 from airflow_eo.spec.columns import (
-    Format, InlineAvro, JsonColumn, RawColumn, RegistryAvro, Source, column_of, require_registry,
+    Format, InlineAvro, InlineJsonSchema, InlineProtobuf, JsonColumn, RawColumn, RegistryAvro, RegistryJsonSchema,
+    RegistryProtobuf, Source, column_of, require_registry,
 )
 
 BASE = {"table_uri": "/t", "ingest_id": "orders", "topics": "orders", "dead_letter_table_uri": "/dlq"}
@@ -29,6 +30,16 @@ BASE = {"table_uri": "/t", "ingest_id": "orders", "topics": "orders", "dead_lett
      RawColumn(source=Source.VALUE, max_bytes=10), InlineAvro(source=Source.KEY, schema='"string"')),
     ({"value_format": "avro", "value_subject": "shared-value", "key_format": "avro", "key_subject": "k"},
      RegistryAvro(source=Source.VALUE, subject="shared-value"), RegistryAvro(source=Source.KEY, subject="k")),
+    ({"value_format": "protobuf", "message_name": "shop.Order", "value_schema_version": "2",
+      "key_format": "json_schema"},
+     RegistryProtobuf(source=Source.VALUE, subject="orders-value", version=2, message_name="shop.Order"),
+     RegistryJsonSchema(source=Source.KEY, subject="orders-key")),
+    ({"value_format": "json_schema", "json_schema": '{"type": "object"}', "json_schema_validation": "false",
+      "key_format": "protobuf", "key_protobuf_schema": "message K {}", "key_message_name": "K"},
+     InlineJsonSchema(source=Source.VALUE, schema='{"type": "object"}', validate=False),
+     InlineProtobuf(source=Source.KEY, schema="message K {}", message_name="K")),
+    ({"value_format": "json_schema", "json_schema_validation": ""},  # an unset template: validation stays on
+     RegistryJsonSchema(source=Source.VALUE, subject="orders-value"), RawColumn(source=Source.KEY)),
 ])
 def test_each_column_gets_one_typed_spec_from_its_options(options, value, key):
     spec = IngestSpec.of(**BASE, **options)
@@ -81,7 +92,13 @@ def test_reasons_and_option_names_come_from_the_column():
     ({"value_format": "avro", "value_schema": "id INT"}, "value_schema is the Spark DDL of JSON values"),
     ({"value_format": "avro", "value_schema_version": "v2"}, "value_schema_version 'v2' is not 'latest' or a number"),
     ({"key_format": "avro", "key_schema_version": "0"}, "key_schema_version '0' is not 'latest' or a number"),
-    ({"key_format": "xml"}, "key_format='xml' is not understood .*use one of json, avro, raw"),
+    ({"key_format": "xml"}, "key_format='xml' is not understood .*use one of json, avro, raw, protobuf, json_schema"),
+    ({"value_format": "protobuf", "avro_schema": '"long"'}, "avro_schema is the inline schema of value_format='avro', "
+                                                             "but value_format='protobuf'"),
+    ({"value_format": "avro", "message_name": "shop.Order"}, "message_name names a Protobuf message: it applies only "
+                                                              "with value_format='protobuf'"),
+    ({"key_format": "json_schema", "key_protobuf_schema": "message K {}"}, "key_protobuf_schema is the inline schema "
+                                                                            "of key_format='protobuf'"),
 ])
 def test_combinations_that_cannot_work_are_refused_naming_the_option(options, message):
     with pytest.raises(ConfigError, match=message):
@@ -98,3 +115,8 @@ def test_avro_without_an_inline_schema_needs_a_registry_one_rule_for_both_column
         require_registry((value, key), has_registry=False)
     with pytest.raises(ConfigError, match="key_format='avro': .* or key_avro_schema$"):
         require_registry((RawColumn(source=Source.VALUE), key), has_registry=False)
+    with pytest.raises(ConfigError, match="^value_format='protobuf': Protobuf without an inline schema needs a Schema "
+                                          "Registry: .* or protobuf_schema$"):
+        require_registry((column_of(Source.VALUE, Format.PROTOBUF, subject="s"),), has_registry=False)
+    with pytest.raises(ConfigError, match="^key_format='json_schema': JSON Schema without .* or key_json_schema$"):
+        require_registry((column_of(Source.KEY, Format.JSON_SCHEMA, subject="s"),), has_registry=False)
