@@ -19,6 +19,12 @@ Batches commit in offset order, so a later batch's winner replaces an earlier on
 it (:func:`airflow_eo.driver.merge.winners`), and in the tests as the rule's reference.
 Records with a null key column are each their own "winner": the caller refuses them.
 
+Before the records are hashed by key, each read task keeps only its last record of each key in each
+partition (:func:`partition_lasts`, step 1 of the rule, which any split of the records may take
+separately), counting the records it stands for: a producer keyed by the row's key sends a key's
+changes to one partition, so the shuffle carries about one row per key instead of every record.
+:func:`select_winners` with ``counted=True`` then takes those lasts, summing their counts.
+
 Example::
 
     >>> import pyarrow as pa
@@ -38,6 +44,7 @@ CHANGES_COLUMN = "_airflow_eo_changes"  # on a winner: how many records of the b
 # the cross-partition order, greatest first: what the docs call (timestamp, partition, offset)
 ORDER = (TS_COLUMN, "partition", "offset", "topic")
 _ROW = "_airflow_eo_winner"
+_WEIGHT = "_airflow_eo_weight"  # the records a partition_lasts row stands for
 
 
 def _starts(table: pa.Table, columns: list[str]) -> pa.Array:
@@ -52,17 +59,51 @@ def _starts(table: pa.Table, columns: list[str]) -> pa.Array:
     return pa.concat_arrays([pa.array([True]), differs])
 
 
-def select_winners(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
-    """One row per key (the order rule above) with :data:`CHANGES_COLUMN`; rows whose key has a
-    null column pass through one by one. The columns keep their order."""
-    columns = table.column_names
-    if table.num_rows == 0:
-        return table.append_column(CHANGES_COLUMN, pa.array([], pa.int64()))
+def _split_keyless(table: pa.Table, key: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
+    """(the rows whose key has no null column, the others)."""
     null_key = pa.array([False] * table.num_rows, pa.bool_())
     for c in key:
         null_key = pc.or_(null_key, pc.is_null(table[c]))
-    keyless = table.filter(null_key)
-    table = table.filter(pc.invert(null_key))
+    return table.filter(pc.invert(null_key)), table.filter(null_key)
+
+
+def _counted(winners: pa.Table, counts: pa.Table, key: tuple[str, ...], columns: list[str]) -> pa.Table:
+    """``winners`` (one row per group of ``key``) with ``counts``' :data:`CHANGES_COLUMN`, joined by the key and a
+    row number only: Arrow's join carries no list or map column along."""
+    rows = pa.table({**{c: winners[c] for c in key}, _ROW: pa.array(range(winners.num_rows), pa.int64())})
+    joined = rows.join(counts, keys=list(key), join_type="inner")
+    return winners.take(joined[_ROW]).select(columns).append_column(CHANGES_COLUMN, joined[CHANGES_COLUMN])
+
+
+def partition_lasts(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
+    """Step 1 of the rule over any part of a batch: each key's last record (highest offset) in each
+    partition, with :data:`CHANGES_COLUMN` the number of the part's records of that key and partition;
+    rows whose key has a null column pass through one by one (counted 1). The columns keep their order."""
+    columns = table.column_names
+    if table.num_rows == 0:
+        return table.append_column(CHANGES_COLUMN, pa.array([], pa.int64()))
+    table, keyless = _split_keyless(table, key)
+    group = [*key, "topic", "partition"]
+    by_partition = table.sort_by([*((c, "ascending") for c in group), ("offset", "descending")])
+    lasts = by_partition.filter(_starts(by_partition, group))
+    counts = table.group_by(group).aggregate([([], "count_all")]).rename_columns([*group, CHANGES_COLUMN])
+    lasts = _counted(lasts, counts, tuple(group), columns)
+    keyless = keyless.append_column(CHANGES_COLUMN, pa.array([1] * keyless.num_rows, pa.int64()))
+    return pa.concat_tables([lasts, keyless.cast(lasts.schema)])
+
+
+def select_winners(table: pa.Table, key: tuple[str, ...], counted: bool = False) -> pa.Table:
+    """One row per key (the order rule above) with :data:`CHANGES_COLUMN`; rows whose key has a
+    null column pass through one by one. The columns keep their order. ``counted``: ``table`` is made
+    of :func:`partition_lasts` (its rows carry the counts they stand for: summed, not counted)."""
+    if counted:
+        weights, table = table[CHANGES_COLUMN], table.drop_columns([CHANGES_COLUMN])
+    columns = table.column_names
+    if table.num_rows == 0:
+        return table.append_column(CHANGES_COLUMN, pa.array([], pa.int64()))
+    if counted:
+        table = table.append_column(_WEIGHT, weights)
+    table, keyless = _split_keyless(table, key)
     # 1. each partition's last record of a key
     by_partition = table.sort_by([*((c, "ascending") for c in key), ("topic", "ascending"),
                                   ("partition", "ascending"), ("offset", "descending")])
@@ -70,10 +111,9 @@ def select_winners(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
     # 2. across partitions: the greatest (timestamp, partition, offset, topic); nulls last
     ranked = lasts.sort_by([*((c, "ascending") for c in key), *((c, "descending") for c in ORDER)])
     winners = ranked.filter(_starts(ranked, list(key)))
-    counts = table.group_by(list(key)).aggregate([([], "count_all")]).rename_columns([*key, CHANGES_COLUMN])
-    # joined by the key and a row number only: Arrow's join carries no list or map column along
-    rows = pa.table({**{c: winners[c] for c in key}, _ROW: pa.array(range(winners.num_rows), pa.int64())})
-    joined = rows.join(counts, keys=list(key), join_type="inner")
-    winners = winners.take(joined[_ROW]).select(columns).append_column(CHANGES_COLUMN, joined[CHANGES_COLUMN])
-    keyless = keyless.append_column(CHANGES_COLUMN, pa.array([1] * keyless.num_rows, pa.int64()))
+    counts = table.group_by(list(key)).aggregate([(_WEIGHT, "sum")] if counted else [([], "count_all")]) \
+        .rename_columns([*key, CHANGES_COLUMN])
+    winners = _counted(winners, counts, key, columns)
+    keyless = keyless.select(columns).append_column(
+        CHANGES_COLUMN, keyless[_WEIGHT] if counted else pa.array([1] * keyless.num_rows, pa.int64()))
     return pa.concat_tables([winners, keyless.cast(winners.schema)])

@@ -42,7 +42,7 @@ import pyarrow as pa
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.driver import cdc
 from airflow_eo.driver.append import SparkStage
-from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, select_winners
+from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, partition_lasts, select_winners
 from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.scan import over_files
 from airflow_eo.driver.transforms import join_by_offset
@@ -147,20 +147,34 @@ def with_change_columns(out, view):
 
 
 def _winner_selector(key: tuple[str, ...]):
-    """What each Spark task runs over the records hashed to it (pickled to the workers)."""
+    """What each Spark task runs over the lasts hashed to it (pickled to the workers)."""
 
     def select(batches):
         batches = list(batches)
         if not batches:
             return
-        yield from select_winners(pa.Table.from_batches(batches), key).to_batches()
+        yield from select_winners(pa.Table.from_batches(batches), key, counted=True).to_batches()
 
     return select
 
 
+def _lasts_keeper(key: tuple[str, ...]):
+    """What each task of the records runs before the shuffle: its last record per key and partition."""
+
+    def keep(batches):
+        batches = list(batches)
+        if not batches:
+            return
+        yield from partition_lasts(pa.Table.from_batches(batches), key).to_batches()
+
+    return keep
+
+
 def winners(out, key: tuple[str, ...], tasks: int):
-    """One row per key of the batch (the order rule), with :data:`CHANGES_COLUMN`: hashed by key
-    into ``tasks`` tasks, each choosing among its keys' records in Arrow."""
+    """One row per key of the batch (the order rule), with :data:`CHANGES_COLUMN`: each task of the
+    records keeps its last record per key and partition (:func:`~airflow_eo.driver.changes.partition_lasts`:
+    a keyed producer sends a key to one partition, so about one row per key is shuffled, not every
+    record), hashed by key into ``tasks`` tasks, each choosing among its keys' lasts in Arrow."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     from airflow_eo.driver.session import for_session
@@ -170,7 +184,8 @@ def winners(out, key: tuple[str, ...], tasks: int):
             .withColumn(TS_COLUMN, F.col(f"{CHANGE_COLUMN}.{TS_COLUMN}")).drop(CHANGE_COLUMN)
     schema = StructType([*out.schema.fields, StructField(CHANGES_COLUMN, LongType(), False)])
     with for_session(out):
-        return out.repartition(max(1, tasks), *key).mapInArrow(_winner_selector(key), schema)
+        lasts = out.mapInArrow(_lasts_keeper(key), schema)
+        return lasts.repartition(max(1, tasks), *key).mapInArrow(_winner_selector(key), schema)
 
 
 # -- 4. the table's side -------------------------------------------------------------------------------

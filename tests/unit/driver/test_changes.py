@@ -89,3 +89,27 @@ def test_random_batches_agree_with_the_rule_as_stated():
             offsets[tp] += rng.randrange(1, 3)
             rows.append((rng.randrange(20), tp[0], tp[1], offsets[tp], rng.randrange(5), "v"))
         assert winners(rows) == reference(rows)
+
+
+def test_lasts_taken_per_part_then_winners_of_them_agree_with_the_rule_over_the_whole_batch():
+    """What the read tasks keep before the shuffle (each part's last record per key and partition, counted)
+    gives the same winners and counts as the whole batch, however the batch is split."""
+    from airflow_eo.driver.changes import partition_lasts
+
+    rng = random.Random(11)
+    for _ in range(50):
+        offsets = {(t, p): 0 for t in "tu" for p in range(3)}
+        rows = []
+        for _ in range(rng.randrange(1, 200)):
+            tp = rng.choice(list(offsets))
+            offsets[tp] += rng.randrange(1, 3)
+            key = rng.randrange(20) if rng.random() > 0.05 else None  # a few keyless records too
+            rows.append((key, tp[0], tp[1], offsets[tp], rng.randrange(5), "v"))
+        rng.shuffle(rows)
+        cuts = sorted(rng.sample(range(len(rows) + 1), min(3, len(rows) + 1)))
+        parts = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)])]
+        lasts = pa.concat_tables([partition_lasts(batch(p), ("id",)) for p in parts])
+        combined = select_winners(lasts, ("id",), counted=True)
+        direct = select_winners(batch(rows), ("id",))
+        key = lambda r: (r["id"] is None, r["id"] or 0, r["partition"], r["offset"])  # noqa: E731
+        assert sorted(combined.to_pylist(), key=key) == sorted(direct.to_pylist(), key=key)
