@@ -79,15 +79,23 @@ def reference(rows: list[tuple]) -> dict:
     return out
 
 
+def random_rows(rng: random.Random, keyless: float = 0.0) -> list[tuple]:
+    """Up to 200 records of 20 keys over two topics of 3 partitions, offsets rising per partition
+    (``keyless``: the share of records without a key)."""
+    offsets = {(t, p): 0 for t in "tu" for p in range(3)}
+    rows = []
+    for _ in range(rng.randrange(1, 200)):
+        tp = rng.choice(list(offsets))
+        offsets[tp] += rng.randrange(1, 3)
+        key = rng.randrange(20) if rng.random() >= keyless else None
+        rows.append((key, tp[0], tp[1], offsets[tp], rng.randrange(5), "v"))
+    return rows
+
+
 def test_random_batches_agree_with_the_rule_as_stated():
     rng = random.Random(7)
     for _ in range(50):
-        offsets = {(t, p): 0 for t in "tu" for p in range(3)}
-        rows = []
-        for _ in range(rng.randrange(1, 200)):
-            tp = rng.choice(list(offsets))
-            offsets[tp] += rng.randrange(1, 3)
-            rows.append((rng.randrange(20), tp[0], tp[1], offsets[tp], rng.randrange(5), "v"))
+        rows = random_rows(rng)
         assert winners(rows) == reference(rows)
 
 
@@ -98,13 +106,7 @@ def test_lasts_taken_per_part_then_winners_of_them_agree_with_the_rule_over_the_
 
     rng = random.Random(11)
     for _ in range(50):
-        offsets = {(t, p): 0 for t in "tu" for p in range(3)}
-        rows = []
-        for _ in range(rng.randrange(1, 200)):
-            tp = rng.choice(list(offsets))
-            offsets[tp] += rng.randrange(1, 3)
-            key = rng.randrange(20) if rng.random() > 0.05 else None  # a few keyless records too
-            rows.append((key, tp[0], tp[1], offsets[tp], rng.randrange(5), "v"))
+        rows = random_rows(rng, keyless=0.05)  # a few keyless records too
         rng.shuffle(rows)
         cuts = sorted(rng.sample(range(len(rows) + 1), min(3, len(rows) + 1)))
         parts = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)])]
