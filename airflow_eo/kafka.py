@@ -324,8 +324,10 @@ class PinnedKafka(KafkaOffsets):
         self._current: KafkaOffsets | None = None
 
     def current(self) -> KafkaOffsets:
+        """What Kafka holds after the run's commits (the lags): asked once more, then pinned likewise for
+        every table of the run."""
         if self._current is None:
-            self._current = KafkaOffsets(self.config, self.timeout)
+            self._current = PinnedKafka(self.config, self.timeout)
         return self._current
 
     def metadata(self):

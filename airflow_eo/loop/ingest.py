@@ -75,9 +75,10 @@ from airflow_eo.loop.result import IngestResult, build_result
 from airflow_eo.loop.runner import AttemptRunner, Submitter, verdict
 from airflow_eo.status import lag_of
 from airflow_eo.sinks import Sink, recorded_sink, sink_of
-from airflow_eo.sinks.dead_letters import DeadLetterSink, commit_dead_letters_of
+from airflow_eo.sinks.dead_letters import DeadLetterSink, commit_dead_letters_of, pending_dead_letters
 from airflow_eo.spec import normalize_table_uri
 from airflow_eo.spec.fanout import FanOutSpec, matching_topics
+from airflow_eo.table.app_ids import dlq_app_id
 from airflow_eo.table.commit import StagedBatch, commit
 from airflow_eo.table.features import TableUse
 from airflow_eo.table.lease import Claim, HeldLease, LeasePurpose, TableLease, turn
@@ -231,6 +232,34 @@ class Ingestion:
     def run(self, run: RunIdentity, interval: Interval | None = None) -> IngestResult:
         """A run of this one table: the ingest loop with one sink (:meth:`FanOut.of`)."""
         return FanOut.of(self.config, self.submitter, self._kafka).run(run, interval).only
+
+    def peek(self, run: RunIdentity, interval: Interval | None = None) -> NextStep | None:
+        """The run's next step if it writes nothing — nothing new, or its batch (interval) already in the
+        table — decided without the lease, as the preview decides (a read of the table and Kafka); None when
+        the run has work (a plan to log, a replay, dead letters to roll forward): it then takes its turn and
+        decides again under the lease. A run with nothing to do waits for no one and writes nothing: there is
+        nothing beyond the table's offsets for a holder of the lease to be committing."""
+        try:
+            ledger = self.ledger()
+            if interval is None and self._has_new(ledger):  # work (the common case of a run): no need to plan twice
+                return None
+            if self.config.spec.dead_letters.table_uri and pending_dead_letters(
+                    ledger, self.config.ingest_id, lambda: Ledger.open(
+                        self.config.spec.dead_letters.table_uri or "", self.storage_options).transaction(
+                        dlq_app_id(self.config.ingest_id))):
+                return None
+            step = self.next_step(run, ledger, interval)
+        except AirflowEoError:  # whatever it is, the run under the lease meets it and says so
+            return None
+        return step if step.result is not None else None
+
+    def _has_new(self, ledger: Ledger) -> bool:
+        """Whether Kafka holds anything beyond the table's offsets, or a partition the table never read."""
+        kafka = self.kafka()
+        partitions = kafka.partitions(self.config.topics)
+        bounds = kafka.bounds(partitions)
+        committed = ledger.committed_offsets(self.config.ingest_id, partitions)
+        return any(committed[tp] is None or bounds[tp].end > (committed[tp] or 0) for tp in partitions)
 
     def prepare(self, run: RunIdentity, interval: Interval | None = None) -> tuple[NextStep, Ledger]:
         """Steps 1-2 under the table's lease: the table checked and tidied, the run's next step
@@ -517,10 +546,16 @@ class FanOut:
             return FanOutResult((), self.one_table)
         if len(tables) > 1:
             log.info("run %s: %d table(s): %s", run.run_key, len(tables), ", ".join(t.uri for t in tables))
+        for table in tables:  # a table with nothing to do (nothing new, its batch committed) takes no turn
+            with about_table(table.uri):
+                peeked = table.ingestion.peek(run, interval)
+            if peeked is not None:
+                table.step = peeked
         with ExitStack() as turns:
             for table in tables:  # in table_uri order
-                with table.step_of("taking its turn"):
-                    table.held = turns.enter_context(table.ingestion.turn(run.run_key))
+                if table.step is None:
+                    with table.step_of("taking its turn"):
+                        table.held = turns.enter_context(table.ingestion.turn(run.run_key))
             results = self._run(run, interval, tables)
         return self.done(FanOutResult(tuple(r.timed(started) for r in results), self.one_table))
 
@@ -544,14 +579,16 @@ class FanOut:
         """Each table's steps; a table whose step fails (planning, its dead letters' roll-forward, a commit,
         its verification) stays behind with its own error while the others commit; then the first error
         is raised, of its own type (what a retry may fix stays retried)."""
+        results: dict[str, IngestResult] = {}
         for table in tables:  # every table's plan is logged before anything is read
-            if table.error is None:
+            if table.step is not None and table.step.result is not None:  # nothing to do: found without the lease
+                results[table.uri] = table.step.result
+            elif table.error is None:
                 with table.step_of("planning"):
                     table.step, table.ledger = table.ingestion.prepare(run, interval)
-        results: dict[str, IngestResult] = {}
         reading: list[_Table] = []
         for table in tables:
-            if table.error is not None or table.step is None or table.ledger is None:
+            if table.error is not None or table.step is None or table.ledger is None or table.uri in results:
                 continue
             ingestion, step, ledger = table.ingestion, table.step, table.ledger
             with table.step_of("its batch"):

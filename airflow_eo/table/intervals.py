@@ -46,6 +46,7 @@ class Snapshot(Protocol):
     table: Any  # the DeltaTable, None before the table exists
     table_uri: str
 
+    def txn(self, app_id: str) -> int | None: ...
     def last_batch(self, ingest_id: str) -> int: ...
     def committed_offsets(self, ingest_id: str, partitions: Iterable[TopicPartition]) -> dict: ...
     def find_batch(self, ingest_id: str, *, attempt_id: str | None = None, run_key: str | None = None,
@@ -60,7 +61,7 @@ class IntervalLedger:
         self._committed: list[CommittedInterval] | None = None
 
     def _txn(self, app_id: str) -> int | None:
-        return self.ledger.table.transaction_version(app_id) if self.ledger.table is not None else None
+        return self.ledger.txn(app_id)
 
     def is_interval_table(self) -> bool | None:
         """True / False for an ingest whose batches are / are not intervals; None before any batch."""

@@ -157,15 +157,20 @@ class TableLease:
         self.location, self.storage_options, self.grace_seconds = location, storage_options, grace_seconds
         self.check_first = check_first
         self.uri = f"{location.uri.rstrip('/')}/{LEASE_DIR}"
+        self._table: DeltaTable | None = None  # the lease's log as last read (brought up to date, not opened again)
 
     # -- reading ------------------------------------------------------------------------------
     def newest(self) -> tuple[int | None, LeaseHolder | None]:
         """The lease log's version and the holder its newest commit names (released or not);
         (None, None) before the lease was ever taken."""
         try:
-            table = DeltaTable(self.uri, storage_options=self.storage_options)
+            if self._table is None:
+                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+            else:  # a few new commits at most: far cheaper than opening the log again
+                self._table.update_incremental()
         except TableNotFoundError:
             return None, None
+        table = self._table
         version = table.version()
         info = table.history(1)
         text = info[0].get(LEASE_KEY) if info else None
@@ -246,7 +251,8 @@ class TableLease:
                 create_table_with_add_actions(self.uri, _SCHEMA, [], mode="error", storage_options=self.storage_options,
                                               configuration=_LOG_CONFIGURATION, commit_properties=properties)
             else:
-                table = DeltaTable(self.uri, version=version, storage_options=self.storage_options)
+                table = self._table if self._table is not None and self._table.version() == version else \
+                    DeltaTable(self.uri, version=version, storage_options=self.storage_options)
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
         except CommitFailedError:
             return False

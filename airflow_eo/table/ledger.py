@@ -120,6 +120,7 @@ class Ledger:
         self.storage_options = storage_options
         self._history: dict[int | None, list[dict]] = {}  # commitInfo of this snapshot, by limit
         self._features: TableFeatures | None = None
+        self._txns: dict[str, int | None] = {}  # the snapshot's txn versions asked so far (it is pinned)
 
     @classmethod
     def open(cls, table_uri: str, storage_options: dict[str, str] | None = None) -> "Ledger":
@@ -148,6 +149,15 @@ class Ledger:
     def location(self) -> TableLocation:
         return TableLocation.of(self.table_uri, self.storage_options)
 
+    def txn(self, app_id: str) -> int | None:
+        """The snapshot's ``txn`` version of ``app_id`` (None: never committed), each asked of deltalake once:
+        the snapshot is pinned, and a run asks the same few (offsets, the batch counter, marks) many times."""
+        if self.table is None:
+            return None
+        if app_id not in self._txns:
+            self._txns[app_id] = self.table.transaction_version(app_id)
+        return self._txns[app_id]
+
     @property
     def exists(self) -> bool:
         return self.table is not None
@@ -175,7 +185,7 @@ class Ledger:
         Ownership is the ingest's batch counter in the log (a ``txn`` action, which
         survives log cleanup), so no table property is needed.
         """
-        if self.table is None or adopt or self.table.transaction_version(batch_app_id(ingest_id)) is not None:
+        if self.table is None or adopt or self.txn(batch_app_id(ingest_id)) is not None:
             return
         raise TableError(
             f"the Delta table at {self.table_uri} was not written by ingest_id {ingest_id!r} "
@@ -214,15 +224,15 @@ class Ledger:
             check_table_partitioning(self.partition_columns, partition_by, self.table_uri)
 
     def is_merge_table(self, ingest_id: str) -> bool:
-        return self.table is not None and self.table.transaction_version(merge_app_id(ingest_id)) is not None
+        return self.table is not None and self.txn(merge_app_id(ingest_id)) is not None
 
     def write_mark(self, ingest_id: str) -> int | None:
         """The table's write-mode mark for ``ingest_id``: None for a table without this ingest's
         batches, else the merge mark its first merge batch set (:func:`merge_mark` of its key),
         or 0 for a table of appended batches."""
-        if self.table is None or self.table.transaction_version(batch_app_id(ingest_id)) is None:
+        if self.table is None or self.txn(batch_app_id(ingest_id)) is None:
             return None  # a new table (or not this ingest's: check_owner says so)
-        return self.table.transaction_version(merge_app_id(ingest_id)) or 0
+        return self.txn(merge_app_id(ingest_id)) or 0
 
     def committed_offsets(
         self, ingest_id: str, partitions: Iterable[TopicPartition]
@@ -230,7 +240,7 @@ class Ledger:
         """Next offset to read per partition; ``None`` for partitions never committed."""
         if self.table is None:
             return {tp: None for tp in partitions}
-        return {tp: self.table.transaction_version(partition_app_id(ingest_id, tp)) for tp in partitions}
+        return {tp: self.txn(partition_app_id(ingest_id, tp)) for tp in partitions}
 
     def last_batch(self, ingest_id: str) -> int:
         return self.transaction(batch_app_id(ingest_id))
@@ -255,7 +265,7 @@ class Ledger:
         """The committed version of a ``txn`` app id; 0 when never committed."""
         if self.table is None:
             return 0
-        return self.table.transaction_version(app_id) or 0
+        return self.txn(app_id) or 0
 
     def file_paths(self) -> set[str]:
         """Paths (relative to the root) of the files in this snapshot."""

@@ -3,6 +3,8 @@ each table's batch (no rows, its offsets) through the real commit step, as the d
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from airflow_eo.attempt import Attempt, Secrets
@@ -176,6 +178,23 @@ def test_leases_are_taken_in_table_uri_order_whatever_the_order_of_the_sinks(tmp
 
     monkeypatch.setattr(Ingestion, "turn", recording)
     fan_out(tmp_path, kafka, CommittingSubmitter(), "b", "a", "c").run(RunIdentity("one"))
+    kafka.produce(TopicPartition("events", 0), 10)  # something new: every table of the next run takes its turn
     fan_out(tmp_path, kafka, CommittingSubmitter(), "d", "c", "b").run(RunIdentity("two"))
     assert [uri for key, uri in taken if key == "one"] == [str(tmp_path / n) for n in "abc"]
     assert [uri for key, uri in taken if key == "two"] == [str(tmp_path / n) for n in "bcd"]
+
+
+def test_a_table_with_nothing_to_do_takes_no_turn_and_writes_nothing(tmp_path, kafka, monkeypatch):
+    """Nothing beyond its offsets (or its batch already in it): decided without the lease, as a preview
+    decides; the table's log and lease log stay as they were."""
+    from airflow_eo.loop.ingest import Ingestion
+
+    fan_out(tmp_path, kafka, CommittingSubmitter(), "a", "b").run(RunIdentity("one"))
+    versions = {n: (Ledger.open(str(tmp_path / n)).version, len(os.listdir(tmp_path / n / "_airflow_eo" / "lease" /
+                                                                         "_delta_log"))) for n in "ab"}
+    monkeypatch.setattr(Ingestion, "turn", lambda *a, **k: pytest.fail("a turn was taken"))
+    again = fan_out(tmp_path, kafka, CommittingSubmitter(), "a", "b").run(RunIdentity("one"))
+    later = fan_out(tmp_path, kafka, CommittingSubmitter(), "a", "b").run(RunIdentity("two"))
+    assert again.status == "already_committed" and later.status == "nothing_new"
+    assert {n: (Ledger.open(str(tmp_path / n)).version, len(os.listdir(tmp_path / n / "_airflow_eo" / "lease" /
+                                                                     "_delta_log"))) for n in "ab"} == versions
