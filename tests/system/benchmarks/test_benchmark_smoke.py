@@ -104,7 +104,8 @@ def test_benchmark_smoke(tmp_path):
         assert 0 < times[key]["median"] < 600 and 0 < times[f"{key}.raw"]["median"] < 600, key
     assert report["fanout"]["records"] == 3000 and report["fanout"]["keys"] == 300
     assert ratios["fanout_over_append"] > 0 and ratios["routing_raw_over_one_ingest"] > 0
-    assert {"fanout(3 tables)/append<=1.5", "routing raw/command>=0.8"} <= set(report["targets"])
+    assert ratios["merge_over_append"] > 0 and 0 < times["routing.nothing_new"]["median"] < 600
+    assert {"fanout(3 tables)/append<=1.8", "merge/append<=1.5", "routing raw/command>=0.8"} <= set(report["targets"])
     assert rows["fan-out, 3,000 records into 3 tables (append, projected, merge) in one ingest / one append"]["raw"]
     # Protobuf and JSON Schema against Avro through the registry (each side's rows checked by the command)
     for key in ("formats.avro", "formats.protobuf", "formats.json_schema", "formats.json_schema_unvalidated"):
