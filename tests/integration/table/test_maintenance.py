@@ -247,7 +247,7 @@ def test_table_properties_are_set_when_the_first_batch_creates_the_table(kafka_c
                      table_properties={"delta.setTransactionRetentionDuration": "interval 1 days"})
     # a number or a boolean is taken as its text; anything else is refused
     assert build_config(table_uri + "2", topic, kafka_config, table_properties={
-        "delta.checkpointInterval": 10, "delta.appendOnly": False}).table_properties == {
+        "delta.checkpointInterval": 10, "delta.appendOnly": False}).spec.table.table_properties == {
         "delta.checkpointInterval": "10", "delta.appendOnly": "false"}
     with pytest.raises(ConfigError, match="as text"):
         build_config(table_uri + "2", topic, kafka_config, table_properties={"delta.checkpointInterval": [10]})
