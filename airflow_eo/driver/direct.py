@@ -200,8 +200,9 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
     """One read of ``ranges`` for the tables of ``destinations``: each read task writes every destination's
     share of the records it read (:class:`Destination`) as that table's staged files and reports them;
     with ``keep_records`` the records come out too, for the tables whose rows need Spark. Returns each
-    destination's report rows and those records (a DataFrame, cached when ``cache``; None without
-    ``keep_records``). With ``spark`` None the tasks run here, one after another (no records kept)."""
+    destination's report rows, those records (a DataFrame; None without ``keep_records``) and, when
+    ``cache``, the cached frame they come from (the caller unpersists it when its steps are done). With
+    ``spark`` None the tasks run here, one after another (no records kept)."""
     import json
 
     tasks = read_tasks(ranges, max_offsets_per_task)
@@ -239,7 +240,7 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
         rows = [(row[REPORT_COLUMN],) for i in range(len(tasks))
                 for out in read_and_write(iter([pa.RecordBatch.from_arrays([pa.array([i], pa.int64())], ["id"])]), i)
                 for row in out.select([REPORT_COLUMN]).to_pylist()]
-        return reports_by_destination(rows, len(destinations)), None
+        return reports_by_destination(rows, len(destinations)), None, None
 
     from pyspark import StorageLevel
 
@@ -250,9 +251,15 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
         frame = task_frame(spark, tasks).mapInArrow(read_and_write, spark_schema_of(out_schema))
     if cache:
         frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-    reports = reports_by_destination(frame.where(f"`{REPORT_COLUMN}` IS NOT NULL").select(REPORT_COLUMN).collect(),
-                                     len(destinations))
-    return reports, frame.where(f"`{REPORT_COLUMN}` IS NULL").drop(REPORT_COLUMN) if keep_records else None
+    try:
+        reports = reports_by_destination(frame.where(f"`{REPORT_COLUMN}` IS NOT NULL").select(REPORT_COLUMN).collect(),
+                                         len(destinations))
+    except BaseException:
+        if cache:
+            frame.unpersist()
+        raise
+    records = frame.where(f"`{REPORT_COLUMN}` IS NULL").drop(REPORT_COLUMN) if keep_records else None
+    return reports, records, frame if cache else None
 
 
 def reports_by_destination(rows: list, destinations: int) -> list[list[dict]]:

@@ -196,16 +196,16 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
     # one step computes it
     cached = len(through_spark) > (0 if destinations else 1)
     reports: list[list[dict]] = []
-    source = None
+    source = held = None  # the records for the Spark steps; the cached frame they come from, unpersisted at the end
     if destinations:
         with Progress(None if in_driver else spark, first.plan.batch, offsets):
-            reports, source = read_for_tables(None if in_driver else spark, ranges, dict(secrets.kafka_config),
-                                              first.spark.max_offsets_per_task, storage, destinations,
-                                              keep_records=bool(through_spark), cache=cached)
+            reports, source, held = read_for_tables(None if in_driver else spark, ranges, dict(secrets.kafka_config),
+                                                    first.spark.max_offsets_per_task, storage, destinations,
+                                                    keep_records=bool(through_spark), cache=cached)
     elif through_spark:
         source = read_plan(spark, ranges, dict(secrets.kafka_config), first.spark.max_offsets_per_task, decoder=decoder)
         if cached:
-            source = source.persist(StorageLevel.MEMORY_AND_DISK)
+            source = held = source.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         if len(attempts) > 1 or destinations:
             log.info("read %s once for %d table(s) in %.2fs (%d written by the read tasks)",
@@ -246,5 +246,5 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
             for attempt, staging in through_spark:
                 run_one(attempt, staging)
     finally:
-        if cached and source is not None:
-            source.unpersist()
+        if held is not None:  # a warm server keeps nothing of a batch once its tables are done
+            held.unpersist()
