@@ -634,21 +634,40 @@ class FanOut:
         finally:
             for table, attempt in zip(tables[1:], attempts[1:]):
                 table.ingestion.staging.end_attempt(attempt.attempt_id)
+        recorded = {} if error is None else {
+            t.uri: _recorded_error(t.ingestion, a) for t, a in zip(tables, attempts)}
+        typed_elsewhere = any(_typed(e) for e in recorded.values())
         for table, attempt in zip(tables, attempts):
-            own = None if error is None else _own_error(table.ingestion, attempt, error)
+            own = None if error is None else _own_error(
+                table.ingestion, attempt, error, recorded[table.uri], typed_elsewhere)
             with table.step_of("its commit"):
                 results[table.uri] = verify(table, own)
 
 
-def _own_error(ingestion: Ingestion, attempt: Attempt, error: BaseException) -> BaseException | None:
-    """What failed ``attempt``'s table when the job failed: the error its marker recorded; none when
-    the job's error is another table's (the driver records each table's error in its own marker);
-    the job's own (a kill, a crash) when no table could say."""
+def _typed(error: BaseException | None) -> bool:
+    """Whether ``error`` says its cause (any of our errors but the catch-all of a failed job)."""
+    return isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError)
+
+
+def _recorded_error(ingestion: Ingestion, attempt: Attempt) -> BaseException | None:
+    """The error the driver recorded in ``attempt``'s marker, when it recorded one."""
     marker = ingestion.staging.read_marker(attempt.attempt_id)
-    if marker is not None and marker.error:
-        return error_from_line(marker.error) or SparkJobError(f"the Spark job failed: {marker.error}")
-    if isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
+    if marker is None or not marker.error:
         return None
+    return error_from_line(marker.error) or SparkJobError(f"the Spark job failed: {marker.error}")
+
+
+def _own_error(ingestion: Ingestion, attempt: Attempt, error: BaseException, recorded: BaseException | None,
+               typed_elsewhere: bool) -> BaseException | None:
+    """What failed ``attempt``'s table when the job failed: the error its marker recorded, unless the
+    job's own error says more (a Connect server that died mid-batch: its marker holds the lost RPC);
+    none when the job's typed error is another table's (the driver records each table's error in its
+    own marker); the job's own when no table recorded it (a server that cannot be reached or refuses
+    the client fails every table; so do a kill and a crash)."""
+    if recorded is not None and (_typed(recorded) or not _typed(error)):
+        return recorded
+    if _typed(error):
+        return None if typed_elsewhere else error
     return ingestion.runner.typed_failure(attempt, error)
 
 

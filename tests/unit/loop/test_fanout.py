@@ -10,8 +10,8 @@ import pytest
 from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.driver.batch import commit_staged
 from airflow_eo.driver.reader import KAFKA_SCHEMA
-from airflow_eo.core.errors import ConfigError, error_line
-from airflow_eo.loop.ingest import FanOut
+from airflow_eo.core.errors import ConfigError, SparkUnavailableError, error_line
+from airflow_eo.loop.ingest import FanOut, Ingestion
 from airflow_eo.core.offsets import Interval, RunIdentity, TopicPartition
 from airflow_eo.sinks import sink_of
 from airflow_eo.spec.fanout import FanOutSpec
@@ -21,6 +21,7 @@ from airflow_eo.table.plan_log import PlanLog
 from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
 from tests.unit.fakes import FakeKafka
+from tests.conftest import build_config
 
 
 class CommittingSubmitter:
@@ -94,6 +95,30 @@ def test_a_refusing_table_stays_behind_and_catches_up_from_its_own_offsets(tmp_p
     assert {t.table_uri: [r["start"] for r in t.ranges] for t in result.tables} == {
         str(tmp_path / "raw"): [10], str(tmp_path / "strict"): [0, 0]}
     assert offsets(str(tmp_path / "raw"), "events") == offsets(str(tmp_path / "strict"), "events") == [12, 10]
+
+
+class UnreachableSubmitter:
+    """A Spark Connect server that cannot be reached (nothing runs, no marker says why) or that dies
+    mid-batch (``lost``: the driver's marker holds the lost call, the submitter the typed error)."""
+
+    def __init__(self, lost: str = ""):
+        self.lost = lost
+
+    def submit(self, first: Attempt, secrets: Secrets) -> None:
+        if self.lost:
+            StagingArea(TableLocation.of(first.table_uri)).record_error(first.attempt_id, self.lost)
+        raise SparkUnavailableError("the Spark Connect server sc://127.0.0.1:1 went away. Retry when the "
+                                    "server is back")
+
+
+@pytest.mark.parametrize("lost", ["", "SparkConnectGrpcException: <_MultiThreadedRendezvous of RPC>"])
+def test_a_server_that_fails_the_whole_job_is_every_tables_own_error_of_its_type(tmp_path, kafka, lost):
+    with pytest.raises(SparkUnavailableError, match=f"^{tmp_path / 'a'}: the Spark Connect server .* went away"):
+        fan_out(tmp_path, kafka, UnreachableSubmitter(lost), "a", "b").run(RunIdentity("r1"))
+    with pytest.raises(SparkUnavailableError, match="^the Spark Connect server .* went away"):  # as it always was
+        Ingestion(build_config(str(tmp_path / "one"), "events", {"bootstrap.servers": "fake:9092"}),
+                  UnreachableSubmitter(lost), kafka).run(RunIdentity("r1"))
+    assert offsets(str(tmp_path / "a"), "events") == offsets(str(tmp_path / "b"), "events") == [None, None]
 
 
 def test_a_sink_added_later_starts_from_its_own_starting_offsets(tmp_path, kafka):
