@@ -44,7 +44,8 @@ def _install() -> None:
     def naming_the_table(*args, **kwargs) -> logging.LogRecord:
         record = previous(*args, **kwargs)
         table = _TABLE.get()
-        if table is not None and record.name.startswith("airflow_eo"):
+        # a record made from another's fields (logging.makeLogRecord, as structlog's formatter does) starts nameless
+        if table is not None and isinstance(record.name, str) and record.name.startswith("airflow_eo"):
             record.msg = f"{table}: {record.msg}"
         return record
 
