@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -154,9 +155,26 @@ def _boolean(path):
     return convert
 
 
+# RFC 3339's date-time, for Pythons whose fromisoformat reads only what isoformat writes (3.10: a
+# fraction of 3 or 6 digits, no "Z"): its parts, the fraction padded or cut to microseconds
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:\d\d)?")
+
+
 def parse_timestamp(text: str) -> dt.datetime:
-    """An RFC 3339 date-time (``Z`` or an offset; none: UTC) as an aware datetime."""
-    value = dt.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    """An RFC 3339 date-time (``Z`` or an offset; none: UTC) as an aware datetime.
+
+    >>> parse_timestamp("2026-03-04T05:06:07.5+01:00").isoformat()
+    '2026-03-04T05:06:07.500000+01:00'
+    """
+    try:
+        value = dt.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    except ValueError:
+        parts = _RFC3339.fullmatch(text)
+        if parts is None:
+            raise
+        day, time, fraction, zone = parts.groups()
+        value = dt.datetime.fromisoformat(f"{day}T{time}.{(fraction or '').ljust(6, '0')[:6]}"
+                                          f"{'+00:00' if zone in ('Z', 'z') else zone or ''}")
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
 
 

@@ -408,7 +408,8 @@ def test_a_successful_ingest_log_is_short_and_tells_plan_rate_and_commit(world):
         assert len(lines) < 40, server.task_log_tail(path, 200)
         assert ": plan " in text and " offsets)" in text, text  # the plan: ranges and offsets
         assert "rows/s" in text and "committed batch" in text, text  # rate and the commit
-        assert "airflow-eo committed: batch" in text and "lag {" in text, text  # the summary with the lag
+        # the summary: its table (a fan-out's lines name theirs), batch and lag
+        assert f"airflow-eo committed: table {world['table']}, batch " in text and "lag {" in text, text
         # Spark's INFO output stops once spark.log.level=WARN applies: at most its start-up banner
         spark_info = [line for line in lines if " INFO " in line and "airflow_eo." not in line]
         assert len(spark_info) <= 5, "\n".join(spark_info)
