@@ -12,7 +12,8 @@ import sys
 import pytest
 
 HEAVY = ("airflow", "deltalake", "confluent_kafka", "kafka", "pyarrow", "pyspark", "noida_db", "boto3")
-FIXTURES = ("kafka_broker", "kafka_topic", "schema_registry", "delta_table", "airflow_dag_runner", "airflow_db")
+FIXTURES = ("kafka_broker", "kafka_topic", "schema_registry", "delta_table", "airflow_dag_runner", "airflow_db",
+            "spark_jvm_options")
 
 
 def test_pytest_finds_the_plugin_by_its_entry_point():
