@@ -12,6 +12,10 @@ each of which spends its first seconds loading and compiling the same classes. T
 Measured on a busy 2-core machine: ``spark-submit`` of a job that writes 100 rows to Parquet took
 20-23 s of CPU with the defaults, 9-11 s with the two options, 5.5 s with the archive too.
 
+``AIRFLOW_EO_TEST_JVM=options`` keeps the two options without the archive (CI's short per-version
+lanes, each in a fresh environment: a dozen JVMs save less than the build costs),
+``AIRFLOW_EO_TEST_JVM=default`` leaves Spark's own settings.
+
 Both reach the JVMs through ``SPARK_SUBMIT_OPTS`` (read by ``spark-submit`` for its JVM: the driver, in
 local and client mode also the executor), set in this process's environment before any JVM starts,
 so every child inherits it; an option already in ``SPARK_SUBMIT_OPTS`` wins. The archive option names
@@ -36,6 +40,9 @@ from pathlib import Path
 from airflow_eo.submit.spark_submit import BATCH_JVM_OPTIONS, batch_jvm_options
 
 OPTIONS_ENV = "SPARK_SUBMIT_OPTS"
+# archive (the default): the options and the archive; options: the options only (a run of a few JVMs in a
+# fresh environment, which would spend more on the build than it saves); default: Spark's own settings
+MODE_ENV = "AIRFLOW_EO_TEST_JVM"
 QUIET = "-Xlog:cds=off,cds+dynamic=off"  # a missing or foreign archive: no warning on the JVM's stdout
 # the build's job: the classes a batch loads (a session, a DataFrame from Python rows, Parquet written
 # and read back, an Arrow map over Python workers)
@@ -90,12 +97,14 @@ class ClassArchive:
         """Set ``SPARK_SUBMIT_OPTS`` here (children inherit it), and build the archive in the background
         if it is not there yet and no other process of the session builds it. Call it before the
         session starts a JVM, from the main thread (it changes ``os.environ``)."""
-        if os.environ.get("AIRFLOW_EO_TEST_JVM") == "default":
-            self.state = "off (AIRFLOW_EO_TEST_JVM=default)"
+        choice = os.environ.get(MODE_ENV, "archive")
+        if choice == "default":
+            self.state = f"off ({MODE_ENV}=default)"
             return
-        name = self._name()
+        name = self._name() if choice != "options" else None
         if name is None:
-            self.state = "unavailable: no pyspark jars or no java"
+            self.state = f"not used ({MODE_ENV}=options)" if choice == "options" else \
+                "unavailable: no pyspark jars or no java"
             os.environ[OPTIONS_ENV] = self.options()
             return
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -103,3 +103,8 @@ def test_the_spark_jvm_options_keep_what_the_environment_chose(monkeypatch, tmp_
     monkeypatch.setenv("AIRFLOW_EO_TEST_JVM", "default")
     archive.apply()
     assert os.environ["SPARK_SUBMIT_OPTS"] == "-Xshare:off" and archive.state.startswith("off")
+    monkeypatch.setenv("AIRFLOW_EO_TEST_JVM", "options")  # the options, no archive built or named
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS")
+    ClassArchive(tmp_path / "none").apply()
+    assert os.environ["SPARK_SUBMIT_OPTS"].split() == ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    assert not (tmp_path / "none").exists()
