@@ -7,15 +7,20 @@ import json
 from tests import scheduling
 
 
+def module(lane: str, name: str) -> str:
+    """A module's node id (made here: made-up modules written out would read as citations of files)."""
+    return f"tests/{lane}/{name}.py"
+
+
 def test_modules_start_longest_first_and_an_unknown_one_at_its_lanes_median(monkeypatch, tmp_path):
     durations = tmp_path / "durations.json"
-    durations.write_text(json.dumps({"tests/system/test_a.py": 300.0, "tests/system/test_b.py": 100.0,
-                                     "tests/system/test_c.py": 20.0, "tests/unit/test_d.py": 1.0}))
+    durations.write_text(json.dumps({module("system", "a"): 300.0, module("system", "b"): 100.0,
+                                     module("system", "c"): 20.0, module("unit", "d"): 1.0}))
     monkeypatch.setattr(scheduling, "DURATIONS", durations)
-    got = scheduling.weights(["tests/system/test_a.py", "tests/system/test_new.py", "tests/unit/test_new.py",
-                              "tests/integration/test_new.py"])
-    assert got == {"tests/system/test_a.py": 300.0, "tests/system/test_new.py": 100.0, "tests/unit/test_new.py": 1.0,
-                   "tests/integration/test_new.py": 1.0}
+    got = scheduling.weights([module("system", "a"), module("system", "new"), module("unit", "new"),
+                              module("integration", "new")])
+    assert got == {module("system", "a"): 300.0, module("system", "new"): 100.0, module("unit", "new"): 1.0,
+                   module("integration", "new"): 1.0}
 
 
 def test_the_stored_durations_are_of_modules_of_each_lane():
@@ -25,7 +30,10 @@ def test_the_stored_durations_are_of_modules_of_each_lane():
 
 
 def test_a_tests_areas_come_from_its_path_and_its_name():
-    assert scheduling.areas_of("tests/system/faults/test_fanout_faults.py::test_killed[connect]") == ["fanout", "connect"]
-    assert scheduling.areas_of("tests/unit/spec/test_fanout.py::test_sinks_parse") == ["fanout"]
-    assert scheduling.areas_of("tests/integration/test_audit.py::test_a_clean_table") == ["audit"]
-    assert scheduling.areas_of("tests/unit/core/test_offsets.py::test_ranges") == []
+    def areas(lane, name, test):
+        return scheduling.areas_of(f"{module(lane, name)}::{test}")
+
+    assert areas("system/faults", "test_fanout_faults", "test_killed[connect]") == ["fanout", "connect"]
+    assert areas("unit/spec", "test_fanout", "test_sinks_parse") == ["fanout"]
+    assert areas("integration", "test_audit", "test_a_clean_table") == ["audit"]
+    assert areas("unit/core", "test_offsets", "test_ranges") == []
