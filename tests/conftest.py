@@ -23,6 +23,11 @@ import warnings
 import pytest
 
 from airflow_eo.testing.airflow import isolate_airflow
+# the suite's scheduling side by side, its areas and its start-up report (tests/scheduling.py)
+from tests.scheduling import (  # noqa: F401 - pytest finds hooks by name here
+    pytest_addoption, pytest_collection_modifyitems, pytest_configure, pytest_runtest_logreport,
+    pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown,
+)
 
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
 # pytest closed the streams: a harmless but alarming "--- Logging error ---" otherwise.
@@ -70,12 +75,17 @@ def spark(tmp_path_factory):
     from airflow_eo.driver.session import build_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")
+    # its scratch (spark-*, blockmgr-*) in the session's temporary directory, not /tmp, where tests look
+    # for what a process left behind (tests/integration/test_demo.py) while another worker runs
+    scratch = tmp_path_factory.mktemp("spark-scratch")
     session = build_session("airflow-eo tests", {
         "spark.master": "local[2]",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.warehouse.dir": str(warehouse),
         "spark.sql.shuffle.partitions": "2",
+        "spark.local.dir": str(scratch),
+        "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}",
     })
     yield session
     session.stop()

@@ -42,15 +42,25 @@ DRIVER_POINTS = tuple(p for p in POINTS if p not in SUBMITTER_POINTS)
 SPARK_CONNECTION = {"conn_type": "spark", "host": "local[2]"}  # spark-submit on this machine
 
 
+def home_mark() -> str:
+    """The variable naming this process's test home: :data:`HOME_MARK`, and in a pytest-xdist worker one of
+    its own, so each worker has its own home and SQLite database (the workers inherit the variables of
+    the process that started them; two processes writing one SQLite database lock each other out)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{HOME_MARK}_{worker.upper()}" if worker else HOME_MARK
+
+
 def isolate_airflow(dags_folder: str | None = None) -> str:
-    """Point Airflow at a temporary home with its own SQLite database (once per process; later calls
-    return the same home). Must run before ``airflow`` is imported; the directory goes at exit."""
-    home = os.environ.get(HOME_MARK)
+    """Point Airflow at a temporary home with its own SQLite database (once per process, and per
+    pytest-xdist worker; later calls return the same home). Must run before ``airflow`` is imported;
+    the directory goes at exit."""
+    mark = home_mark()
+    home = os.environ.get(mark)
     if home is None:
         home = tempfile.mkdtemp(prefix="airflow-eo-test-home-")
         atexit.register(shutil.rmtree, home, True)
         os.environ.update({
-            HOME_MARK: home, "AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            mark: home, "AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(home, "dags"),

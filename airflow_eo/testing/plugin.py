@@ -20,7 +20,11 @@ Fixtures:
   ``@pytest.mark.parametrize("delta_table", ["s3"], indirect=True)`` (``["local", "s3"]``: both);
 * ``airflow_dag_runner`` — runs a DAG with ``dag.test()`` (:class:`airflow_eo.testing.airflow.DagRunner`),
   optionally killing its ingest at a named protocol step once so the retry must recover;
-  ``spark_default`` is spark-submit on ``local[2]`` unless the environment defines it.
+  ``spark_default`` is spark-submit on ``local[2]`` unless the environment defines it;
+* ``spark_jvm_options`` (session) — the Spark JVMs of the session start with a quarter of the CPU
+  (:mod:`airflow_eo.testing.spark`); ``airflow_dag_runner`` uses it.
+
+Under pytest-xdist (``-n 2``) each worker has its own broker, Airflow home and database.
 
 Airflow's home: with the extra installed, before test modules are imported, ``AIRFLOW_HOME`` is
 pointed at a temporary directory with its own SQLite database (ini option
@@ -179,8 +183,26 @@ def airflow_db():
     return os.environ.get("AIRFLOW_HOME")
 
 
+@pytest.fixture(scope="session")
+def spark_jvm_options():
+    """The Spark JVMs this session starts run with the C1 compiler, the serial collector and a class archive
+    built once per environment (:mod:`airflow_eo.testing.spark`: a spark-submit's start costs a quarter of
+    the CPU); ``AIRFLOW_EO_TEST_JVM=default`` keeps Spark's own settings. Returns ``SPARK_SUBMIT_OPTS``."""
+    from airflow_eo.testing.spark import OPTIONS_ENV, ClassArchive
+
+    env = _EnvVars()
+    env.set(OPTIONS_ENV, os.environ.get(OPTIONS_ENV, ""))
+    archive = ClassArchive()
+    archive.apply()
+    try:
+        yield os.environ[OPTIONS_ENV]
+    finally:
+        archive.stop()
+        env.restore()
+
+
 @pytest.fixture
-def airflow_dag_runner(airflow_db, kafka_broker, tmp_path):
+def airflow_dag_runner(airflow_db, kafka_broker, spark_jvm_options, tmp_path):
     """Runs a DAG with ``dag.test()`` against the session's broker (``runner.run(dag, fail_at=...)``)."""
     import json
 

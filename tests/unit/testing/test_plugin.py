@@ -12,7 +12,8 @@ import sys
 import pytest
 
 HEAVY = ("airflow", "deltalake", "confluent_kafka", "kafka", "pyarrow", "pyspark", "noida_db", "boto3")
-FIXTURES = ("kafka_broker", "kafka_topic", "schema_registry", "delta_table", "airflow_dag_runner", "airflow_db")
+FIXTURES = ("kafka_broker", "kafka_topic", "schema_registry", "delta_table", "airflow_dag_runner", "airflow_db",
+            "spark_jvm_options")
 
 
 def test_pytest_finds_the_plugin_by_its_entry_point():
@@ -68,3 +69,42 @@ def test_without_the_extra_the_plugin_changes_nothing_and_its_fixtures_name_the_
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert "1 passed" in ran.stdout and "1 error" in ran.stdout, ran.stdout[-3000:]
     assert "needs the testing extra" in ran.stdout and "pip install 'airflow-eo[testing]'" in ran.stdout
+
+
+def test_each_xdist_worker_runs_airflow_in_a_home_of_its_own(tmp_path):
+    """Under pytest-xdist, each worker's Airflow home (and SQLite database) is its own: two processes
+    writing one SQLite file lock each other out."""
+    for name in ("a", "b"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os, pathlib\n\ndef test_home():\n"
+            f"    pathlib.Path({str(tmp_path / name)!r}).write_text(os.environ['PYTEST_XDIST_WORKER'] + ' ' + "
+            "os.environ['AIRFLOW_HOME'] + ' ' + os.environ['AIRFLOW__DATABASE__SQL_ALCHEMY_CONN'])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(TMPDIR=str(tmp_path))
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                          "loadfile", "test_a.py", "test_b.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    (worker_a, home_a, db_a), (worker_b, home_b, db_b) = ((tmp_path / n).read_text().split() for n in ("a", "b"))
+    assert worker_a != worker_b and home_a != home_b and db_a != db_b
+    assert home_a.startswith(str(tmp_path)) and home_b.startswith(str(tmp_path)) and home_a in db_a
+
+
+def test_the_spark_jvm_options_keep_what_the_environment_chose(monkeypatch, tmp_path):
+    from airflow_eo.testing.spark import QUIET, ClassArchive
+
+    archive = ClassArchive(tmp_path)
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:+UseG1GC -Xmx1g")
+    assert archive.options().split() == ["-XX:+UseG1GC", "-Xmx1g", "-XX:TieredStopAtLevel=1"]
+    archive.path = tmp_path / "spark-0123.jsa"  # named before it exists: a JVM then runs without it, silently
+    assert archive.options().split()[-2:] == [f"-XX:SharedArchiveFile={archive.path}", QUIET]
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Xshare:off")
+    assert "SharedArchiveFile" not in archive.options()
+    monkeypatch.setenv("AIRFLOW_EO_TEST_JVM", "default")
+    archive.apply()
+    assert os.environ["SPARK_SUBMIT_OPTS"] == "-Xshare:off" and archive.state.startswith("off")
+    monkeypatch.setenv("AIRFLOW_EO_TEST_JVM", "options")  # the options, no archive built or named
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS")
+    ClassArchive(tmp_path / "none").apply()
+    assert os.environ["SPARK_SUBMIT_OPTS"].split() == ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    assert not (tmp_path / "none").exists()
