@@ -232,10 +232,13 @@ class ConnectServer:
         """Run ``work(spark)`` in a session of its own, released after."""
         from pyspark.sql import SparkSession
 
-        from airflow_eo.compat import release_server_session
+        from airflow_eo.compat import limit_client_retries, release_server_session
         from airflow_eo.submit.connect import detach
 
         spark = SparkSession.builder.remote(self._in_process_url()).create()
+        # a few quick retries: while it starts, another process may hold the port (a server that
+        # cannot bind it exits; pyspark's default retries would wait up to 10 minutes first)
+        limit_client_retries(spark, max_retries=3, initial_backoff_ms=200, backoff_multiplier=2.0, max_backoff_ms=1000)
         try:
             work(spark)
         finally:

@@ -32,6 +32,23 @@ from airflow_eo.table.storage import TableLocation
 from tests.helpers import assert_exactly_once, duplicates, new_topic, produce, read_table
 
 AIRFLOW_EO = os.path.join(os.path.dirname(sys.executable), "airflow-eo")
+
+
+def port_to_serve_again() -> int:
+    """A free port below the kernel's ephemeral range, for a test that kills a server and starts the
+    next on its port: no other process's ``bind(0)`` or outgoing connection takes it in between
+    (seen with tests side by side: another worker's Spark listened on the freed port, the next
+    server could not bind it)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    for port in random.sample(range(10_000, low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in 10000..{low}")
 SQL = "SELECT topic, partition, offset, value FROM source"
 
 
@@ -111,7 +128,7 @@ def test_server_killed_mid_batch_fails_fast_and_the_retry_commits_once(broker, k
     topic = new_topic(kafka_config, 2)
     for start in range(0, 200_000, 50_000):  # in chunks: the producer's local queue holds 100k
         produce(kafka_config, topic, 50_000, partitions=2, start=start)
-    port, table_uri = free_port(), str(tmp_path / "table")
+    port, table_uri = port_to_serve_again(), str(tmp_path / "table")
     config = IngestConfig(table_uri=table_uri, ingest_id="warm", topics=[topic], kafka_config=kafka_config,
                           max_offsets_per_task=20_000)
     server = ConnectServer(port=port, master="local[2]", log_file=str(tmp_path / "server1.log")).start()
@@ -213,7 +230,7 @@ def test_connect_server_killed_with_sigkill_takes_its_jvm_along_and_the_port_ser
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
-    port = free_port()
+    port = port_to_serve_again()
     proc = subprocess.Popen([AIRFLOW_EO, "connect-server", "--port", str(port), "--master", "local[1]"],
                             stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "w"), text=True,
                             env={**os.environ, "TMPDIR": str(private_tmp)})
