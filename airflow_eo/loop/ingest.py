@@ -62,7 +62,7 @@ from typing import Any
 from airflow_eo.attempt import Attempt, Companion, PinnedFeatures, Secrets
 from airflow_eo.loop.config import IngestConfig
 from airflow_eo.decoding.reader_schemas import pin
-from airflow_eo.core.errors import AirflowEoError, ConfigError, SparkJobError, error_from_line
+from airflow_eo.core.errors import AirflowEoError, ConfigError
 from airflow_eo.faults import failpoint
 from airflow_eo.kafka import KafkaOffsets, PinnedKafka
 from airflow_eo.logs import about_table
@@ -72,7 +72,7 @@ from airflow_eo.core.planning import BatchPlan, CommitCheck
 from airflow_eo.core.offsets import Interval, RunIdentity
 from airflow_eo.core.outcomes import RunStatus
 from airflow_eo.loop.result import IngestResult, build_result
-from airflow_eo.loop.runner import AttemptRunner, Submitter, verdict
+from airflow_eo.loop.runner import AttemptRunner, Submitter, failure_of, names_its_cause, recorded_error, verdict
 from airflow_eo.status import lag_of
 from airflow_eo.sinks import Sink, recorded_sink, sink_of
 from airflow_eo.sinks.dead_letters import DeadLetterSink, commit_dead_letters_of, pending_dead_letters
@@ -635,40 +635,25 @@ class FanOut:
             for table, attempt in zip(tables[1:], attempts[1:]):
                 table.ingestion.staging.end_attempt(attempt.attempt_id)
         recorded = {} if error is None else {
-            t.uri: _recorded_error(t.ingestion, a) for t, a in zip(tables, attempts)}
-        typed_elsewhere = any(_typed(e) for e in recorded.values())
-        for table, attempt in zip(tables, attempts):
-            own = None if error is None else _own_error(
-                table.ingestion, attempt, error, recorded[table.uri], typed_elsewhere)
+            t.uri: recorded_error(t.ingestion.staging, a.attempt_id) for t, a in zip(tables, attempts)}
+        typed_elsewhere = any(names_its_cause(e) for e in recorded.values())
+        for table in tables:
+            own = None if error is None else _own_error(error, recorded[table.uri], typed_elsewhere)
             with table.step_of("its commit"):
                 results[table.uri] = verify(table, own)
 
 
-def _typed(error: BaseException | None) -> bool:
-    """Whether ``error`` says its cause (any of our errors but the catch-all of a failed job)."""
-    return isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError)
-
-
-def _recorded_error(ingestion: Ingestion, attempt: Attempt) -> BaseException | None:
-    """The error the driver recorded in ``attempt``'s marker, when it recorded one."""
-    marker = ingestion.staging.read_marker(attempt.attempt_id)
-    if marker is None or not marker.error:
-        return None
-    return error_from_line(marker.error) or SparkJobError(f"the Spark job failed: {marker.error}")
-
-
-def _own_error(ingestion: Ingestion, attempt: Attempt, error: BaseException, recorded: BaseException | None,
-               typed_elsewhere: bool) -> BaseException | None:
-    """What failed ``attempt``'s table when the job failed: the error its marker recorded, unless the
-    job's own error says more (a Connect server that died mid-batch: its marker holds the lost RPC);
-    none when the job's typed error is another table's (the driver records each table's error in its
-    own marker); the job's own when no table recorded it (a server that cannot be reached or refuses
+def _own_error(error: BaseException, recorded: BaseException | None, typed_elsewhere: bool) -> BaseException | None:
+    """What failed a table when the job failed: the error its marker ``recorded``, unless the job's own
+    error says more (a Connect server that died mid-batch: its marker holds the lost RPC); none when
+    the job's typed error is another table's (the driver records each table's error in its own
+    marker); the job's own when no table recorded it (a server that cannot be reached or refuses
     the client fails every table; so do a kill and a crash)."""
-    if recorded is not None and (_typed(recorded) or not _typed(error)):
+    if recorded is not None and (names_its_cause(recorded) or not names_its_cause(error)):
         return recorded
-    if _typed(error):
+    if names_its_cause(error):
         return None if typed_elsewhere else error
-    return ingestion.runner.typed_failure(attempt, error)
+    return failure_of(error, None)
 
 
 def _naming_table(table_uri: str, error: AirflowEoError) -> AirflowEoError:

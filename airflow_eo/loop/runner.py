@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, TypeGuard
 
 from airflow_eo.attempt import Attempt, AttemptKind, Secrets
 from airflow_eo.core.errors import AirflowEoError, SparkJobError, error_from_line
@@ -70,18 +70,41 @@ class AttemptRunner:
     def typed_failure(self, attempt: Attempt, error: BaseException) -> BaseException:
         """The driver's own error for a job that failed, read from its attempt marker when the
         submitter only saw an exit code; one line, never a command line."""
-        if not isinstance(error, Exception) or \
-                isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
+        if _as_raised(error):
             return error
-        marker = self.staging.read_marker(attempt.attempt_id)
-        if marker is not None and marker.error:
-            typed = error_from_line(marker.error) or SparkJobError(f"the Spark job failed: {marker.error}")
-        elif isinstance(error, SparkJobError):
-            return error
-        else:  # the driver never got to say (it did not start, or was killed)
-            typed = SparkJobError(f"the Spark job failed before reporting an error: {short_cause(error)}")
-        typed.__cause__ = error
-        return typed
+        return failure_of(error, recorded_error(self.staging, attempt.attempt_id))
+
+
+def names_its_cause(error: BaseException | None) -> TypeGuard[AirflowEoError]:
+    """Whether ``error`` is one of ours that says its cause (any but the catch-all of a failed job)."""
+    return isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError)
+
+
+def _as_raised(error: BaseException) -> bool:
+    """An interrupt, or an error that says its cause: reported as it was raised."""
+    return not isinstance(error, Exception) or names_its_cause(error)
+
+
+def recorded_error(staging: StagingArea, attempt_id: str) -> BaseException | None:
+    """The error the driver recorded in the attempt's marker, when it recorded one."""
+    marker = staging.read_marker(attempt_id)
+    if marker is None or not marker.error:
+        return None
+    return error_from_line(marker.error) or SparkJobError(f"the Spark job failed: {marker.error}")
+
+
+def failure_of(error: BaseException, recorded: BaseException | None) -> BaseException:
+    """What a failed job reports, given the error its driver ``recorded`` (None: it recorded none)."""
+    if _as_raised(error):
+        return error
+    if recorded is not None:
+        typed = recorded
+    elif isinstance(error, SparkJobError):
+        return error
+    else:  # the driver never got to say (it did not start, or was killed)
+        typed = SparkJobError(f"the Spark job failed before reporting an error: {short_cause(error)}")
+    typed.__cause__ = error
+    return typed
 
 
 @dataclass(frozen=True)
@@ -120,7 +143,7 @@ def verdict(attempt: Attempt, ledger: Ledger, error: BaseException | None) -> Ve
                             mine.value)
             return Verdict(mine, record)
         return Verdict(theirs, record)
-    if isinstance(error, AirflowEoError) and not isinstance(error, SparkJobError):
+    if names_its_cause(error):
         raise error
     cause = short_cause(error) if error else "no commit found"
     if attempt.kind is AttemptKind.REPROCESS:

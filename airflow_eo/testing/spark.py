@@ -37,6 +37,7 @@ import threading
 import time
 from pathlib import Path
 
+from airflow_eo.submit.connect_server import die_with_parent
 from airflow_eo.submit.spark_submit import BATCH_JVM_OPTIONS, batch_jvm_options
 
 OPTIONS_ENV = "SPARK_SUBMIT_OPTS"
@@ -137,8 +138,10 @@ class ClassArchive:
         submit = str(home / "bin" / "spark-submit") if home else "spark-submit"
         self._started = time.monotonic()
         with open(scratch / "build.log", "w") as log:
+            # the build ends with the session's process, however that ends (stop() covers a normal end)
             self._build = subprocess.Popen([submit, "--master", "local[1]", str(scratch / "job.py")], env=env,
-                                           stdout=log, stderr=subprocess.STDOUT, cwd=scratch)
+                                           stdout=log, stderr=subprocess.STDOUT, cwd=scratch,
+                                           preexec_fn=die_with_parent(os.getpid()))
         self.state = "being built"
 
         def finish():
