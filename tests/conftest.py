@@ -34,6 +34,15 @@ from tests.scheduling import (  # noqa: F401 - pytest finds hooks by name here
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# A worker holds Spark Connect clients (gRPC) and later starts the local session's JVM, which pyspark
+# forks with a preexec_fn: the child then runs gRPC's fork handlers, which with another thread inside
+# gRPC are skipped half-way ("skipping fork() handlers", then "Epoll1Poller: Bad file descriptor") and
+# the JVM died at start ([JAVA_GATEWAY_EXITED]), failing every Spark test of that worker, depending on
+# which tests it had run first. Every child here execs at once and never uses gRPC, so gRPC's fork
+# support (read when grpc is first imported, which nothing has done yet) is off for the session.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+if "grpc" in sys.modules:  # pragma: no cover - too late for the setting above
+    warnings.warn("grpc was imported before tests/conftest.py: its fork support stays on", stacklevel=1)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
