@@ -15,15 +15,10 @@ Among the records of one key in a batch:
 The winner upserts its key's row, or deletes it when it is a delete (``delete_when``).
 Batches commit in offset order, so a later batch's winner replaces an earlier one's.
 
-:func:`select_winners` runs inside Spark tasks, each over all records of the keys hashed to
-it (:func:`airflow_eo.driver.merge.winners`), and in the tests as the rule's reference.
-Records with a null key column are each their own "winner": the caller refuses them.
-
-Before the records are hashed by key, each read task keeps only its last record of each key in each
-partition (:func:`partition_lasts`, step 1 of the rule, which any split of the records may take
-separately), counting the records it stands for: a producer keyed by the row's key sends a key's
-changes to one partition, so the shuffle carries about one row per key instead of every record.
-:func:`select_winners` with ``counted=True`` then takes those lasts, summing their counts.
+:func:`airflow_eo.driver.merge.winners` applies the rule inside Spark (two aggregations, each
+combined in the read tasks before its shuffle: a producer keyed by the row's key sends a key's changes
+to one partition, so about one row per key is shuffled); :func:`select_winners` is the rule in Arrow,
+its reference in the tests. Records with a null key column are the caller's to refuse.
 
 Example::
 
@@ -44,7 +39,6 @@ CHANGES_COLUMN = "_airflow_eo_changes"  # on a winner: how many records of the b
 # the cross-partition order, greatest first: what the docs call (timestamp, partition, offset)
 ORDER = (TS_COLUMN, "partition", "offset", "topic")
 _ROW = "_airflow_eo_winner"
-_WEIGHT = "_airflow_eo_weight"  # the records a partition_lasts row stands for
 
 
 def _starts(table: pa.Table, columns: list[str]) -> pa.Array:
@@ -75,34 +69,12 @@ def _counted(winners: pa.Table, counts: pa.Table, key: tuple[str, ...], columns:
     return winners.take(joined[_ROW]).select(columns).append_column(CHANGES_COLUMN, joined[CHANGES_COLUMN])
 
 
-def partition_lasts(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
-    """Step 1 of the rule over any part of a batch: each key's last record (highest offset) in each
-    partition, with :data:`CHANGES_COLUMN` the number of the part's records of that key and partition;
-    rows whose key has a null column pass through one by one (counted 1). The columns keep their order."""
-    columns = table.column_names
-    if table.num_rows == 0:
-        return table.append_column(CHANGES_COLUMN, pa.array([], pa.int64()))
-    table, keyless = _split_keyless(table, key)
-    group = [*key, "topic", "partition"]
-    by_partition = table.sort_by([*((c, "ascending") for c in group), ("offset", "descending")])
-    lasts = by_partition.filter(_starts(by_partition, group))
-    counts = table.group_by(group).aggregate([([], "count_all")]).rename_columns([*group, CHANGES_COLUMN])
-    lasts = _counted(lasts, counts, tuple(group), columns)
-    keyless = keyless.append_column(CHANGES_COLUMN, pa.array([1] * keyless.num_rows, pa.int64()))
-    return pa.concat_tables([lasts, keyless.cast(lasts.schema)])
-
-
-def select_winners(table: pa.Table, key: tuple[str, ...], counted: bool = False) -> pa.Table:
+def select_winners(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
     """One row per key (the order rule above) with :data:`CHANGES_COLUMN`; rows whose key has a
-    null column pass through one by one. The columns keep their order. ``counted``: ``table`` is made
-    of :func:`partition_lasts` (its rows carry the counts they stand for: summed, not counted)."""
-    if counted:
-        weights, table = table[CHANGES_COLUMN], table.drop_columns([CHANGES_COLUMN])
+    null column pass through one by one. The columns keep their order."""
     columns = table.column_names
     if table.num_rows == 0:
         return table.append_column(CHANGES_COLUMN, pa.array([], pa.int64()))
-    if counted:
-        table = table.append_column(_WEIGHT, weights)
     table, keyless = _split_keyless(table, key)
     # 1. each partition's last record of a key
     by_partition = table.sort_by([*((c, "ascending") for c in key), ("topic", "ascending"),
@@ -111,9 +83,7 @@ def select_winners(table: pa.Table, key: tuple[str, ...], counted: bool = False)
     # 2. across partitions: the greatest (timestamp, partition, offset, topic); nulls last
     ranked = lasts.sort_by([*((c, "ascending") for c in key), *((c, "descending") for c in ORDER)])
     winners = ranked.filter(_starts(ranked, list(key)))
-    counts = table.group_by(list(key)).aggregate([(_WEIGHT, "sum")] if counted else [([], "count_all")]) \
-        .rename_columns([*key, CHANGES_COLUMN])
+    counts = table.group_by(list(key)).aggregate([([], "count_all")]).rename_columns([*key, CHANGES_COLUMN])
     winners = _counted(winners, counts, key, columns)
-    keyless = keyless.select(columns).append_column(
-        CHANGES_COLUMN, keyless[_WEIGHT] if counted else pa.array([1] * keyless.num_rows, pa.int64()))
+    keyless = keyless.select(columns).append_column(CHANGES_COLUMN, pa.array([1] * keyless.num_rows, pa.int64()))
     return pa.concat_tables([winners, keyless.cast(winners.schema)])

@@ -97,21 +97,3 @@ def test_random_batches_agree_with_the_rule_as_stated():
     for _ in range(50):
         rows = random_rows(rng)
         assert winners(rows) == reference(rows)
-
-
-def test_lasts_taken_per_part_then_winners_of_them_agree_with_the_rule_over_the_whole_batch():
-    """What the read tasks keep before the shuffle (each part's last record per key and partition, counted)
-    gives the same winners and counts as the whole batch, however the batch is split."""
-    from airflow_eo.driver.changes import partition_lasts
-
-    rng = random.Random(11)
-    for _ in range(50):
-        rows = random_rows(rng, keyless=0.05)  # a few keyless records too
-        rng.shuffle(rows)
-        cuts = sorted(rng.sample(range(len(rows) + 1), min(3, len(rows) + 1)))
-        parts = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)])]
-        lasts = pa.concat_tables([partition_lasts(batch(p), ("id",)) for p in parts])
-        combined = select_winners(lasts, ("id",), counted=True)
-        direct = select_winners(batch(rows), ("id",))
-        key = lambda r: (r["id"] is None, r["id"] or 0, r["partition"], r["offset"])  # noqa: E731
-        assert sorted(combined.to_pylist(), key=key) == sorted(direct.to_pylist(), key=key)
