@@ -10,6 +10,7 @@ import random
 import pyarrow as pa
 
 from airflow_eo.driver.changes import CHANGES_COLUMN, TS_COLUMN, select_winners
+from airflow_eo.driver.decode import functions_for
 from airflow_eo.driver.merge import CHANGE_COLUMN, DELETE_COLUMN, winners
 
 KEY = ("id", "tenant")
@@ -40,12 +41,12 @@ def records(seed: int) -> pa.Table:
 def test_spark_winners_follow_the_order_rule(spark_path):
     table = records(7)
     session = spark_path.session()
-    from pyspark.sql import functions as F
-
-    df = session.createDataFrame(table.to_pandas()).select(
-        F.col("id").cast("long").alias("id"), "tenant", "body", "topic", F.col("partition").cast("int").alias("partition"),
-        "offset", F.struct(F.col("delete").alias(DELETE_COLUMN), F.col("ts").cast("long").alias(TS_COLUMN))
-        .alias(CHANGE_COLUMN))
+    records_df = session.createDataFrame(table.to_pandas())
+    with functions_for(records_df) as F:  # a Connect test earlier in this worker must not make these Connect's columns
+        df = records_df.select(
+            F.col("id").cast("long").alias("id"), "tenant", "body", "topic",
+            F.col("partition").cast("int").alias("partition"), "offset",
+            F.struct(F.col("delete").alias(DELETE_COLUMN), F.col("ts").cast("long").alias(TS_COLUMN)).alias(CHANGE_COLUMN))
     chosen = winners(df, KEY, 3)
     assert chosen.columns == ["id", "tenant", "body", "topic", "partition", "offset", DELETE_COLUMN, TS_COLUMN,
                               CHANGES_COLUMN]
