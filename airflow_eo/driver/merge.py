@@ -159,9 +159,7 @@ def winners(out, key: tuple[str, ...], tasks: int):
     on 1M records over 100,000 keys, 2.1 times the time of these aggregations). Rows whose key has a
     null column end as one row of that key, counting them: the caller refuses them.
     :func:`~airflow_eo.driver.changes.select_winners` is the rule's reference in Arrow (the tests)."""
-    from airflow_eo.driver.session import for_session
-
-    with functions_for(out) as F:  # the order rule reads the flag and the timestamp as columns of their own
+    with functions_for(out) as F:  # the whole plan for ``out``'s kind of session
         out = out.withColumn(DELETE_COLUMN, F.col(f"{CHANGE_COLUMN}.{DELETE_COLUMN}")) \
             .withColumn(TS_COLUMN, F.col(f"{CHANGE_COLUMN}.{TS_COLUMN}")).drop(CHANGE_COLUMN)
         columns = out.columns
@@ -170,8 +168,7 @@ def winners(out, key: tuple[str, ...], tasks: int):
         lasts = out.groupBy(*group).agg(F.max_by(row, F.col("offset")).alias(_LAST),
                                         F.count(F.lit(1)).alias(CHANGES_COLUMN))
         order = F.struct(*(F.col(f"{_LAST}.`{c}`") for c in ORDER))
-        with for_session(out):
-            hashed = lasts.repartition(max(1, tasks), *(F.col(f"`{c}`") for c in key))
+        hashed = lasts.repartition(max(1, tasks), *(F.col(f"`{c}`") for c in key))
         chosen = hashed.groupBy(*(F.col(f"`{c}`") for c in key)).agg(
             F.max_by(F.col(_LAST), order).alias(_LAST), F.sum(CHANGES_COLUMN).alias(CHANGES_COLUMN))
         return chosen.select(*(F.col(f"{_LAST}.`{c}`").alias(c) for c in columns),
