@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import threading
 import time
 from typing import Mapping, Sequence
 
@@ -313,7 +314,8 @@ class KafkaOffsets:
 class PinnedKafka(KafkaOffsets):
     """One answer per question for the whole run: the tables of one read plan against the same
     metadata and bounds, so every table's batch ends at the same offsets (one plan, logged with
-    each table)."""
+    each table). Safe to share between threads (the tables' steps run side by side): a question
+    is asked under a lock, so it is asked once."""
 
     def __init__(self, config: Mapping[str, object], timeout: float = 30.0):
         super().__init__(config, timeout)
@@ -322,34 +324,49 @@ class PinnedKafka(KafkaOffsets):
         self._at: dict[tuple[TopicPartition, int], int] = {}
         self._ids: dict[str, str | None] = {}
         self._current: KafkaOffsets | None = None
+        self._lock = threading.RLock()
 
     def current(self) -> KafkaOffsets:
         """What Kafka holds after the run's commits (the lags): asked once more, then pinned likewise for
-        every table of the run."""
-        if self._current is None:
-            self._current = PinnedKafka(self.config, self.timeout)
-        return self._current
+        every table of the run (the bounds of every partition asked so far, in one question)."""
+        with self._lock:
+            if self._current is None:
+                current = PinnedKafka(self.config, self.timeout)
+                current.bounds(list(self._bounds))
+                self._current = current
+            return self._current
+
+    def prefetch(self, topics: Sequence[str]) -> None:
+        """Ask the bounds and ids of every partition of ``topics`` (those that exist) at once: a run of
+        many tables asks one question, not one per table."""
+        known = [t for t in dict.fromkeys(topics) if t in self.metadata().topics]
+        self.topic_ids(known)
+        self.bounds(self.partitions(known))
 
     def metadata(self):
-        if self._metadata is None:
-            self._metadata = super().metadata()
-        return self._metadata
+        with self._lock:
+            if self._metadata is None:
+                self._metadata = super().metadata()
+            return self._metadata
 
     def bounds(self, tps: list[TopicPartition]) -> dict[TopicPartition, PartitionBounds]:
-        missing = [tp for tp in tps if tp not in self._bounds]
-        if missing:
-            self._bounds.update(super().bounds(missing))
-        return {tp: self._bounds[tp] for tp in tps}
+        with self._lock:
+            missing = [tp for tp in tps if tp not in self._bounds]
+            if missing:
+                self._bounds.update(super().bounds(missing))
+            return {tp: self._bounds[tp] for tp in tps}
 
     def topic_ids(self, topics: list[str]) -> dict[str, str | None]:
-        missing = [t for t in topics if t not in self._ids]
-        if missing:
-            self._ids.update(super().topic_ids(missing))
-        return {t: self._ids[t] for t in topics}
+        with self._lock:
+            missing = [t for t in topics if t not in self._ids]
+            if missing:
+                self._ids.update(super().topic_ids(missing))
+            return {t: self._ids[t] for t in topics}
 
     def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
-        missing = [tp for tp in tps if (tp, timestamp_ms) not in self._at]
-        if missing:
-            for tp, offset in super().offsets_for_timestamp(missing, timestamp_ms).items():
-                self._at[(tp, timestamp_ms)] = offset
-        return {tp: self._at[(tp, timestamp_ms)] for tp in tps}
+        with self._lock:
+            missing = [tp for tp in tps if (tp, timestamp_ms) not in self._at]
+            if missing:
+                for tp, offset in super().offsets_for_timestamp(missing, timestamp_ms).items():
+                    self._at[(tp, timestamp_ms)] = offset
+            return {tp: self._at[(tp, timestamp_ms)] for tp in tps}

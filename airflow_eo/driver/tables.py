@@ -52,6 +52,7 @@ from airflow_eo.table.staging import Heartbeat, StagingArea
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
+COMMITS_AT_ONCE = 8  # staged tables committed side by side (each commit waits on its own table's log, not on the others)
 
 
 def union_ranges(ranges: list[OffsetRange]) -> tuple[OffsetRange, ...]:
@@ -236,8 +237,16 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
                     return
             commits.done()
 
-        for attempt, staging in [(a, s) for a, s in attempts if a.attempt_id in direct]:
-            run_one(attempt, staging)  # their files are staged: only their commits are left
+        # their files are staged, only their commits are left: the first alone (a kill after it always leaves a
+        # table committed and the others not, the between_sink_commits failpoint), then the rest side by side
+        staged_tables = [(a, s) for a, s in attempts if a.attempt_id in direct]
+        for attempt, staging in staged_tables[:1]:
+            run_one(attempt, staging)
+        if len(staged_tables) > 1:
+            with ThreadPoolExecutor(max_workers=min(COMMITS_AT_ONCE, len(staged_tables) - 1),
+                                    thread_name_prefix="airflow-eo-commit") as pool:
+                for future in [pool.submit(run_one, a, s) for a, s in staged_tables[1:]]:
+                    future.result()
         if len(through_spark) > 1:  # side by side: concurrent Spark jobs over the one (cached) read
             with ThreadPoolExecutor(max_workers=len(through_spark), thread_name_prefix="airflow-eo-sink") as pool:
                 for future in [pool.submit(run_one, a, s) for a, s in through_spark]:

@@ -55,6 +55,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -89,6 +90,8 @@ from airflow_eo.table.staging import StagingArea, collect_orphans, new_attempt_i
 from airflow_eo.table.storage import TableLocation
 
 log = logging.getLogger(__name__)
+
+SIDE_BY_SIDE = 8  # tables whose per-run steps (plan, plan log, commit check, verify) run at once
 
 
 
@@ -546,11 +549,14 @@ class FanOut:
             return FanOutResult((), self.one_table)
         if len(tables) > 1:
             log.info("run %s: %d table(s): %s", run.run_key, len(tables), ", ".join(t.uri for t in tables))
-        for table in tables:  # a table with nothing to do (nothing new, its batch committed) takes no turn
+            if isinstance(kafka, PinnedKafka):  # one question for every table's partitions, not one per table
+                kafka.prefetch([topic for t in tables for topic in t.ingestion.config.topics])
+
+        def peek(table: _Table) -> None:  # a table with nothing to do (nothing new, its batch committed) takes no turn
             with about_table(table.uri):
-                peeked = table.ingestion.peek(run, interval)
-            if peeked is not None:
-                table.step = peeked
+                table.step = table.ingestion.peek(run, interval)
+
+        side_by_side(tables, peek)
         with ExitStack() as turns:
             for table in tables:  # in table_uri order
                 if table.step is None:
@@ -580,16 +586,19 @@ class FanOut:
         its verification) stays behind with its own error while the others commit; then the first error
         is raised, of its own type (what a retry may fix stays retried)."""
         results: dict[str, IngestResult] = {}
-        for table in tables:  # every table's plan is logged before anything is read
+        for table in tables:
             if table.step is not None and table.step.result is not None:  # nothing to do: found without the lease
                 results[table.uri] = table.step.result
-            elif table.error is None:
-                with table.step_of("planning"):
-                    table.step, table.ledger = table.ingestion.prepare(run, interval)
-        reading: list[_Table] = []
-        for table in tables:
-            if table.error is not None or table.step is None or table.ledger is None or table.uri in results:
-                continue
+
+        def prepare(table: _Table) -> None:
+            with table.step_of("planning"):
+                table.step, table.ledger = table.ingestion.prepare(run, interval)
+
+        # every table's plan is logged before anything is read
+        side_by_side([t for t in tables if t.uri not in results and t.error is None], prepare)
+
+        def start(table: _Table) -> None:
+            assert table.step is not None and table.ledger is not None
             ingestion, step, ledger = table.ingestion, table.step, table.ledger
             with table.step_of("its batch"):
                 if step.result is not None:
@@ -598,12 +607,18 @@ class FanOut:
                     results[table.uri] = ingestion.execute(step.plan, table.held, ledger.features.pinned())
                 else:
                     table.attempt = ingestion.attempt_of(step.plan, table.held, ledger.features.pinned())
-                    reading.append(table)
+
+        starting = [t for t in tables if t.error is None and t.step is not None and t.ledger is not None
+                    and t.uri not in results]
+        side_by_side(starting, start)
+        reading = [t for t in starting if t.attempt is not None and t.error is None]
         self.read_once(reading, results, lambda t, error: t.ingestion.verify(t.started(), error))
-        for table in tables:
-            if table.uri in results:
-                with table.step_of("mirroring its offsets"):
-                    table.ingestion.mirror(results[table.uri])
+
+        def mirror(table: _Table) -> None:
+            with table.step_of("mirroring its offsets"):
+                table.ingestion.mirror(results[table.uri])
+
+        side_by_side([t for t in tables if t.uri in results], mirror)
         return self.results_of(tables, results)
 
     def results_of(self, tables: list["_Table"], results: dict[str, IngestResult]) -> list[IngestResult]:
@@ -626,21 +641,39 @@ class FanOut:
         attempts = [t.attempt for t in tables if t.attempt is not None]
         assert len(attempts) == len(tables)  # every table that reads has its attempt
         first = replace(attempts[0], companions=tuple(Companion(a.table_uri, a.attempt_id) for a in attempts[1:]))
-        for table, attempt in zip(tables[1:], attempts[1:]):  # the driver reads them beside their tables
-            table.ingestion.staging.begin_attempt(attempt)
+        companions = tables[1:]
+        side_by_side(companions, lambda t: t.ingestion.staging.begin_attempt(t.started()))  # read beside their tables
         try:
             error = tables[0].ingestion.runner.submit(
                 first, also=tuple((t.ingestion.staging, a.attempt_id) for t, a in zip(tables[1:], attempts[1:])))
         finally:
-            for table, attempt in zip(tables[1:], attempts[1:]):
-                table.ingestion.staging.end_attempt(attempt.attempt_id)
+            side_by_side(companions, lambda t: t.ingestion.staging.end_attempt(t.started().attempt_id))
         recorded = {} if error is None else {
             t.uri: recorded_error(t.ingestion.staging, a.attempt_id) for t, a in zip(tables, attempts)}
         typed_elsewhere = any(names_its_cause(e) for e in recorded.values())
-        for table in tables:
+
+        def verified(table: _Table) -> None:
             own = None if error is None else _own_error(error, recorded[table.uri], typed_elsewhere)
             with table.step_of("its commit"):
                 results[table.uri] = verify(table, own)
+
+        side_by_side(tables, verified)
+
+
+def side_by_side(tables: list[_Table], step: Callable[[_Table], object]) -> None:
+    """``step`` for each table, up to :data:`SIDE_BY_SIDE` at once. A table's steps touch only its own
+    table and the run's pinned Kafka answers, and wait on storage and the broker; the lease order
+    (:meth:`FanOut.run`'s turns) is the one thing that binds tables, and it stays one after another.
+    An error that is not a table's own (those :meth:`_Table.step_of` keeps) is raised once every
+    table's step has ended."""
+    if len(tables) < 2:
+        for table in tables:
+            step(table)
+        return
+    with ThreadPoolExecutor(max_workers=min(SIDE_BY_SIDE, len(tables)), thread_name_prefix="airflow-eo-table") as pool:
+        futures = [pool.submit(step, t) for t in tables]
+    for future in futures:
+        future.result()
 
 
 def _own_error(error: BaseException, recorded: BaseException | None, typed_elsewhere: bool) -> BaseException | None:

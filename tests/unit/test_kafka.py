@@ -81,3 +81,46 @@ def test_a_timestamp_start_asks_kafka_and_a_partition_without_later_records_star
 def test_an_explicit_start_outside_the_partition_is_refused():
     with pytest.raises(ConfigError, match=r"starting offset 5 for orders\[0\] is outside what Kafka holds \[10, 50\)"):
         FakeKafka(orders=2).resolve_starts(StartingPosition.parse({"orders": {"0": 5}}), [A], BOUNDS)
+
+
+class _Metadata:
+    """What ``list_topics`` answers: topic → partitions."""
+
+    def __init__(self, topics: dict[str, int]):
+        from types import SimpleNamespace
+
+        self.topics = {t: SimpleNamespace(error=None, partitions={p: None for p in range(n)}) for t, n in topics.items()}
+
+
+def test_a_pinned_client_asks_each_question_once_for_every_table_and_thread(monkeypatch):
+    """A run's tables plan side by side on one pinned client: a prefetch asks every table's partitions at
+    once, threads asking together get one answer (the first), and the lags' client asks them all at once."""
+    import threading
+    import time
+
+    asked: list[tuple] = []
+
+    def bounds(self, tps):
+        asked.append(("bounds", tuple(tps)))
+        time.sleep(0.02)  # a slow broker: the threads below ask while the first question is out
+        return {tp: PartitionBounds(tp, 0, 10 * len(asked)) for tp in tps}
+
+    monkeypatch.setattr(KafkaOffsets, "metadata", lambda self: _Metadata({"orders": 2, "refunds": 1}))
+    monkeypatch.setattr(KafkaOffsets, "bounds", bounds)
+    monkeypatch.setattr(KafkaOffsets, "topic_ids", lambda self, topics: asked.append(("ids", tuple(topics))) or
+                        dict.fromkeys(topics))
+    pinned = kafka.PinnedKafka({"bootstrap.servers": "127.0.0.1:1"})
+    pinned.prefetch(["orders", "gone", "orders"])  # a topic that does not exist is its table's to report
+    assert asked == [("ids", ("orders",)), ("bounds", (A, B))]
+    seen: list[dict] = []
+    threads = [threading.Thread(target=lambda: seen.append(pinned.bounds([A, B, TopicPartition("refunds", 0)])))
+               for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert asked[2:] == [("bounds", (TopicPartition("refunds", 0),))]  # only what was missing, once
+    assert len(seen) == 16 and all(s == seen[0] for s in seen) and seen[0][A].end == 20
+    current = pinned.current()
+    assert asked[3:] == [("bounds", (A, B, TopicPartition("refunds", 0)))]  # after the commits: all at once
+    assert current.bounds([A])[A].end == 40 and pinned.current() is current and len(asked) == 4
