@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -50,11 +51,14 @@ from airflow_eo.sinks import sink_of
 from airflow_eo.driver.writer import TaskFiles, staged_from_reports, task_writer, written_struct
 from airflow_eo.core.offsets import OffsetRange
 from airflow_eo.table.features import TableFeatures
-from airflow_eo.table.files import StagedFile
+from airflow_eo.table.files import StagedFile, TableFile
+from airflow_eo.table.staging import StagingArea
 from airflow_eo.table.storage import TableLocation
 
 _SELECT = re.compile(r"\s*select\s+(?P<columns>.+?)\s+from\s+`?source`?\s*;?\s*", re.IGNORECASE | re.DOTALL)
 _COLUMN = re.compile(r"`?(?P<name>[A-Za-z_][A-Za-z0-9_]*)`?")
+
+log = logging.getLogger(__name__)
 
 
 def projected_columns(transform: Transform) -> tuple[str, ...] | None:
@@ -147,7 +151,7 @@ def read_and_stage(spark, ranges, kafka_config: dict, max_offsets_per_task: int,
         frame = task_frame(spark, tasks).mapInArrow(read_and_write, written_struct())
     return staged_from_reports(location, target, frame.collect())
 
-# the column a fan-out's read tasks report their files in, beside the records they also hand on
+# the column a fan-out's read tasks report their files in
 REPORT_COLUMN = "__airflow_eo_report"
 
 
@@ -196,18 +200,17 @@ def share_of(batch: pa.RecordBatch, spans: dict[tuple[str, int], tuple[int, int]
 
 
 def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int, storage_options: dict | None,
-                    destinations: list[Destination], keep_records: bool = False, cache: bool = False):
+                    destinations: list[Destination]) -> list[list[dict]]:
     """One read of ``ranges`` for the tables of ``destinations``: each read task writes every destination's
-    share of the records it read (:class:`Destination`) as that table's staged files and reports them;
-    with ``keep_records`` the records come out too, for the tables whose rows need Spark. Returns each
-    destination's report rows, those records (a DataFrame; None without ``keep_records``) and, when
-    ``cache``, the cached frame they come from (the caller unpersists it when its steps are done). With
-    ``spark`` None the tasks run here, one after another (no records kept)."""
+    share of the records it read (:class:`Destination`) as that table's staged files and reports them.
+    Returns each destination's report rows. A table whose rows need Spark reads a destination's files
+    (:func:`airflow_eo.driver.tables.feed_of`), not the read. With ``spark`` None the tasks run here,
+    one after another."""
     import json
 
     tasks = read_tasks(ranges, max_offsets_per_task)
     read = task_reader(tasks, dict(kafka_config))
-    out_schema = pa.schema([*KAFKA_SCHEMA, pa.field(REPORT_COLUMN, pa.string())])
+    out_schema = pa.schema([pa.field(REPORT_COLUMN, pa.string())])
     schemas = [pa.schema([KAFKA_SCHEMA.field(c) for c in d.columns]) for d in destinations]
     spans = [{(r.topic, r.partition): (r.start, r.end) for r in d.ranges} for d in destinations]
     whole = [tuple(d.ranges) == tuple(r for r in ranges if r.size) for d in destinations]
@@ -222,9 +225,6 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
                     if share is not None and share.num_rows:
                         table_files.add(share if destination.columns == tuple(KAFKA_SCHEMA.names)
                                         else share.select(list(destination.columns)))
-                if keep_records:
-                    yield pa.RecordBatch.from_arrays([*records.columns, pa.nulls(records.num_rows, pa.string())],
-                                                     schema=out_schema)
         finally:
             for table_files in files:
                 table_files.close()
@@ -232,34 +232,63 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
             report = table_files.report()
             if report is not None:
                 rows = [json.dumps({**row, "destination": i}) for row in report.to_pylist()]
-                yield pa.RecordBatch.from_arrays([*(pa.nulls(len(rows), f.type) for f in KAFKA_SCHEMA),
-                                                  pa.array(rows, pa.string())], schema=out_schema)
+                yield pa.RecordBatch.from_arrays([pa.array(rows, pa.string())], schema=out_schema)
 
     if spark is None:  # the driver runs the tasks: task i gets the row Spark would give it
-        assert not keep_records, "records are kept for Spark steps: the read runs on Spark then"
         rows = [(row[REPORT_COLUMN],) for i in range(len(tasks))
                 for out in read_and_write(iter([pa.RecordBatch.from_arrays([pa.array([i], pa.int64())], ["id"])]), i)
-                for row in out.select([REPORT_COLUMN]).to_pylist()]
-        return reports_by_destination(rows, len(destinations)), None, None
-
-    from pyspark import StorageLevel
+                for row in out.to_pylist()]
+        return reports_by_destination(rows, len(destinations))
 
     from airflow_eo.compat import spark_schema_of
     from airflow_eo.driver.session import for_session
 
     with for_session(spark):
         frame = task_frame(spark, tasks).mapInArrow(read_and_write, spark_schema_of(out_schema))
-    if cache:
-        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    return reports_by_destination(frame.collect(), len(destinations))
+
+
+def feed_for(through_spark: list[Attempt], ranges: tuple[OffsetRange, ...], destinations: list[Destination],
+             staging: StagingArea | None, undecoded: bool) -> Destination | None:
+    """Where the tables whose rows need Spark read the batch's records when the read is shared: the read
+    tasks' staged files of a table that keeps every Kafka column of the whole read unpartitioned (a raw
+    append), else a copy the read tasks stage beside the first such table's attempt
+    (:meth:`StagingArea.feed_path`). Spark reads Parquet faster than it caches the read's rows, and
+    reading it runs in the JVM. None: no table needs Spark, a single one reads Kafka in its own job, or
+    the records are decoded (their columns are the decoder's: the read is cached then)."""
+    if not through_spark or not undecoded or staging is None or (not destinations and len(through_spark) == 1):
+        return None
+    whole = tuple(r for r in ranges if r.size)
+    for destination in destinations:
+        if destination.columns == tuple(KAFKA_SCHEMA.names) and not destination.partition_by \
+                and tuple(destination.ranges) == whole:
+            return destination
+    first = through_spark[0]
+    return Destination(first.table_uri, staging.feed_path(first.plan), tuple(KAFKA_SCHEMA.names), (), whole)
+
+
+def feed_frame(spark, feed: Destination, files: list[StagedFile], storage_options: dict | None):
+    """The records :func:`feed_for` staged, as a DataFrame of the Kafka columns (Spark's Parquet reader
+    for a local table, read tasks otherwise: :func:`airflow_eo.driver.scan.read_table_files`)."""
+    from airflow_eo.compat import spark_schema_of
+    from airflow_eo.driver.scan import TableFiles, read_table_files
+    from airflow_eo.driver.session import for_session
+
+    frame = read_table_files(spark, TableFiles(feed.table_uri, tuple(TableFile(f.path, f.size) for f in files),
+                                               storage_options), KAFKA_SCHEMA)
+    if frame is None:  # nothing was read
+        with for_session(spark):
+            frame = spark.createDataFrame([], spark_schema_of(KAFKA_SCHEMA))
+    return frame
+
+
+def remove_feed(feed: Destination, storage_options: dict | None) -> None:
+    """Remove the copy :func:`feed_for` staged (best effort: orphan collection removes what is left)."""
+    location = TableLocation.of(feed.table_uri, storage_options)
     try:
-        reports = reports_by_destination(frame.where(f"`{REPORT_COLUMN}` IS NOT NULL").select(REPORT_COLUMN).collect(),
-                                         len(destinations))
-    except BaseException:
-        if cache:
-            frame.unpersist()
-        raise
-    records = frame.where(f"`{REPORT_COLUMN}` IS NULL").drop(REPORT_COLUMN) if keep_records else None
-    return reports, records, frame if cache else None
+        location.fs.delete_dir(feed.target)
+    except (FileNotFoundError, OSError) as exc:
+        log.info("left the staged copy of the read at %s for the next run's tidying: %s", feed.target, exc)
 
 
 def reports_by_destination(rows: list, destinations: int) -> list[list[dict]]:

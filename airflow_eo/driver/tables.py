@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from airflow_eo.attempt import Attempt, Secrets
 from airflow_eo.driver.cdc import decoding_attempt
 from airflow_eo.driver.batch import SharedRead, features_of, run_staged_attempt
-from airflow_eo.driver.direct import Destination, DirectStage, read_for_tables
+from airflow_eo.driver.direct import Destination, DirectStage, feed_for, feed_frame, read_for_tables, remove_feed
 from airflow_eo.driver.progress import Progress
 from airflow_eo.driver.source import read_plan
 from airflow_eo.driver.writer import staged_from_reports
@@ -188,32 +188,34 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
     if spark is None and not in_driver:
         raise ValueError(f"batch {first.plan.batch} needs Spark ({offsets} offsets; the driver reads a direct batch "
                          f"of at most {first.spark.driver_read_max_offsets} itself) but was given no session")
+    feed = feed_for([a for a, _ in through_spark], ranges, destinations, through_spark[0][1] if through_spark else None,
+                    decoder is None)
+    if feed is not None and feed not in destinations:
+        destinations = [*destinations, feed]
     started = time.monotonic()
     failpoint("before_read")
     if in_driver:
         log.info("batch %s: %d offsets (driver_read_max_offsets %d): the driver reads and stages them itself, no "
                  "Spark job", first.plan.batch, offsets, first.spark.driver_read_max_offsets)
-    # the read is computed once: by the direct tables' files and, cached, for the Spark steps when more than
-    # one step computes it
-    cached = len(through_spark) > (0 if destinations else 1)
     reports: list[list[dict]] = []
-    source = held = None  # the records for the Spark steps; the cached frame they come from, unpersisted at the end
+    source = held = None  # the records for the Spark steps; a cached frame they come from, unpersisted at the end
     if destinations:
         with Progress(None if in_driver else spark, first.plan.batch, offsets):
-            reports, source, held = read_for_tables(None if in_driver else spark, ranges, dict(secrets.kafka_config),
-                                                    first.spark.max_offsets_per_task, storage, destinations,
-                                                    keep_records=bool(through_spark), cache=cached)
+            reports = read_for_tables(None if in_driver else spark, ranges, dict(secrets.kafka_config),
+                                      first.spark.max_offsets_per_task, storage, destinations)
     elif through_spark:
         source = read_plan(spark, ranges, dict(secrets.kafka_config), first.spark.max_offsets_per_task, decoder=decoder)
-        if cached:
+        if len(through_spark) > 1:  # decoded records, for more than one table: computed once
             source = held = source.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         if len(attempts) > 1 or destinations:
-            log.info("read %s once for %d table(s) in %.2fs (%d written by the read tasks)",
+            log.info("read %s once for %d table(s) in %.2fs (%d written by the read tasks%s)",
                      ", ".join(str(r) for r in ranges) or "offsets only", len(attempts), time.monotonic() - started,
-                     len(destinations))
+                     len(direct), "; the others read their staged copy" if feed is not None else "")
         staged = {d.target: staged_from_reports(TableLocation.of(d.table_uri, storage), d.target, r)
                   for d, r in zip(destinations, reports)}
+        if feed is not None:
+            source = feed_frame(spark, feed, staged[feed.target][0], storage)
         shares = {}
         for attempt, staging in attempts:
             own = tuple(attempt.plan.data_ranges)
@@ -247,7 +249,7 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
                                     thread_name_prefix="airflow-eo-commit") as pool:
                 for future in [pool.submit(run_one, a, s) for a, s in staged_tables[1:]]:
                     future.result()
-        if len(through_spark) > 1:  # side by side: concurrent Spark jobs over the one (cached) read
+        if len(through_spark) > 1:  # side by side: concurrent Spark jobs over the one read (its staged copy, or cached)
             with ThreadPoolExecutor(max_workers=len(through_spark), thread_name_prefix="airflow-eo-sink") as pool:
                 for future in [pool.submit(run_one, a, s) for a, s in through_spark]:
                     future.result()
@@ -257,3 +259,5 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
     finally:
         if held is not None:  # a warm server keeps nothing of a batch once its tables are done
             held.unpersist()
+        if feed is not None and feed.target not in {s.attempt_path(a.plan) for a, s in attempts}:
+            remove_feed(feed, storage)

@@ -29,6 +29,9 @@ from airflow_eo.table.mapping import ColumnNames, rename_columns
 from airflow_eo.table.partitioning import format_value, partition_values_of
 from airflow_eo.table.storage import TableLocation
 
+# Beside an attempt's directory (b<batch>-<attempt id>): the whole read's records staged for the tables whose
+# rows need Spark (airflow_eo.driver.direct.feed_for); never in the table, removed when the attempt's tables are done.
+FEED_SUFFIX = "-feed"
 # rows per batch a reading task hands on: Arrow's default (a row group can hold millions)
 READ_BATCH_ROWS = 65_536
 _Rows = TypeVar("_Rows", pa.RecordBatch, pa.Table)

@@ -39,6 +39,7 @@ from airflow_eo.table.app_ids import (
     topic_reset_app_id,
 )
 from airflow_eo.table.features import TableFeatures, TableUse
+from airflow_eo.table.files import FEED_SUFFIX
 from airflow_eo.table.intervals import IntervalLedger
 from airflow_eo.table.partitioning import check_table_partitioning
 from airflow_eo.table.storage import TableLocation, is_local
@@ -73,7 +74,8 @@ class BatchRecord:
         return cls(version=int(info.get("version", -1)), timestamp_ms=info.get("timestamp"), meta=meta)
 
 
-_OWN_ENTRIES = re.compile(r"^(_airflow_eo|_delta_log|b\d{8}-[0-9a-f]+)$")
+# ours beside a new table's log: the markers, attempts' directories and a read's staged copy beside one
+_OWN_ENTRIES = re.compile(rf"^(_airflow_eo|_delta_log|b\d{{8}}-[0-9a-f]+({re.escape(FEED_SUFFIX)})?)$")
 _ATTEMPT_DIR = re.compile(r"^b(\d{8})-[0-9a-f]+$")
 
 

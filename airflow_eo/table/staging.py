@@ -37,7 +37,7 @@ from airflow_eo.table.mapping import ColumnNames
 from airflow_eo.table.liveness import (
     Liveness, ProcessId, ProcessState, liveness, remove_scratch, renew_every, scratch_attempt_ids,
 )
-from airflow_eo.table.files import StagedFile
+from airflow_eo.table.files import FEED_SUFFIX, StagedFile
 from airflow_eo.table.partitioning import partition_values_of
 from airflow_eo.table.storage import TableLocation
 
@@ -112,6 +112,10 @@ class StagingArea:
 
     def attempt_path(self, plan: BatchPlan) -> str:
         return self.loc.join(attempt_dir_name(plan))
+
+    def feed_path(self, plan: BatchPlan) -> str:
+        """Where the attempt's read stages its records for the tables whose rows need Spark."""
+        return self.loc.join(attempt_dir_name(plan) + FEED_SUFFIX)
 
     def marker_path(self, attempt_id: str) -> str:
         return self.loc.join(ATTEMPTS_DIR, f"{attempt_id}.json")
@@ -310,9 +314,10 @@ class StagingArea:
             name = info.base_name
             if not name.startswith("b") or "-" not in name or name in referenced_dirs:
                 continue
-            attempt_id = name.split("-", 1)[1].removesuffix(KEPT_SUFFIX)  # a reprocess's copies go with it
+            feed = name.endswith(FEED_SUFFIX)  # never in the table: it goes once its attempt is not running
+            attempt_id = name.split("-", 1)[1].removesuffix(KEPT_SUFFIX).removesuffix(FEED_SUFFIX)  # copies go with it
             marker = self.read_marker(attempt_id)
-            if marker is not None and marker.committed:
+            if marker is not None and marker.committed and not feed:
                 continue
             if marker is not None:
                 if self.liveness(marker, grace_seconds, now) is Liveness.RUNNING:
@@ -326,7 +331,7 @@ class StagingArea:
                 # them): housekeeping must not fail the ingest; the next run tries again.
                 log.info("left the staged files of ended attempt %s for the next run: %s", name, exc)
                 continue
-            if marker is not None and marker.ended_at is not None:
+            if marker is not None and marker.ended_at is not None and not feed:
                 # A driver that died without ending its attempt may leave Spark tasks writing
                 # for a while (a Connect server finishes them): keep its marker, so files
                 # written after this pass are known as that dead attempt's and go next time.

@@ -78,3 +78,38 @@ def test_a_direct_batch_within_driver_read_max_offsets_is_read_by_the_driver(per
 def test_a_small_batch_whose_rows_need_spark_still_runs_spark(options):
     attempt = _attempt(10, **options)
     assert DirectStage.of(attempt) is None and needs_spark([attempt])
+
+
+def _destination(table_uri: str, columns=tuple(KAFKA_SCHEMA.names), partition_by=(), ranges=None):
+    from airflow_eo.core.offsets import OffsetRange
+    from airflow_eo.driver.direct import Destination
+
+    ranges = ranges or tuple(OffsetRange("orders", p, 100, 110) for p in range(4))
+    return Destination(table_uri, f"{table_uri}/b00000001-x", tuple(columns), tuple(partition_by), ranges)
+
+
+def test_the_tables_through_spark_read_a_raw_tables_staged_files_or_a_staged_copy(tmp_path):
+    """A shared read feeds the tables whose rows need Spark from staged Parquet: a destination that holds
+    every Kafka column of the whole read unpartitioned, else a copy beside the first such table's attempt;
+    a lone Spark table, and decoded records, read as before."""
+    from airflow_eo.driver.direct import feed_for
+    from airflow_eo.table.files import FEED_SUFFIX
+    from airflow_eo.table.staging import StagingArea
+    from airflow_eo.table.storage import TableLocation
+
+    merge = _attempt(10, write_mode="merge", merge_key="key")
+    staging = StagingArea(TableLocation.of(str(tmp_path / "merge")))
+    ranges = merge.plan.data_ranges
+    raw = _destination("/lake/raw")
+    assert feed_for([merge], ranges, [raw], staging, undecoded=True) == raw
+    assert feed_for([merge], ranges, [], staging, undecoded=True) is None  # one table: its own job reads Kafka
+    assert feed_for([], ranges, [raw], staging, undecoded=True) is None
+    assert feed_for([merge, merge], ranges, [], staging, undecoded=False) is None  # decoded: the read is cached
+    for unfit in (_destination("/lake/some", columns=("topic", "partition", "offset", "value")),
+                  _destination("/lake/by_topic", partition_by=("topic",)),
+                  _destination("/lake/part", ranges=ranges[:2])):
+        copy = feed_for([merge], ranges, [unfit], staging, undecoded=True)
+        assert copy is not None and copy.target == staging.feed_path(merge.plan)
+        assert copy.target.endswith(FEED_SUFFIX) and copy.columns == tuple(KAFKA_SCHEMA.names)
+        assert copy.ranges == ranges and copy.partition_by == ()
+    assert feed_for([merge, merge], ranges, [], staging, undecoded=True).target == staging.feed_path(merge.plan)

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_eo.table import liveness as live
 from airflow_eo.table.liveness import Liveness, ProcessId, ProcessState, liveness
+from airflow_eo.table.files import FEED_SUFFIX
 from airflow_eo.table.staging import AttemptMarker, StagingArea
 from airflow_eo.table.storage import TableLocation
 
@@ -158,3 +159,19 @@ def test_the_heartbeat_renews_in_the_background_while_the_block_runs(staging):
     last = staging.renewed_at("h" * 16)
     time.sleep(0.7)
     assert staging.renewed_at("h" * 16) == last  # stopped with the block
+
+
+def test_a_feed_goes_once_its_attempt_ended_even_a_committed_one_and_its_marker_stays(staging):
+    """The read's staged copy for the tables through Spark (``…-feed``) is never in the table: unlike the
+    attempt's own files it goes after a commit too, and never while the attempt runs."""
+    committed = marker(attempt_id="c" * 16, ended_at=time.time(), committed=True)
+    running = marker(attempt_id="r" * 16)
+    for m in (committed, running):
+        write(staging, m)
+        os.makedirs(os.path.join(staging.loc.root, f"b00000003-{m.attempt_id}"))
+        os.makedirs(os.path.join(staging.loc.root, f"b00000003-{m.attempt_id}{FEED_SUFFIX}"))
+    assert staging.collect_orphans(set(), DAY) == [f"b00000003-{committed.attempt_id}{FEED_SUFFIX}"]
+    assert sorted(os.listdir(staging.loc.root)) == sorted(
+        ["_airflow_eo", f"b00000003-{committed.attempt_id}", f"b00000003-{running.attempt_id}",
+         f"b00000003-{running.attempt_id}{FEED_SUFFIX}"])
+    assert staging.read_marker(committed.attempt_id) == committed
