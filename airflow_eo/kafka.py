@@ -324,24 +324,27 @@ class PinnedKafka(KafkaOffsets):
         self._at: dict[tuple[TopicPartition, int], int] = {}
         self._ids: dict[str, str | None] = {}
         self._current: KafkaOffsets | None = None
+        self._expected: tuple[str, ...] = ()
         self._lock = threading.RLock()
 
     def current(self) -> KafkaOffsets:
         """What Kafka holds after the run's commits (the lags): asked once more, then pinned likewise for
-        every table of the run (the bounds of every partition asked so far, in one question)."""
+        every table of the run (expecting the same topics: their bounds in one question)."""
         with self._lock:
             if self._current is None:
                 current = PinnedKafka(self.config, self.timeout)
-                current.bounds(list(self._bounds))
+                current.expect(self._expected)
                 self._current = current
             return self._current
 
-    def prefetch(self, topics: Sequence[str]) -> None:
-        """Ask the bounds and ids of every partition of ``topics`` (those that exist) at once: a run of
-        many tables asks one question, not one per table."""
-        known = [t for t in dict.fromkeys(topics) if t in self.metadata().topics]
-        self.topic_ids(known)
-        self.bounds(self.partitions(known))
+    def expect(self, topics: Sequence[str]) -> None:
+        """The run's topics: the first question of bounds or ids asks it of every partition of them (of those
+        that exist) at once, so a run of many tables asks one question, not one per table. No I/O here."""
+        self._expected = tuple(dict.fromkeys(topics))
+
+    def _expected_topics(self) -> list[str]:
+        meta = self.metadata()  # asked already by whoever asks of partitions
+        return [t for t in self._expected if t in meta.topics]
 
     def metadata(self):
         with self._lock:
@@ -353,14 +356,16 @@ class PinnedKafka(KafkaOffsets):
         with self._lock:
             missing = [tp for tp in tps if tp not in self._bounds]
             if missing:
-                self._bounds.update(super().bounds(missing))
+                also = [tp for tp in self.partitions(self._expected_topics()) if tp not in self._bounds]
+                self._bounds.update(super().bounds(list(dict.fromkeys(missing + also))))
             return {tp: self._bounds[tp] for tp in tps}
 
     def topic_ids(self, topics: list[str]) -> dict[str, str | None]:
         with self._lock:
             missing = [t for t in topics if t not in self._ids]
             if missing:
-                self._ids.update(super().topic_ids(missing))
+                also = [t for t in self._expected_topics() if t not in self._ids]
+                self._ids.update(super().topic_ids(list(dict.fromkeys(missing + also))))
             return {t: self._ids[t] for t in topics}
 
     def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:

@@ -1,20 +1,23 @@
 """A recorded attempt's tables over one read: the one way the driver runs a batch.
 
-The ingest loop (:mod:`airflow_eo.loop.fanout`) records one attempt per table beside its table; the first
+The ingest loop (:mod:`airflow_eo.loop.ingest`) records one attempt per table beside its table; the first
 names the others (:attr:`airflow_eo.attempt.Attempt.companions`; a single table's names none) and is the
 one Spark runs. Here the union of their planned ranges is read once and each table takes its own
 ranges of it through its steps (:func:`airflow_eo.driver.batch.run_staged_attempt`): filter, transform,
 stage, its own compare-and-set commit.
 
-How the one read serves its tables (:func:`read_once`):
+How the one read serves its tables (:func:`run_tables`):
 
 * the tables whose rows Spark need not see (no decoding, an identity or a projection of the Kafka
   columns: :class:`~airflow_eo.driver.direct.DirectStage`) are written by the read tasks themselves,
   each task writing every such table's share of what it read; a batch within
   ``driver_read_max_offsets`` whose tables are all such is read by this process itself, no Spark job;
-* the other tables take their records from the same read as a DataFrame, cached only when more than
-  one step computes it; their Spark steps run side by side (one thread each, concurrent Spark jobs on
-  the cached records), not one after another.
+* the other tables take their records from the same read: when the read is shared, from Parquet the
+  read tasks staged (a raw append's own files, or a copy beside the first such table's attempt:
+  :func:`~airflow_eo.driver.direct.feed_for`), since caching the read's rows in Spark cost more than
+  reading Kafka again; decoded records for several tables from Spark's cache; a lone Spark table reads
+  Kafka in its own job. Their Spark steps run side by side (one thread each, concurrent Spark jobs),
+  as do the direct tables' commits after the first, not one after another.
 
 Tables whose records decode alike share a read (normally all: decoding is the source's). Two
 differences split them: the registry reader schemas a replayed plan pinned earlier than a new one,

@@ -549,8 +549,8 @@ class FanOut:
             return FanOutResult((), self.one_table)
         if len(tables) > 1:
             log.info("run %s: %d table(s): %s", run.run_key, len(tables), ", ".join(t.uri for t in tables))
-            if isinstance(kafka, PinnedKafka):  # one question for every table's partitions, not one per table
-                kafka.prefetch([topic for t in tables for topic in t.ingestion.config.topics])
+        if isinstance(kafka, PinnedKafka):  # one question for every table's partitions, not one per table
+            kafka.expect([topic for t in tables for topic in t.ingestion.config.topics])
 
         def peek(table: _Table) -> None:  # a table with nothing to do (nothing new, its batch committed) takes no turn
             with about_table(table.uri):

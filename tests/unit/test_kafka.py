@@ -93,34 +93,39 @@ class _Metadata:
 
 
 def test_a_pinned_client_asks_each_question_once_for_every_table_and_thread(monkeypatch):
-    """A run's tables plan side by side on one pinned client: a prefetch asks every table's partitions at
-    once, threads asking together get one answer (the first), and the lags' client asks them all at once."""
+    """A run's tables plan side by side on one pinned client: the first question of bounds (or ids) asks
+    it of every partition of the run's topics at once, threads asking together get one answer (the
+    first), and the lags' client asks them all at once again."""
     import threading
     import time
 
     asked: list[tuple] = []
+    refunds = TopicPartition("refunds", 0)
 
     def bounds(self, tps):
         asked.append(("bounds", tuple(tps)))
         time.sleep(0.02)  # a slow broker: the threads below ask while the first question is out
         return {tp: PartitionBounds(tp, 0, 10 * len(asked)) for tp in tps}
 
-    monkeypatch.setattr(KafkaOffsets, "metadata", lambda self: _Metadata({"orders": 2, "refunds": 1}))
+    monkeypatch.setattr(KafkaOffsets, "metadata", lambda self: _Metadata({"orders": 2, "refunds": 1, "other": 1}))
     monkeypatch.setattr(KafkaOffsets, "bounds", bounds)
     monkeypatch.setattr(KafkaOffsets, "topic_ids", lambda self, topics: asked.append(("ids", tuple(topics))) or
                         dict.fromkeys(topics))
     pinned = kafka.PinnedKafka({"bootstrap.servers": "127.0.0.1:1"})
-    pinned.prefetch(["orders", "gone", "orders"])  # a topic that does not exist is its table's to report
-    assert asked == [("ids", ("orders",)), ("bounds", (A, B))]
+    pinned.expect(["orders", "gone", "refunds", "orders"])  # a topic that does not exist is its table's to report
+    assert asked == []  # no I/O until asked
     seen: list[dict] = []
-    threads = [threading.Thread(target=lambda: seen.append(pinned.bounds([A, B, TopicPartition("refunds", 0)])))
-               for _ in range(16)]
+    threads = [threading.Thread(target=lambda: seen.append(pinned.bounds([A, B]))) for _ in range(16)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert asked[2:] == [("bounds", (TopicPartition("refunds", 0),))]  # only what was missing, once
-    assert len(seen) == 16 and all(s == seen[0] for s in seen) and seen[0][A].end == 20
+    assert asked == [("bounds", (A, B, refunds))]  # once, for every expected partition
+    assert len(seen) == 16 and all(s == seen[0] for s in seen) and seen[0][A].end == 10
+    assert pinned.bounds([refunds])[refunds].end == 10 and len(asked) == 1
+    pinned.topic_ids(["refunds"])
+    pinned.bounds([TopicPartition("other", 0)])  # not expected: asked alone
+    assert asked[1:] == [("ids", ("refunds", "orders")), ("bounds", (TopicPartition("other", 0),))]
     current = pinned.current()
-    assert asked[3:] == [("bounds", (A, B, TopicPartition("refunds", 0)))]  # after the commits: all at once
-    assert current.bounds([A])[A].end == 40 and pinned.current() is current and len(asked) == 4
+    assert current.bounds([A])[A].end == 40 and pinned.current() is current
+    assert asked[3:] == [("bounds", (A, B, refunds))]  # after the commits: all of them at once again
