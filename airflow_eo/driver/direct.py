@@ -204,7 +204,7 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
     """One read of ``ranges`` for the tables of ``destinations``: each read task writes every destination's
     share of the records it read (:class:`Destination`) as that table's staged files and reports them.
     Returns each destination's report rows. A table whose rows need Spark reads a destination's files
-    (:func:`airflow_eo.driver.tables.feed_of`), not the read. With ``spark`` None the tasks run here,
+    (:func:`feed_for`), not the read. With ``spark`` None the tasks run here,
     one after another."""
     import json
 
@@ -287,7 +287,7 @@ def remove_feed(feed: Destination, storage_options: dict | None) -> None:
     location = TableLocation.of(feed.table_uri, storage_options)
     try:
         location.fs.delete_dir(feed.target)
-    except (FileNotFoundError, OSError) as exc:
+    except OSError as exc:  # gone already, or not removable now
         log.info("left the staged copy of the read at %s for the next run's tidying: %s", feed.target, exc)
 
 

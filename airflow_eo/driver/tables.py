@@ -193,8 +193,9 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
                          f"of at most {first.spark.driver_read_max_offsets} itself) but was given no session")
     feed = feed_for([a for a, _ in through_spark], ranges, destinations, through_spark[0][1] if through_spark else None,
                     decoder is None)
-    if feed is not None and feed not in destinations:
-        destinations = [*destinations, feed]
+    copy = feed if feed not in destinations else None  # a copy of the read's own: removed at the end
+    if copy is not None:
+        destinations = [*destinations, copy]
     started = time.monotonic()
     failpoint("before_read")
     if in_driver:
@@ -248,19 +249,22 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
         for attempt, staging in staged_tables[:1]:
             run_one(attempt, staging)
         if len(staged_tables) > 1:
-            with ThreadPoolExecutor(max_workers=min(COMMITS_AT_ONCE, len(staged_tables) - 1),
-                                    thread_name_prefix="airflow-eo-commit") as pool:
-                for future in [pool.submit(run_one, a, s) for a, s in staged_tables[1:]]:
-                    future.result()
+            _at_once(run_one, staged_tables[1:], COMMITS_AT_ONCE, "airflow-eo-commit")
         if len(through_spark) > 1:  # side by side: concurrent Spark jobs over the one read (its staged copy, or cached)
-            with ThreadPoolExecutor(max_workers=len(through_spark), thread_name_prefix="airflow-eo-sink") as pool:
-                for future in [pool.submit(run_one, a, s) for a, s in through_spark]:
-                    future.result()
+            _at_once(run_one, through_spark, len(through_spark), "airflow-eo-sink")
         else:
             for attempt, staging in through_spark:
                 run_one(attempt, staging)
     finally:
         if held is not None:  # a warm server keeps nothing of a batch once its tables are done
             held.unpersist()
-        if feed is not None and feed.target not in {s.attempt_path(a.plan) for a, s in attempts}:
-            remove_feed(feed, storage)
+        if copy is not None:
+            remove_feed(copy, storage)
+
+
+def _at_once(run: Callable[[Attempt, StagingArea], None], attempts: list[tuple[Attempt, StagingArea]],
+             workers: int, name: str) -> None:
+    """``run`` for each of ``attempts``, up to ``workers`` at once (each records its own table's error)."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) as pool:
+        for future in [pool.submit(run, a, s) for a, s in attempts]:
+            future.result()
