@@ -113,3 +113,30 @@ def test_the_tables_through_spark_read_a_raw_tables_staged_files_or_a_staged_cop
         assert copy.target.endswith(FEED_SUFFIX) and copy.columns == tuple(KAFKA_SCHEMA.names)
         assert copy.ranges == ranges and copy.partition_by == ()
     assert feed_for([merge, merge], ranges, [], staging, undecoded=True).target == staging.feed_path(merge.plan)
+
+
+def test_a_batch_goes_to_the_tables_that_read_its_partition_each_with_its_share():
+    import pyarrow as pa
+
+    from airflow_eo.driver.direct import Shares
+
+    def batch(rows):  # (topic, partition, offset)
+        return pa.RecordBatch.from_pydict({"topic": [r[0] for r in rows], "partition": [r[1] for r in rows],
+                                           "offset": [r[2] for r in rows]})
+
+    def offered(shares, rows):
+        return {i: [tuple(r.values()) for r in share.to_pylist()] for i, share in shares.of(batch(rows))}
+
+    read = {("a", 0): (0, 10), ("b", 0): (0, 10)}
+    shares = Shares([{("a", 0): (0, 10)},  # a table routed from topic a
+                     {("b", 0): (0, 10)},  # one from topic b
+                     {("a", 0): (4, 6)},  # a table whose plan starts later and ends earlier in a
+                     read],  # a table of the whole read
+                    [False, False, False, True])
+    a = [("a", 0, o) for o in range(3, 8)]
+    assert offered(shares, a) == {0: a, 2: [("a", 0, 4), ("a", 0, 5)], 3: a}
+    assert offered(shares, [("b", 0, 9)]) == {1: [("b", 0, 9)], 3: [("b", 0, 9)]}
+    assert offered(shares, [("c", 0, 1)]) == {}  # a partition no table reads
+    mixed = [("a", 0, 5), ("b", 0, 5)]  # not a reader's batch: every table is asked
+    assert offered(shares, mixed) == {0: [("a", 0, 5)], 1: [("b", 0, 5)], 2: [("a", 0, 5)], 3: mixed}
+    assert offered(shares, []) == {}
