@@ -169,8 +169,6 @@ def _read_groups(attempts: list[Attempt]) -> list[tuple[tuple, set[str]]]:
 def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attempt, StagingArea]],
                outcomes: dict[str, CommitOutcome], errors: list[Exception], commits: _Commits) -> None:
     # imported here: the registry client it imports is ~0.2 s of every warm command that needs none
-    from pyspark import StorageLevel
-
     from airflow_eo.decoding.decoder import record_decoder
 
     (columns, reader_schemas), tombstones = group
@@ -210,6 +208,8 @@ def _run_group(spark, secrets: Secrets, group: tuple, attempts: list[tuple[Attem
     elif through_spark:
         source = read_plan(spark, ranges, dict(secrets.kafka_config), first.spark.max_offsets_per_task, decoder=decoder)
         if len(through_spark) > 1:  # decoded records, for more than one table: computed once
+            from pyspark import StorageLevel  # here: a batch the driver reads itself imports no pyspark
+
             source = held = source.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         if len(attempts) > 1 or destinations:
