@@ -56,7 +56,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -557,11 +557,7 @@ class FanOut:
                 table.step = table.ingestion.peek(run, interval)
 
         side_by_side(tables, peek)
-        with ExitStack() as turns:
-            for table in tables:  # in table_uri order
-                if table.step is None:
-                    with table.step_of("taking its turn"):
-                        table.held = turns.enter_context(table.ingestion.turn(run.run_key))
+        with taking_turns([t for t in tables if t.step is None], lambda t: t.ingestion.turn(run.run_key)):
             results = self._run(run, interval, tables)
         return self.done(FanOutResult(tuple(r.timed(started) for r in results), self.one_table))
 
@@ -658,6 +654,25 @@ class FanOut:
                 results[table.uri] = verify(table, own)
 
         side_by_side(tables, verified)
+
+
+@contextmanager
+def taking_turns(tables: list[_Table], take: Callable[[_Table], AbstractContextManager[HeldLease | None]]
+                 ) -> Iterator[None]:
+    """Each table's turn (its lease, ``take``) for the block: taken one after another in the order of ``tables``
+    (``table_uri`` order: the one order that keeps two runs sharing tables from deadlocking), given back
+    side by side at the end (a release waits for nobody, so its order binds nothing). A table whose turn
+    fails stays behind with its error (:meth:`_Table.step_of`)."""
+    entered: dict[str, AbstractContextManager[HeldLease | None]] = {}
+    try:
+        for table in tables:
+            with table.step_of("taking its turn"):
+                held = take(table)
+                table.held = held.__enter__()
+                entered[table.uri] = held
+        yield
+    finally:
+        side_by_side([t for t in tables if t.uri in entered], lambda t: entered[t.uri].__exit__(None, None, None))
 
 
 def side_by_side(tables: list[_Table], step: Callable[[_Table], object]) -> None:

@@ -41,12 +41,11 @@ import logging
 import re
 import time
 from collections.abc import Iterable
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.core.errors import ConfigError, DataLossError
-from airflow_eo.loop.ingest import FanOut, FanOutResult, Ingestion
+from airflow_eo.loop.ingest import FanOut, FanOutResult, Ingestion, taking_turns
 from airflow_eo.loop.result import IngestResult
 from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.core.outcomes import RunStatus
@@ -95,10 +94,8 @@ def reprocess(ingest: FanOut, requester: RunIdentity, target_run_key: str | None
     kafka = ingest.kafka()
     tables = ingest.tables_of(kafka, table)
     results: dict[str, IngestResult] = {}
-    with ExitStack() as turns:
-        for t in tables:  # in table_uri order, as a run's: the reprocess queues with each table's runs
-            with t.step_of("taking its turn"):
-                t.held = turns.enter_context(t.ingestion.turn(requester.run_key, LeasePurpose.REPROCESS))
+    # in table_uri order, as a run's: the reprocess queues with each table's runs
+    with taking_turns(tables, lambda t: t.ingestion.turn(requester.run_key, LeasePurpose.REPROCESS)):
         reading = []
         for t in tables:  # every table's request is logged before anything is read
             if t.error is not None:

@@ -223,3 +223,46 @@ def test_a_table_with_nothing_to_do_takes_no_turn_and_writes_nothing(tmp_path, k
     assert again.status == "already_committed" and later.status == "nothing_new"
     assert {n: (Ledger.open(str(tmp_path / n)).version, len(os.listdir(tmp_path / n / "_airflow_eo" / "lease" /
                                                                      "_delta_log"))) for n in "ab"} == versions
+
+
+def test_turns_are_taken_one_after_another_in_order_and_all_given_back_also_when_the_run_fails():
+    """taking_turns: the leases in the tables' order, each entered before the next; at the end every one
+    given back (side by side: a release waits for nobody), after a failure too; a table whose turn
+    fails stays behind and takes no lease."""
+    import threading
+    from contextlib import contextmanager
+
+    from airflow_eo.core.errors import AirflowEoError
+    from airflow_eo.loop.ingest import _Table, taking_turns
+
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    @contextmanager
+    def turn(table):
+        if table.uri.endswith("refused"):
+            raise AirflowEoError("its lease log cannot be read")
+        with lock:
+            events.append(("take", table.uri))
+        try:
+            yield f"held {table.uri}"
+        finally:
+            with lock:
+                events.append(("give", table.uri))
+
+    def tables(*names):
+        return [_Table(ingestion=type("I", (), {"config": type("C", (), {"table_uri": n})()})()) for n in names]
+
+    names = [f"t{i:02d}" for i in range(12)]
+    run = tables(*names)
+    with taking_turns(run, turn):
+        assert events == [("take", n) for n in names]  # all held, in order, before the block runs
+        assert [t.held for t in run] == [f"held {n}" for n in names]
+    assert sorted(uri for what, uri in events if what == "give") == names
+    events.clear()
+    failing = tables("a", "b-refused", "c")
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with taking_turns(failing, turn):
+            raise RuntimeError("the run failed")
+    assert events[:2] == [("take", "a"), ("take", "c")] and sorted(events[2:]) == [("give", "a"), ("give", "c")]
+    assert failing[1].held is None and "cannot be read" in str(failing[1].error)
