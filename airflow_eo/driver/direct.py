@@ -259,6 +259,8 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
     schemas = [pa.schema([KAFKA_SCHEMA.field(c) for c in d.columns]) for d in destinations]
     shares = Shares([{(r.topic, r.partition): (r.start, r.end) for r in d.ranges} for d in destinations],
                     [tuple(d.ranges) == tuple(r for r in ranges if r.size) for d in destinations])
+    # each destination's columns, decided once rather than for every batch: None keeps every Kafka column
+    selected = [None if d.columns == tuple(KAFKA_SCHEMA.names) else list(d.columns) for d in destinations]
 
     def read_and_write(batches, task: int | None = None):
         files = [TaskFiles(d.table_uri, storage_options, d.target, schema, d.partition_by, task=task)
@@ -266,8 +268,7 @@ def read_for_tables(spark, ranges, kafka_config: dict, max_offsets_per_task: int
         try:
             for records in read(batches):
                 for i, share in shares.of(records):
-                    columns = destinations[i].columns
-                    files[i].add(share if columns == tuple(KAFKA_SCHEMA.names) else share.select(list(columns)))
+                    files[i].add(share if selected[i] is None else share.select(selected[i]))
         finally:
             for table_files in files:
                 table_files.close()
