@@ -337,6 +337,14 @@ class PinnedKafka(KafkaOffsets):
                 self._current = current
             return self._current
 
+    def ask_anew(self) -> None:
+        """Forget every answer (the run's topics stay expected): the next question asks Kafka again. For a
+        run that waited its turn: while it waited, another run of its tables may have committed offsets
+        past the bounds pinned before, and a plan against those would read them as a topic recreated."""
+        with self._lock:
+            self._metadata, self._current = None, None
+            self._bounds, self._at, self._ids = {}, {}, {}
+
     def expect(self, topics: Sequence[str]) -> None:
         """The run's topics: the first question of bounds or ids asks it of every partition of them (of those
         that exist) at once, so a run of many tables asks one question, not one per table. No I/O here."""

@@ -3,6 +3,8 @@
 ``FakeKafka`` answers the questions the planners ask a cluster (partitions, bounds, offsets
 by timestamp, newest timestamps) from record timestamps kept in a list per partition; the
 rest of :class:`airflow_eo.kafka.KafkaOffsets` (``resolve_starts``) is the real code.
+``answering_from`` puts every client (a run's :class:`airflow_eo.kafka.PinnedKafka` too) in front
+of one ``FakeKafka``, so a run's pinning is the real code as well.
 ``ledger_table`` writes a Delta table whose log holds given ``txn`` versions, as a table
 airflow-eo committed to would.
 """
@@ -10,6 +12,7 @@ airflow-eo committed to would.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -54,6 +57,15 @@ class FakeKafka(KafkaOffsets):
         """Retention: offsets below ``before`` are gone."""
         self.log_start[tp] = before
 
+    def metadata(self) -> SimpleNamespace:
+        """What AdminClient.list_topics answers, as far as the planners read it (topics, partitions, errors)."""
+        self.asked.append("metadata")
+        topics: dict[str, set[int]] = {}
+        for tp in self.records:
+            topics.setdefault(tp.topic, set()).add(tp.partition)
+        return SimpleNamespace(topics={t: SimpleNamespace(partitions=dict.fromkeys(sorted(ps)), error=None)
+                                       for t, ps in topics.items()})
+
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
         self.asked.append("partitions")
         found = []
@@ -97,6 +109,21 @@ class FakeKafka(KafkaOffsets):
         self.asked.append("newest_timestamps")
         return {tp: max(self.records[tp][max(b.log_start, b.end - look_back):b.end], default=None)
                 for tp, b in bounds.items()}
+
+
+ASKED_OF_THE_CLUSTER = ("metadata", "partitions", "bounds", "offsets_for_timestamp", "topic_ids", "records_at",
+                        "last_records", "newest_timestamps")
+
+
+def answering_from(fake: FakeKafka, monkeypatch) -> None:
+    """Every :class:`KafkaOffsets` made from now on (a run's pinned client too) asks ``fake``, not a broker."""
+    def init(self, config, timeout=30.0):
+        self.config, self.timeout = dict(config), timeout
+
+    monkeypatch.setattr(KafkaOffsets, "__init__", init)
+    for name in ASKED_OF_THE_CLUSTER:
+        monkeypatch.setattr(KafkaOffsets, name, lambda self, *args, _name=name, **kwargs:
+                            getattr(FakeKafka, _name)(fake, *args, **kwargs))
 
 
 @dataclass(frozen=True)

@@ -129,3 +129,6 @@ def test_a_pinned_client_asks_each_question_once_for_every_table_and_thread(monk
     current = pinned.current()
     assert current.bounds([A])[A].end == 40 and pinned.current() is current
     assert asked[3:] == [("bounds", (A, B, refunds))]  # after the commits: all of them at once again
+    pinned.ask_anew()  # after a wait for the run's turn: every question is asked again, of every expected topic
+    assert asked[4:] == [] and pinned.bounds([A])[A].end == 50 and pinned.current() is not current
+    assert asked[4:] == [("bounds", (A, B, refunds))]

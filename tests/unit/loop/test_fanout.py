@@ -266,3 +266,28 @@ def test_turns_are_taken_one_after_another_in_order_and_all_given_back_also_when
             raise RuntimeError("the run failed")
     assert events[:2] == [("take", "a"), ("take", "c")] and sorted(events[2:]) == [("give", "a"), ("give", "c")]
     assert failing[1].held is None and "cannot be read" in str(failing[1].error)
+
+
+def test_a_run_that_waited_its_turn_plans_against_kafka_asked_after_the_wait(tmp_path, kafka, monkeypatch):
+    """Two runs of one table: while the second waits its turn, the first commits records produced after
+    the second first asked Kafka. Planning against the bounds asked before the wait would find the table's
+    offsets past the topic's end (a topic recreated, to that plan); asked again after the turn, the second
+    run finds the first run's batch and nothing new."""
+    from airflow_eo.loop.ingest import Ingestion
+    from tests.unit.fakes import answering_from
+
+    answering_from(kafka, monkeypatch)
+    turn, raced = Ingestion.turn, []
+
+    def meanwhile(self, run_key, *args, **kwargs):
+        if run_key == "second" and not raced:  # the first run takes the lease and commits while the second waits
+            raced.append(True)
+            for p in range(2):
+                kafka.produce(TopicPartition("events", p), *range(10, 15))
+            assert fan_out(tmp_path, None, CommittingSubmitter(), "a").run(RunIdentity("first")).status == "committed"
+        return turn(self, run_key, *args, **kwargs)
+
+    monkeypatch.setattr(Ingestion, "turn", meanwhile)
+    second = fan_out(tmp_path, None, CommittingSubmitter(), "a").run(RunIdentity("second"))
+    assert raced and second.status == "nothing_new"
+    assert offsets(str(tmp_path / "a"), "events") == [15, 15]
