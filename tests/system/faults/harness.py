@@ -93,7 +93,8 @@ class Flowing:
 class FlowingProducer(Flowing):
     """Writes to ``partitions`` partitions until stopped: idempotent records and transactions.
 
-    Every 4th transaction is aborted; their values (``abort-…``) are kept in ``aborted``.
+    Every 4th transaction is aborted (and its producer replaced); their values (``abort-…``) are kept
+    in ``aborted``.
     Survives a broker restart: a transactional producer that errors is replaced, and a
     transaction whose outcome is unknown is neither counted committed nor aborted.
     """
@@ -154,15 +155,17 @@ class FlowingProducer(Flowing):
             for i, v in enumerate(values):
                 tx.produce(self.topic, value=v.encode(), partition=(seq + i) % self.partitions)
             if abort:
-                # not flushed first: then the aborted records would reach noida-db, whose read_committed
-                # fetch from an offset after an aborted transaction still lists that transaction as
-                # aborted, so every client (librdkafka and kafka-python alike) skips the same producer's
-                # later, committed records; Apache Kafka lists only aborted transactions that end at or
-                # after the fetch offset. Queued records are dropped by the abort instead.
+                # noida-db's read_committed fetch from an offset after an aborted transaction still lists
+                # that transaction as aborted, so every client (librdkafka and kafka-python alike) skips the
+                # same producer's later, committed records; Apache Kafka lists only aborted transactions
+                # that end at or after the fetch offset. Not flushed first, the queued records are mostly
+                # dropped by the abort, but on a loaded machine librdkafka sends them before the abort
+                # (linger.ms): the producer that aborted is not used again, so no committed record of
+                # this flow shares a producer id with an aborted one.
                 tx.abort_transaction(20)
                 self.aborted.update(values)
-            else:
-                tx.commit_transaction(20)
+                return None
+            tx.commit_transaction(20)
             return tx
         except KafkaException as exc:  # broker restarting: outcome unknown, start a new producer
             log.warning("transaction failed (%s); replacing the producer", exc)
