@@ -10,7 +10,8 @@ table at once:
 1. **turns**: the run holds every table's lease, taken in table_uri order (two ingests sharing
    tables never wait for each other in a circle): runs of one table take turns *before* they plan
    (:mod:`airflow_eo.table.lease`), waiting up to ``table_wait_timeout`` (:meth:`Ingestion.turn`);
-2. **plan**: Kafka's metadata and bounds are asked once (:class:`airflow_eo.kafka.PinnedKafka`), so
+2. **plan**: Kafka's metadata and bounds are asked once, after the turns are held
+   (:class:`airflow_eo.kafka.PinnedKafka`; what a run saw before it waited is asked anew), so
    every table's batch ends at the same offsets; each table plans from its own committed offsets
    (a table new to the ingest from its ``starting_offsets``), or replays its logged plan, or holds
    the run's batch already; each new plan is **logged** in its table's plan log before anything
