@@ -183,6 +183,10 @@ class KafkaOffsets:
         ends = self._list({tp: OffsetSpec.latest() for tp in tps})
         return {tp: PartitionBounds(tp, starts[tp], ends[tp]) for tp in tps}
 
+    def bounds_now(self, tps: list[TopicPartition]) -> dict[TopicPartition, PartitionBounds]:
+        """``tps``' bounds as Kafka holds them now (a pinned client asks again: :class:`PinnedKafka`)."""
+        return self.bounds(tps)
+
     def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
         """First offset at or after ``timestamp_ms`` per partition (-1 where none)."""
         return self._list({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps})
@@ -375,6 +379,13 @@ class PinnedKafka(KafkaOffsets):
                 also = [t for t in self._expected_topics() if t not in self._ids]
                 self._ids.update(super().topic_ids(list(dict.fromkeys(missing + also))))
             return {t: self._ids[t] for t in topics}
+
+    def bounds_now(self, tps: list[TopicPartition]) -> dict[TopicPartition, PartitionBounds]:
+        """``tps``' bounds asked again (and pinned so for the rest of the run)."""
+        with self._lock:
+            fresh = super().bounds(tps)
+            self._bounds.update(fresh)
+            return fresh
 
     def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
         with self._lock:

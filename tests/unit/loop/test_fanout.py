@@ -291,3 +291,25 @@ def test_a_run_that_waited_its_turn_plans_against_kafka_asked_after_the_wait(tmp
     second = fan_out(tmp_path, None, CommittingSubmitter(), "a").run(RunIdentity("second"))
     assert raced and second.status == "nothing_new"
     assert offsets(str(tmp_path / "a"), "events") == [15, 15]
+
+
+def test_a_table_committed_past_the_runs_pinned_bounds_is_planned_against_kafka_now(tmp_path, kafka, monkeypatch):
+    """A run that holds no lease (its wait timed out) plans its tables side by side: a table another run
+    committed to after this run asked Kafka is judged against Kafka's bounds asked again, not as a topic
+    recreated; the pinned answers of the rest stay."""
+    from airflow_eo.kafka import PinnedKafka
+    from airflow_eo.loop.planner import OffsetPlanner
+    from tests.unit.fakes import answering_from
+
+    answering_from(kafka, monkeypatch)
+    pinned = PinnedKafka({"bootstrap.servers": "fake:9092"})
+    asked = pinned.bounds([TopicPartition("events", 0), TopicPartition("events", 1)])  # the run asks first
+    for p in range(2):
+        kafka.produce(TopicPartition("events", p), *range(10, 15))
+    other = fan_out(tmp_path, None, CommittingSubmitter(), "b")
+    assert other.run(RunIdentity("other")).status == "committed"  # then another run commits to b
+    (config,) = other.configs()
+    plan = OffsetPlanner(config).plan(RunIdentity("mine"), Ledger.open(config.table_uri), pinned)
+    assert plan.is_empty and plan.batch == 2  # b is at Kafka's end: nothing new, no recreation
+    assert pinned.bounds([TopicPartition("events", 0)])[TopicPartition("events", 0)].end == 15
+    assert asked[TopicPartition("events", 0)].end == 10
