@@ -36,7 +36,6 @@ def test_benchmark_smoke(tmp_path):
     report = json.loads(out.read_text())
     print("seconds per part:", report["part_seconds"])  # shown with -rP: what to trim when the suite grows
     assert {"warm", "cold", "throughput", "fanout", "routing", "formats"} <= set(report["part_seconds"])
-    assert all(seconds > 0 for seconds in report["part_seconds"].values())
 
     times = report["times"]
     for key in ("raw_fetch", "reader_fetch", "at_least_once", "at_least_once.in_spark", "exactly_once.x1",
