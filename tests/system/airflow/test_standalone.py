@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from datetime import datetime
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -29,7 +30,7 @@ from deltalake import DeltaTable
 
 from airflow_eo.demo.airflow import DEMO_DAG_FILE
 from airflow_eo.table.ledger import Ledger
-from tests.system.airflow.standalone import FINISHED_TI_STATES, StandaloneAirflow, session_pids
+from tests.system.airflow.standalone import FINISHED_TI_STATES, StandaloneAirflow, StandaloneError, session_pids
 from tests.helpers import broker_records, committed_offsets, duplicates, keys_of, new_topic, produce, read_table
 
 DAG_ID = "kafka_to_delta_scheduled"
@@ -177,6 +178,33 @@ def settle(world) -> list[dict]:
         print(f"waiting for runs {unfinished} first")
         world["overlap"] = True
         wait(world, unfinished)
+
+
+def _instant(iso: str):
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def start_backfill(api, body: dict) -> dict:
+    """``POST /api/v2/backfills``, as a user clicking Backfill would. Airflow allows one running backfill per
+    DAG: a 409 names the one running. If it is this request's own (a request the client sent again after a
+    "database is locked" 503 may have been written the first time), it is the result; another one is waited
+    for (up to 60 s) and the request sent again."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return api.post("/api/v2/backfills", json=body)
+        except StandaloneError as exc:
+            if "already a running backfill" not in str(exc):
+                raise
+        running = [b for b in api.get("/api/v2/backfills", params={"dag_id": body["dag_id"]})["backfills"]
+                   if b["completed_at"] is None]
+        mine = [b for b in running if (_instant(b["from_date"]), _instant(b["to_date"])) ==
+                (_instant(body["from_date"]), _instant(body["to_date"]))
+                and b.get("dag_run_conf") == body.get("dag_run_conf", {})]
+        if mine:
+            return mine[0]
+        assert time.monotonic() < deadline, f"another backfill kept running: {running}"
+        time.sleep(2)
 
 
 def summary_of(world, run_id) -> dict:
@@ -336,7 +364,7 @@ def test_backfill_runs_take_the_next_ranges(world):
     with debug_on_failure(world):
         last = max((summary_of(world, r["dag_run_id"]) for r in settle(world)), key=lambda s: s["batch"] or 0)
         feeder.ensure_backlog()
-        backfill = api.post("/api/v2/backfills", json={
+        backfill = start_backfill(api, {
             "dag_id": DAG_ID, "from_date": BACKFILL_DATES[0], "to_date": BACKFILL_DATES[-1],
             "max_active_runs": 1, "reprocess_behavior": "none"})
         deadline, runs = time.monotonic() + 60, []
@@ -426,7 +454,7 @@ def test_a_backfill_with_reprocess_conf_replaces_one_past_runs_rows(world):
         before = summary_of(world, run_id)
         rows_before, offsets = read_table(table).num_rows, feeder.committed()
         feeder.ensure_backlog()  # the run's sensor passes as in a real deployment
-        api.post("/api/v2/backfills", json={
+        start_backfill(api, {
             "dag_id": DAG_ID, "from_date": date, "to_date": date, "max_active_runs": 1,
             "reprocess_behavior": "completed", "dag_run_conf": {"reprocess": True}})
         deadline = time.monotonic() + 60
