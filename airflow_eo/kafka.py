@@ -187,6 +187,9 @@ class KafkaOffsets:
         """``tps``' bounds as Kafka holds them now (a pinned client asks again: :class:`PinnedKafka`)."""
         return self.bounds(tps)
 
+    def ask_anew(self) -> None:
+        """Forget any answer kept for the run (this client keeps none: every question is asked)."""
+
     def offsets_for_timestamp(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
         """First offset at or after ``timestamp_ms`` per partition (-1 where none)."""
         return self._list({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps})

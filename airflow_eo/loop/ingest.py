@@ -559,7 +559,7 @@ class FanOut:
 
         side_by_side(tables, peek)
         with taking_turns([t for t in tables if t.step is None], lambda t: t.ingestion.turn(run.run_key)):
-            fresh(kafka)
+            kafka.ask_anew()  # planned against Kafka now, not as it was before the wait for the turns
             results = self._run(run, interval, tables)
         return self.done(FanOutResult(tuple(r.timed(started) for r in results), self.one_table))
 
@@ -656,13 +656,6 @@ class FanOut:
                 results[table.uri] = verify(table, own)
 
         side_by_side(tables, verified)
-
-
-def fresh(kafka: KafkaOffsets) -> None:
-    """Once a run holds its turns: what it plans and checks against is asked of Kafka now, not before it
-    waited (another run of its tables may have committed past the bounds seen then)."""
-    if isinstance(kafka, PinnedKafka):
-        kafka.ask_anew()
 
 
 @contextmanager

@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 from airflow_eo.attempt import Attempt, AttemptKind
 from airflow_eo.core.errors import ConfigError, DataLossError
-from airflow_eo.loop.ingest import FanOut, FanOutResult, Ingestion, fresh, taking_turns
+from airflow_eo.loop.ingest import FanOut, FanOutResult, Ingestion, taking_turns
 from airflow_eo.loop.result import IngestResult
 from airflow_eo.core.offsets import OffsetRange, RunIdentity
 from airflow_eo.core.outcomes import RunStatus
@@ -96,7 +96,7 @@ def reprocess(ingest: FanOut, requester: RunIdentity, target_run_key: str | None
     results: dict[str, IngestResult] = {}
     # in table_uri order, as a run's: the reprocess queues with each table's runs
     with taking_turns(tables, lambda t: t.ingestion.turn(requester.run_key, LeasePurpose.REPROCESS)):
-        fresh(kafka)
+        kafka.ask_anew()  # checked against Kafka now, not as it was before the wait for the turns
         reading = []
         for t in tables:  # every table's request is logged before anything is read
             if t.error is not None:
